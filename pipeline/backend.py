@@ -1,0 +1,146 @@
+"""The one place that chooses NumPy or CuPy.
+
+Nothing else in the package imports CuPy at module level, so ``import pipeline`` works on a
+machine without CUDA. Kernels take their array module from their input (:func:`xp_of`); Dask
+arrays carry their backend in ``_meta``; :func:`to_numpy` is the one exit to host memory.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal
+
+import numpy as np
+
+from . import config
+
+Backend = Literal["cpu", "gpu"]
+BACKENDS = ("auto", "cpu", "gpu")
+
+
+class BackendError(RuntimeError):
+    """The requested backend is not available, or host and device arrays were mixed."""
+
+
+@functools.cache
+def _cupy():
+    try:
+        import cupy
+    except Exception:  # ImportError, or a CUDA library that fails to load
+        return None
+    return cupy
+
+
+@functools.cache
+def gpu_count() -> int:
+    """Number of CUDA devices CuPy can use (0 without CuPy or without a GPU)."""
+    cp = _cupy()
+    if cp is None:
+        return 0
+    try:
+        return int(cp.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+def gpu_available() -> bool:
+    return gpu_count() > 0
+
+
+def resolve(backend: str | None = None) -> Backend:
+    """Turn ``"auto" | "cpu" | "gpu" | None`` into ``"cpu"`` or ``"gpu"``.
+
+    ``None`` reads the ``pipeline.backend`` setting (``DASK_PIPELINE__BACKEND``). ``"auto"``
+    takes the GPU when one is visible. Asking for ``"gpu"`` where none is visible raises.
+    """
+    if backend is None:
+        backend = config.get("backend", "auto")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "gpu" if gpu_available() else "cpu"
+    if backend == "gpu" and not gpu_available():
+        raise BackendError(
+            "backend 'gpu' was requested but no CUDA GPU is visible to CuPy "
+            "(install the 'gpu' extra and check CUDA_VISIBLE_DEVICES)"
+        )
+    return backend
+
+
+def module(backend: Backend):
+    """The array module of a backend: ``numpy`` or ``cupy``."""
+    if backend == "gpu":
+        cp = _cupy()
+        if cp is None:
+            raise BackendError("CuPy is not installed: install the 'gpu' extra")
+        return cp
+    return np
+
+
+def is_cupy(x) -> bool:
+    cp = _cupy()
+    return cp is not None and isinstance(x, cp.ndarray)
+
+
+def xp_of(x):
+    """The array module of an array (NumPy or CuPy), for kernels that work on both."""
+    return _cupy() if is_cupy(x) else np
+
+
+def backend_of(x) -> Backend:
+    """Backend of a NumPy/CuPy array, a Dask array (from ``_meta``) or an xarray object."""
+    data = getattr(x, "data", x)  # xarray -> its duck array
+    meta = getattr(data, "_meta", data)
+    return "gpu" if is_cupy(meta) else "cpu"
+
+
+def asarray(x, backend: Backend):
+    """Move one chunk to ``backend``."""
+    if backend == "gpu":
+        return module("gpu").asarray(x)
+    return to_numpy(x)
+
+
+def to_numpy(x):
+    """The one exit to host memory: a NumPy array from NumPy, CuPy, Dask or xarray data.
+
+    xarray objects come back as the same xarray objects holding NumPy data.
+    """
+    import xarray as xr
+
+    if isinstance(x, xr.DataArray):
+        return x.copy(data=to_numpy(x.data))
+    if isinstance(x, xr.Dataset):
+        return x.map(to_numpy, keep_attrs=True)
+    if hasattr(x, "__dask_graph__"):
+        x = x.compute()
+    if is_cupy(x):
+        return x.get()
+    return np.asarray(x)
+
+
+def meta(backend: Backend, dtype, ndim: int):
+    """An empty array of the backend, for Dask's ``meta=``."""
+    return module(backend).empty((0,) * ndim, dtype=dtype)
+
+
+def to_backend(arr, backend: Backend):
+    """Dask (or eager) array -> Dask array whose chunks live on ``backend``."""
+    import dask.array as da
+
+    if not isinstance(arr, da.Array):
+        arr = da.from_array(arr, chunks=-1)
+    if backend_of(arr) == backend:
+        return arr
+    if backend == "gpu":
+        cp = module("gpu")
+        return arr.map_blocks(cp.asarray, dtype=arr.dtype, meta=meta("gpu", arr.dtype, arr.ndim))
+    return arr.map_blocks(to_numpy, dtype=arr.dtype, meta=meta("cpu", arr.dtype, arr.ndim))
+
+
+def check_same_backend(*arrays) -> Backend:
+    """Fail loudly when host and device arrays are mixed in one computation."""
+    backends = {backend_of(a) for a in arrays if a is not None and not np.isscalar(a)}
+    if len(backends) > 1:
+        raise BackendError("host (NumPy) and device (CuPy) arrays were mixed in one operation")
+    return backends.pop() if backends else "cpu"

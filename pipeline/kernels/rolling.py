@@ -1,0 +1,114 @@
+"""Moving-window mean along one axis: a running sum per grid point, NaN-skipping.
+
+The kernel sees a 2-D block ``x[t, p]`` (window axis first, all other axes flattened into grid
+points ``p``) and writes, for every ``t``, the mean of the valid values in
+``x[t - before : t + after + 1, p]``, or NaN where fewer than ``min_periods`` are valid. Indices
+outside the block count as missing, which is what the edges of the whole array need; inside the
+array, the caller (``map_overlap``) supplies ``before`` rows of halo ahead of each block and
+``after`` rows behind it.
+
+Sums run in float64 and add the entering value and subtract the leaving one, as bottleneck's
+``move_mean`` does, so the cost per point does not grow with the window.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+THREADS_PER_BLOCK = 256
+
+
+def _rolling_mean_column_loop(x, out, before, after, min_periods, p):
+    """Shared body of the CPU and GPU kernels: one grid point ``p``, all steps ``t``."""
+    nt = x.shape[0]
+    total = 0.0
+    count = 0
+    # prime the window of t = 0 with x[0 .. after - 1]; the loop adds x[t + after]
+    for s in range(min(after, nt)):
+        v = x[s, p]
+        if v == v:
+            total += v
+            count += 1
+    for t in range(nt):
+        enter = t + after
+        if enter < nt:
+            v = x[enter, p]
+            if v == v:
+                total += v
+                count += 1
+        leave = t - before - 1
+        if leave >= 0:
+            v = x[leave, p]
+            if v == v:
+                total -= v
+                count -= 1
+        if count >= min_periods and count > 0:
+            out[t, p] = total / count
+        else:
+            out[t, p] = math.nan
+
+
+@functools.cache
+def _cpu_kernel():
+    import numba
+
+    column = numba.njit(nogil=True)(_rolling_mean_column_loop)
+
+    @numba.njit(nogil=True)
+    def rolling_mean_2d(x, out, before, after, min_periods):
+        for p in range(x.shape[1]):
+            column(x, out, before, after, min_periods, p)
+
+    return rolling_mean_2d
+
+
+@functools.cache
+def _gpu_kernel():
+    """The CUDA kernel: one thread per grid point; a warp reads 32 neighbouring points of one
+    time step, so every load is coalesced."""
+    from numba import cuda
+
+    column = cuda.jit(device=True)(_rolling_mean_column_loop)
+
+    @cuda.jit
+    def rolling_mean_2d(x, out, before, after, min_periods):
+        p = cuda.grid(1)
+        if p < x.shape[1]:
+            column(x, out, before, after, min_periods, p)
+
+    return rolling_mean_2d
+
+
+def launch_gpu(x2d, out2d, before: int, after: int, min_periods: int, stream=0):
+    """Launch the CUDA kernel on 2-D device arrays (CuPy, Numba, or NumPy under the simulator)."""
+    npts = x2d.shape[1]
+    blocks = max(1, (npts + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK)
+    _gpu_kernel()[blocks, THREADS_PER_BLOCK, stream](x2d, out2d, before, after, min_periods)
+
+
+
+
+def rolling_mean_cpu(block, axis: int, before: int, after: int, min_periods: int, out_dtype):
+    x = np.ascontiguousarray(np.moveaxis(block, axis, 0))
+    shape = x.shape
+    x2 = x.reshape(shape[0], -1)
+    out = np.empty(x2.shape, dtype=out_dtype)
+    _cpu_kernel()(x2, out, before, after, min_periods)
+    return np.moveaxis(out.reshape(shape), 0, axis)
+
+
+def rolling_mean_gpu(block, axis: int, before: int, after: int, min_periods: int, out_dtype):
+    import cupy
+    from numba import cuda
+
+    x = cupy.ascontiguousarray(cupy.moveaxis(block, axis, 0))
+    shape = x.shape
+    x2 = x.reshape(shape[0], -1)
+    out = cupy.empty(x2.shape, dtype=out_dtype)
+    # launch on CuPy's current stream, so the kernel is ordered with the CuPy work around it
+    stream = cuda.external_stream(cupy.cuda.get_current_stream().ptr)
+    launch_gpu(x2, out, before, after, min_periods, stream=stream)
+    return cupy.moveaxis(out.reshape(shape), 0, axis)

@@ -1,0 +1,201 @@
+"""Climate ops on (time, lat, lon) data: the xarray-level API of each op.
+
+Each op takes an ``xarray.DataArray`` whose data is a Dask array of NumPy or CuPy chunks (an
+in-memory array is accepted too, and then an in-memory result comes back) and returns a
+``DataArray`` on the same backend. The mathematics lives in the kernels and in the reduction
+blueprints of :mod:`pipeline.reductions`; here are the axis bookkeeping and the graph.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from .. import reductions
+from ..backend import backend_of, meta, to_backend
+from ..errors import InputError
+from .registry import register
+
+_XP_GENERIC = {"cpu": "pipeline.reductions:weighted_mean", "gpu": "pipeline.reductions:weighted_mean"}
+
+
+# --- helpers shared by the ops -------------------------------------------------------------------
+
+
+def _as_dask(x: xr.DataArray) -> tuple[da.Array, bool]:
+    if not isinstance(x, xr.DataArray):
+        raise InputError(f"expected an xarray.DataArray, got {type(x).__name__}")
+    if isinstance(x.data, da.Array):
+        return x.data, False
+    return da.from_array(x.data, chunks=-1, meta=meta(backend_of(x.data), x.dtype, x.ndim)), True
+
+
+def _finish(template: xr.DataArray, data: da.Array, eager: bool, **kwargs) -> xr.DataArray:
+    out = xr.DataArray(data, **kwargs) if kwargs else template.copy(data=data)
+    return out.compute() if eager else out
+
+
+def _axis(x: xr.DataArray, dim: str) -> int:
+    if dim not in x.dims:
+        raise InputError(f"variable {x.name!r} has no dimension {dim!r} (its dimensions: {', '.join(map(str, x.dims))})")
+    return x.dims.index(dim)
+
+
+def float_dtype(dtype) -> np.dtype:
+    """Result type of a mean of ``dtype`` data: float32 stays float32, the rest become float64."""
+    dtype = np.dtype(dtype)
+    return dtype if dtype.kind == "f" and dtype.itemsize >= 4 else np.dtype(np.float64)
+
+
+def _name(x: xr.DataArray, prefix: str) -> str:
+    return f"{prefix}_{x.name}" if x.name is not None else prefix
+
+
+# --- standardized anomaly ------------------------------------------------------------------------
+
+
+@register(
+    kernels={
+        "cpu": "pipeline.kernels.elementwise:standardize_cpu",
+        "gpu": "pipeline.kernels.elementwise:standardize_gpu",
+    }
+)
+def standardized_anomaly(x: xr.DataArray, dim: str = "time") -> xr.DataArray:
+    """Standardized anomaly (x - mean) / std along a dimension, NaN-skipping.
+
+    The mean and the standard deviation (ddof=0, as ``xarray.DataArray.std``) come from one
+    tree reduction of (count, mean, M2) partials; the division is one fused kernel per chunk.
+
+    Examples
+    --------
+    >>> z = pipeline.ops.standardized_anomaly(ds["tas"], dim="time")  # doctest: +SKIP
+    """
+    data, eager = _as_dask(x)
+    axis = _axis(x, dim)
+    mean, std = reductions.nanmean_std(data, axis)
+    out_dtype = float_dtype(x.dtype)
+    backend = backend_of(data)
+    kernel = standardized_anomaly.op.kernel(backend)
+    z = da.map_blocks(
+        kernel, data, mean, std, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
+    )
+    out = _finish(x, z, eager)
+    out.attrs = {"long_name": f"standardized anomaly of {x.name}", "units": "1"}
+    return out.rename(x.name)
+
+
+# --- weighted mean -------------------------------------------------------------------------------
+
+
+def _latitude(x: xr.DataArray) -> xr.DataArray:
+    for name, coord in x.coords.items():
+        if name in ("lat", "latitude") or coord.attrs.get("standard_name") == "latitude" or coord.attrs.get(
+            "units"
+        ) in ("degrees_north", "degree_north"):
+            return coord
+    raise InputError(
+        f"weights='coslat' needs a latitude coordinate on {x.name!r} "
+        "(named lat or latitude, or with standard_name 'latitude')"
+    )
+
+
+def _weights(x: xr.DataArray, weights) -> xr.DataArray | None:
+    if weights is None:
+        return None
+    if isinstance(weights, str):
+        if weights == "coslat":
+            return np.cos(np.deg2rad(_latitude(x).astype(np.float64)))
+        if weights in x.coords:
+            return x.coords[weights]
+        raise InputError(
+            f"weights must be 'coslat', the name of a coordinate of {x.name!r}, a DataArray or None; got {weights!r}"
+        )
+    if isinstance(weights, xr.DataArray):
+        return weights
+    raise InputError(f"weights must be 'coslat', a coordinate name, a DataArray or None; got {type(weights).__name__}")
+
+
+@register(kernels=_XP_GENERIC)
+def weighted_mean(
+    x: xr.DataArray, dims: Sequence[str] = ("lat", "lon"), weights: str | xr.DataArray | None = "coslat"
+) -> xr.DataArray:
+    """Weighted mean over dimensions, NaN-skipping, as x.weighted(w).mean(dims).
+
+    ``weights="coslat"`` weighs by the cosine of latitude; a coordinate name or a DataArray
+    gives other weights; None gives the plain mean. Weights of missing values are left out of
+    the denominator, as xarray does.
+    """
+    if isinstance(dims, str):
+        dims = (dims,)
+    data, eager = _as_dask(x)
+    axes = tuple(_axis(x, d) for d in dims)
+    w = _weights(x, weights)
+    if w is None:
+        w = xr.DataArray(np.ones(()), name="weights")
+    extra = [d for d in w.dims if d not in x.dims]
+    if extra:
+        raise InputError(f"weights have dimensions {extra} that {x.name!r} lacks (its dimensions: {list(x.dims)})")
+    w_host = np.asarray(w.values, dtype=np.float64)
+    if np.isnan(w_host).any():
+        raise InputError("weights contain missing values (NaN); fill them first, as xarray requires")
+    # lay the weights out along x's axes, size 1 where they do not vary, chunked as x
+    w_full = xr.DataArray(w_host, dims=w.dims).transpose(*[d for d in x.dims if d in w.dims])
+    shape = tuple(x.sizes[d] if d in w.dims else 1 for d in x.dims)
+    w_np = w_full.values.reshape(shape)
+    chunks = tuple(c if d in w.dims else (1,) for d, c in zip(x.dims, data.chunks))
+    w_da = to_backend(da.from_array(w_np, chunks=chunks), backend_of(data))
+    out_dtype = float_dtype(x.dtype)
+    result = reductions.reduce(data, reductions.weighted_mean, axes, dtype=out_dtype, weights=w_da)
+    keep = [d for d in x.dims if d not in dims]
+    coords = {k: v for k, v in x.coords.items() if not set(v.dims) & set(dims)}
+    out = _finish(x, result, eager, dims=keep, coords=coords, name=x.name, attrs=dict(x.attrs))
+    return out
+
+
+# --- rolling mean --------------------------------------------------------------------------------
+
+
+@register(
+    kernels={"cpu": "pipeline.kernels.rolling:rolling_mean_cpu", "gpu": "pipeline.kernels.rolling:rolling_mean_gpu"}
+)
+def rolling_mean(
+    x: xr.DataArray, dim: str = "time", window: int = 3, center: bool = False, min_periods: int | None = None
+) -> xr.DataArray:
+    """Moving-window mean along a dimension, NaN-skipping, as x.rolling({dim: window}).mean().
+
+    The window ends at each label (``center=False``) or is centred on it; a result needs at
+    least ``min_periods`` valid values (default: the whole window). Windows cross chunk
+    boundaries through ``map_overlap``: each chunk gets the neighbouring rows it needs as halo.
+    """
+    if not isinstance(window, (int, np.integer)) or window < 1:
+        raise InputError(f"window must be a positive integer, got {window!r}")
+    if min_periods is None:
+        min_periods = window
+    if not 1 <= min_periods <= window:
+        raise InputError(f"min_periods must be between 1 and window={window}, got {min_periods!r}")
+    data, eager = _as_dask(x)
+    axis = _axis(x, dim)
+    before, after = (window // 2, window - 1 - window // 2) if center else (window - 1, 0)
+    out_dtype = float_dtype(x.dtype)
+    backend = backend_of(data)
+    kernel = rolling_mean.op.kernel(backend)
+    depth = {i: (before, after) if i == axis else 0 for i in range(x.ndim)}
+    result = data.map_overlap(
+        kernel,
+        depth=depth,
+        boundary="none",
+        trim=True,
+        axis=axis,
+        before=before,
+        after=after,
+        min_periods=int(min_periods),
+        out_dtype=out_dtype,
+        dtype=out_dtype,
+        meta=meta(backend, out_dtype, x.ndim),
+    )
+    out = _finish(x, result, eager)
+    out.attrs = dict(x.attrs)
+    return out
