@@ -57,7 +57,7 @@ def standardize_gpu(x, mean, std, out_dtype):
 
 
 def _fills(raw_dtype, fill_values):
-    fills = [raw_dtype.type(v) for v in fill_values][:2]
+    fills = [raw_dtype.type(v) for v in fill_values[:2]]
     return fills + [raw_dtype.type(0)] * (2 - len(fills)), len(fills)
 
 
@@ -72,7 +72,11 @@ def cf_decode_cpu(raw, fill_values, scale, offset, out_dtype):
 def cf_decode_gpu(raw, fill_values, scale, offset, out_dtype):
     import cupy
 
-    (f0, f1), nfill = _fills(raw.dtype, [v for v in fill_values if not np.isnan(v)])
+    fills = [v for v in fill_values if not np.isnan(v)]
+    (f0, f1), nfill = _fills(raw.dtype, fills)
     out = cupy.empty(raw.shape, dtype=out_dtype)
     t = out_dtype.type
-    return _gpu_kernel("cf_decode")(raw, f0, f1, np.int32(nfill), t(scale), t(offset), t(np.nan), out)
+    _gpu_kernel("cf_decode")(raw, f0, f1, np.int32(nfill), t(scale), t(offset), t(np.nan), out)
+    for v in fills[2:]:  # rare: more than two fill values
+        out[raw == raw.dtype.type(v)] = np.nan
+    return out
