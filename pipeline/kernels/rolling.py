@@ -65,19 +65,8 @@ def _cpu_kernel():
     return rolling_mean_2d
 
 
-@functools.cache
 def _gpu_kernel():
-    """The CUDA kernel: one thread per grid point; a warp reads 32 neighbouring points of one
-    time step, so every load is coalesced."""
-    from numba import cuda
-
-    column = cuda.jit(device=True)(_rolling_mean_column_loop)
-
-    @cuda.jit
-    def rolling_mean_2d(x, out, before, after, min_periods):
-        p = cuda.grid(1)
-        if p < x.shape[1]:
-            column(x, out, before, after, min_periods, p)
+    from .rolling_cuda import rolling_mean_2d
 
     return rolling_mean_2d
 

@@ -162,7 +162,7 @@ def weighted_mean(
     kernels={"cpu": "pipeline.kernels.rolling:rolling_mean_cpu", "gpu": "pipeline.kernels.rolling:rolling_mean_gpu"}
 )
 def rolling_mean(
-    x: xr.DataArray, dim: str = "time", window: int = 3, center: bool = False, min_periods: int | None = None
+    x: xr.DataArray, window: int, dim: str = "time", center: bool = False, min_periods: int | None = None
 ) -> xr.DataArray:
     """Moving-window mean along a dimension, NaN-skipping, as x.rolling({dim: window}).mean().
 

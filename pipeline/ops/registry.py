@@ -56,8 +56,10 @@ class Op:
 
 
 def _type_name(annotation) -> str:
-    text = getattr(annotation, "__name__", None) or str(annotation)
-    return text.replace("typing.", "")
+    import typing
+
+    text = str(annotation) if typing.get_args(annotation) else getattr(annotation, "__name__", str(annotation))
+    return text.replace("typing.", "").replace("collections.abc.", "").replace("xarray.core.dataarray.", "xarray.")
 
 
 def _params_model(func: Callable) -> type[BaseModel]:

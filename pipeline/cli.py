@@ -1,0 +1,194 @@
+"""The ``pipeline`` command: a thin layer over the Python API and the op registry.
+
+Exit codes: 0 done, 2 bad input (flow, file, variable, parameter, profile), 1 failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+from . import __version__
+
+EXIT_OK, EXIT_FAILURE, EXIT_INPUT = 0, 1, 2
+
+
+def _err(msg: str) -> None:
+    print(f"pipeline: error: {msg}", file=sys.stderr)
+
+
+def _terminate(signum, frame):
+    # batch systems cancel jobs with SIGTERM: unwind like an interrupt, so partial output is removed
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def cmd_run(args) -> int:
+    from .cluster import open_cluster, profile_from_args
+    from .flows import load_flow, run_flow
+
+    flow = load_flow(args.flow)  # validate before any cluster starts
+    profile = profile_from_args(args.cluster, args.scheduler, args.scheduler_file)
+    progress = not args.no_progress and sys.stderr.isatty()
+    with open_cluster(profile) as client:
+        rep = run_flow(
+            flow, backend=args.backend, output=args.output, client=client, report=args.report, progress=progress
+        )
+    steps = ", ".join(f"{s['op']} {s['task_seconds']:.2f}s" for s in rep["steps"])
+    print(
+        f"{rep['flow']}: wrote {rep['sink']['path']} on {rep['backend']} in {rep['wall_seconds']:.2f} s "
+        f"({rep['bytes_read'] / 1e9:.3f} GB read, {rep['throughput_GBps']} GB/s; task time: {steps})"
+    )
+    if args.report:
+        print(f"report: {args.report}")
+    return EXIT_OK
+
+
+def cmd_validate(args) -> int:
+    from .flows import load_flow
+
+    flow = load_flow(args.flow)
+    print(f"{args.flow}: valid flow {flow.name!r} with {len(flow.steps)} step(s): {' -> '.join(s.op for s in flow.steps)}")
+    return EXIT_OK
+
+
+def cmd_ops(args) -> int:
+    from . import ops
+
+    listing = [
+        {"name": op.name, "description": op.description, "backends": list(op.backends), "params": op.parameters()}
+        for op in ops.all_ops()
+    ]
+    if args.json:
+        print(json.dumps(listing, indent=2, default=str))
+        return EXIT_OK
+    for op in listing:
+        print(f"{op['name']}  [{', '.join(op['backends'])}]")
+        print(f"    {op['description']}")
+        for name, p in op["params"].items():
+            default = "required" if p["required"] else f"default {p['default']!r}"
+            print(f"    - {name}: {p['type']} ({default})")
+    return EXIT_OK
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"pipeline": __version__, "python": sys.version.split()[0]}
+    for pkg in ("dask", "distributed", "dask-cuda", "numpy", "cupy-cuda12x", "cupy-cuda13x", "numba", "numba-cuda", "zarr", "xarray", "numcodecs"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def cmd_info(args) -> int:
+    from . import backend as B
+
+    gpus = []
+    if B.gpu_available():
+        cp = B.module("gpu")
+        for i in range(B.gpu_count()):
+            props = cp.cuda.runtime.getDeviceProperties(i)
+            gpus.append({"id": i, "name": props["name"].decode(), "memory_GiB": round(props["totalGlobalMem"] / 2**30, 1)})
+    info = {
+        "versions": _versions(),
+        "gpus": gpus,
+        "backends": ["cpu", "gpu"] if gpus else ["cpu"],
+        "default_backend": B.resolve(None) if gpus else "cpu",
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return EXIT_OK
+    print("versions:")
+    for k, v in info["versions"].items():
+        print(f"  {k}: {v}")
+    print("gpus:" + ("" if gpus else " none visible"))
+    for g in gpus:
+        print(f"  {g['id']}: {g['name']} ({g['memory_GiB']} GiB)")
+    print(f"backends: {', '.join(info['backends'])} (default: {info['default_backend']})")
+    return EXIT_OK
+
+
+def cmd_demo(args) -> int:
+    import time
+
+    from .demo import write_demo
+
+    t = time.perf_counter()
+    path = write_demo(args.path, args.size, seed=args.seed, resolution=args.resolution, time_chunk=args.time_chunk, overwrite=args.overwrite)
+    from .io import directory_bytes
+
+    print(f"wrote {path} ({directory_bytes(path) / 1e9:.3f} GB stored) in {time.perf_counter() - t:.1f} s")
+    return EXIT_OK
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pipeline", description="Out-of-core array pipelines on GPUs and CPUs.")
+    p.add_argument("--version", action="version", version=f"pipeline {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a flow")
+    r.add_argument("flow", help="flow file (YAML)")
+    r.add_argument("--backend", choices=["auto", "cpu", "gpu"], default=None, help="default: the flow's, else auto")
+    where = r.add_mutually_exclusive_group()
+    where.add_argument("--cluster", help="cluster profile: a name in configs/ (local-cpu, local-gpu) or a YAML path")
+    where.add_argument("--scheduler", help="address of a running dask scheduler")
+    where.add_argument("--scheduler-file", help="scheduler file of a running dask scheduler")
+    r.add_argument("--output", help="write the result here instead of the flow's sink.path")
+    r.add_argument("--report", help="write a JSON report (time per step, bytes, throughput) here")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
+    r.set_defaults(func=cmd_run)
+
+    v = sub.add_parser("validate", help="check a flow without running it")
+    v.add_argument("flow")
+    v.set_defaults(func=cmd_validate)
+
+    o = sub.add_parser("ops", help="list the ops, their parameters and backends")
+    o.add_argument("--json", action="store_true")
+    o.set_defaults(func=cmd_ops)
+
+    i = sub.add_parser("info", help="versions, GPUs and backends")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=cmd_info)
+
+    d = sub.add_parser("demo", help="write a synthetic CF-style climate dataset as Zarr")
+    d.add_argument("path", nargs="?", default="data/demo.zarr")
+    d.add_argument("--size", default="64MB", help="total uncompressed size, e.g. 64MB, 4GB (default 64MB)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--resolution", type=float, default=None, help="grid spacing in degrees (default: 2.5 below 1 GiB, else 0.25)")
+    d.add_argument("--time-chunk", type=int, default=73, help="time steps per chunk (default 73)")
+    d.add_argument("--overwrite", action="store_true")
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from .backend import BackendError
+    from .errors import InputError
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return args.func(args)
+    except (InputError, BackendError) as e:
+        _err(str(e))
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        _err("interrupted; no partial output was left behind")
+        return EXIT_FAILURE
+    except Exception as e:  # a failure, not bad input: show what happened
+        import traceback
+
+        traceback.print_exc()
+        _err(f"run failed: {type(e).__name__}: {e}")
+        return EXIT_FAILURE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Flows: validation names the file and the key; building computes nothing; results equal xarray."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+import yaml
+
+from pipeline.demo import write_demo
+from pipeline.flows import FlowError, build_flow, load_flow, parse_flow, run_flow
+
+from .conftest import raise_if_dask_computes
+
+REPO = Path(__file__).resolve().parent.parent
+
+GOOD = {
+    "name": "t",
+    "source": {"path": "data/demo.zarr", "variable": "tas"},
+    "steps": [{"op": "standardized_anomaly", "params": {"dim": "time"}}, {"op": "weighted_mean"}],
+    "sink": {"path": "out/t.zarr"},
+}
+
+
+def with_changes(**changes):
+    flow = json.loads(json.dumps(GOOD))
+    for dotted, value in changes.items():
+        node = flow
+        keys = dotted.split("__")
+        for k in keys[:-1]:
+            node = node[int(k)] if k.isdigit() else node[k]
+        last = keys[-1]
+        if value is _DELETE:
+            del node[last]
+        elif last.isdigit():
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return flow
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"steps__0__op": "standardised_anomaly"}, r"f.yaml: steps\[0\].op: unknown op 'standardised_anomaly'; known ops: .*standardized_anomaly"),
+        ({"source__variable": _DELETE}, r"f.yaml: source.variable: required key is missing"),
+        ({"sink": _DELETE}, r"f.yaml: sink: required key is missing"),
+        ({"steps__1__params": {"dims": ["lat"], "weight": "coslat"}}, r"steps\[1\].params.weight: unknown key"),
+        ({"steps__0__params": {"dim": 3}}, r"steps\[0\].params.dim: Input should be a valid string \(got 3\)"),
+        ({"steps": []}, r"f.yaml: steps: List should have at least 1 item"),
+        ({"sink__mode": "append"}, r"f.yaml: sink.mode: Input should be 'overwrite' or 'fail'"),
+        ({"source__chunks": {"time": "many"}}, r"source.chunks.time: Input should be a valid integer"),
+        ({"colour": "blue"}, r"f.yaml: colour: unknown key"),
+        ({"source__demo": {"size": "huge"}}, r"source.demo.size: .*expected a size such as '64MB'"),
+    ],
+)
+def test_validation_names_file_key_and_expectation(changes, message):
+    with pytest.raises(FlowError, match=message):
+        parse_flow(with_changes(**changes), "f.yaml")
+
+
+def test_rolling_mean_window_is_required():
+    flow = with_changes(steps__1={"op": "rolling_mean", "params": {"center": True}})
+    with pytest.raises(FlowError, match=r"steps\[1\].params.window: required key is missing"):
+        parse_flow(flow, "f.yaml")
+
+
+def test_load_flow_file_errors(tmp_path):
+    with pytest.raises(FlowError, match="missing.yaml: no such flow file"):
+        load_flow(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(FlowError, match="bad.yaml: not valid YAML"):
+        load_flow(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just text\n")
+    with pytest.raises(FlowError, match="scalar.yaml: expected a mapping"):
+        load_flow(scalar)
+
+
+def test_shipped_flows_are_valid():
+    flows = sorted((REPO / "flows").glob("*.yaml"))
+    assert flows
+    for f in flows:
+        load_flow(f)
+
+
+@pytest.fixture
+def demo_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_demo("data/demo.zarr", "2MB", seed=1, time_chunk=17)
+    return tmp_path
+
+
+def test_building_a_flow_computes_nothing(demo_dir):
+    flow = parse_flow(with_changes(steps__1={"op": "rolling_mean", "params": {"window": 5}}))
+    with raise_if_dask_computes():
+        built = build_flow(flow, backend="cpu")
+    assert set(built.parts) == {"read", "0:standardized_anomaly", "1:rolling_mean"}
+
+
+def test_build_errors_name_the_key(demo_dir):
+    with pytest.raises(FlowError, match=r"f.yaml: source.variable: .*no variable 'pr'"):
+        build_flow(parse_flow(with_changes(source__variable="pr"), "f.yaml"))
+    with pytest.raises(FlowError, match=r"steps\[0\] \(standardized_anomaly\): .*no dimension 'day'"):
+        build_flow(parse_flow(with_changes(steps__0__params={"dim": "day"}), "f.yaml"))
+    with pytest.raises(FlowError, match=r"source.path: data/none.zarr: no such file or directory \(add a 'demo'"):
+        build_flow(parse_flow(with_changes(source__path="data/none.zarr"), "f.yaml"))
+
+
+def test_run_flow_equals_xarray_and_reports(demo_dir):
+    flow = parse_flow(with_changes(), "f.yaml")
+    report = run_flow(flow, backend="cpu", report="report.json")
+    got = xr.open_zarr("out/t.zarr")["tas"].values
+    tas = xr.open_zarr("data/demo.zarr")["tas"].astype(np.float64)
+    z = (tas - tas.mean("time")) / tas.std("time")
+    expected = z.weighted(np.cos(np.deg2rad(tas.lat))).mean(("lat", "lon")).values
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    on_disk = json.loads(Path("report.json").read_text())
+    assert on_disk["flow"] == "t" and on_disk["backend"] == "cpu"
+    assert [s["op"] for s in on_disk["steps"]] == ["standardized_anomaly", "weighted_mean"]
+    assert report["bytes_read"] == tas.size * 4 and report["wall_seconds"] > 0
+    assert sum(s["tasks"] for s in report["steps"]) > 0
+
+
+def test_run_generates_missing_demo_source(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    flow = parse_flow(with_changes(source__demo={"size": "1MB", "seed": 3}))
+    report = run_flow(flow, backend="cpu")
+    assert report["source"]["generated"] is True
+    assert Path("data/demo.zarr/zarr.json").exists() and Path("out/t.zarr/zarr.json").exists()
+    again = run_flow(flow, backend="cpu")  # reruns are safe: same output, demo not regenerated
+    assert again["source"]["generated"] is False
+
+
+def test_gpu_flow_equals_cpu_flow(demo_dir):
+    pytest.importorskip("cupy")
+    flow = parse_flow(with_changes(steps__1={"op": "weighted_mean"}))
+    run_flow(flow, backend="cpu", output="out/cpu.zarr")
+    run_flow(flow, backend="gpu", output="out/gpu.zarr")
+    cpu = xr.open_zarr("out/cpu.zarr")["tas"].values
+    gpu = xr.open_zarr("out/gpu.zarr")["tas"].values
+    np.testing.assert_allclose(gpu, cpu, rtol=1e-5, atol=1e-6)
+
+
+test_gpu_flow_equals_cpu_flow = pytest.mark.gpu(test_gpu_flow_equals_cpu_flow)
+
+
+def test_flow_yaml_round_trip_through_file(tmp_path):
+    f = tmp_path / "flow.yaml"
+    f.write_text(yaml.safe_dump(GOOD))
+    assert load_flow(f).name == "t"

@@ -1,0 +1,172 @@
+"""Opening stores on both backends with CF decoding, and writing Zarr all or nothing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+
+import pipeline
+from pipeline import backend as B
+from pipeline.errors import InputError
+from pipeline.io import write_zarr
+
+from .conftest import climate_array
+
+
+def packed_dataset() -> xr.Dataset:
+    rng = np.random.default_rng(0)
+    raw = rng.integers(-3000, 3000, size=(20, 6, 7)).astype(np.int16)
+    raw[:, 0, :2] = -32767
+    temp = climate_array(shape=(20, 6, 7), nan_fraction=0.2)
+    ds = xr.Dataset(
+        {
+            "packed": (("time", "lat", "lon"), raw, {"scale_factor": 0.01, "add_offset": 273.15, "units": "K"}),
+            "plain": temp.variable,
+            "int_fill": (("time", "lat", "lon"), raw.astype(np.int32), {"missing_value": np.int32(-32767)}),
+        },
+        coords=temp.coords,
+    )
+    ds["packed"].encoding["_FillValue"] = np.int16(-32767)
+    return ds
+
+
+@pytest.fixture(params=["zarr3", "zarr2", "netcdf"])
+def stored(request, tmp_path):
+    ds = packed_dataset()
+    if request.param == "netcdf":
+        path = tmp_path / "packed.nc"
+        ds.to_netcdf(path, engine="h5netcdf")
+    else:
+        path = tmp_path / "packed.zarr"
+        ds.chunk({"time": 7}).to_zarr(path, zarr_format=int(request.param[-1]), consolidated=request.param == "zarr2")
+    return path
+
+
+def test_cf_decoding_matches_xarray(stored, backend):
+    ds = pipeline.open_dataset(stored, backend=backend, chunks={"time": 6})
+    reference = xr.open_dataset(stored, chunks={})  # xarray's own CF decoding
+    for name in ("packed", "plain", "int_fill"):
+        got = ds[name]
+        assert B.backend_of(got) == backend
+        assert got.dtype == reference[name].dtype, name
+        np.testing.assert_array_equal(B.to_numpy(got.data), reference[name].values)
+        assert "scale_factor" not in got.attrs and "_FillValue" not in got.attrs
+    assert ds["packed"].data.chunks[0] == (6, 6, 6, 2)
+
+
+def test_open_keeps_store_chunks_by_default(tmp_path):
+    path = tmp_path / "a.zarr"
+    climate_array(shape=(20, 4, 5)).chunk({"time": 7}).to_dataset().to_zarr(path)
+    ds = pipeline.open_dataset(path, backend="cpu")
+    assert ds["tas"].data.chunks[0] == (7, 7, 6)
+    assert isinstance(ds["tas"].data._meta, np.ndarray)
+
+
+def test_open_errors_name_the_path_and_variable(tmp_path):
+    with pytest.raises(InputError, match="nope.zarr: no such file or directory"):
+        pipeline.open_dataset(tmp_path / "nope.zarr")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="not a Zarr store"):
+        pipeline.open_dataset(tmp_path / "empty")
+    (tmp_path / "x.txt").write_text("hi")
+    with pytest.raises(InputError, match="not a Zarr store or a NetCDF file"):
+        pipeline.open_dataset(tmp_path / "x.txt")
+    path = tmp_path / "a.zarr"
+    climate_array(shape=(4, 2, 3)).to_dataset().to_zarr(path)
+    with pytest.raises(InputError, match=r"no variable 'pr' \(variables: tas\)"):
+        pipeline.open_dataset(path, variables=["pr"])
+
+
+def test_write_zarr_roundtrip_and_overwrite(tmp_path, backend):
+    x = climate_array(chunks={"time": 7})
+    gpu_x = x.copy(data=B.to_backend(x.data, backend))
+    out = write_zarr(gpu_x, tmp_path / "o.zarr")
+    back = xr.open_zarr(out)["tas"]
+    np.testing.assert_array_equal(back.values, x.values)
+    # overwrite with a different result: the new store replaces the old, no leftovers
+    write_zarr(gpu_x * 2, tmp_path / "o.zarr", name="tas")
+    np.testing.assert_array_equal(xr.open_zarr(out)["tas"].values, x.values * 2)
+    assert sorted(os.listdir(tmp_path)) == ["o.zarr"]
+    with pytest.raises(InputError, match="already exists"):
+        write_zarr(x, tmp_path / "o.zarr", mode="fail")
+
+
+def test_write_uneven_chunks(tmp_path):
+    x = climate_array().chunk({"time": (3, 20, 5, 22)})
+    write_zarr(x, tmp_path / "u.zarr")
+    np.testing.assert_array_equal(xr.open_zarr(tmp_path / "u.zarr")["tas"].values, x.values)
+
+
+def _explode(block, block_info=None):
+    if block_info[0]["chunk-location"][0] == 3:
+        raise RuntimeError("disk full")
+    return block
+
+
+def test_failed_write_leaves_nothing_behind(tmp_path):
+    x = climate_array(chunks={"time": 5})
+    failing = x.copy(data=x.data.map_blocks(_explode, dtype=x.dtype))
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_zarr(failing, tmp_path / "o.zarr")
+    assert os.listdir(tmp_path) == []
+    # a failed rerun over an existing good store keeps the good store
+    write_zarr(x, tmp_path / "o.zarr")
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_zarr(failing, tmp_path / "o.zarr")
+    assert os.listdir(tmp_path) == ["o.zarr"]
+    np.testing.assert_array_equal(xr.open_zarr(tmp_path / "o.zarr")["tas"].values, x.values)
+
+
+def test_interrupted_write_leaves_nothing_behind(tmp_path):
+    x = climate_array(chunks={"time": 5})
+
+    def interrupt(block, block_info=None):
+        if block_info[0]["chunk-location"][0] == 2:
+            raise KeyboardInterrupt
+        return block
+
+    with pytest.raises(KeyboardInterrupt):
+        write_zarr(x.copy(data=x.data.map_blocks(interrupt, dtype=x.dtype)), tmp_path / "o.zarr")
+    assert os.listdir(tmp_path) == []
+
+
+def test_to_numpy_is_the_one_exit(backend):
+    x = climate_array(chunks={"time": 7})
+    on = x.copy(data=B.to_backend(x.data, backend))
+    host = pipeline.to_numpy(on)
+    assert isinstance(host.data, np.ndarray)
+    np.testing.assert_array_equal(host.values, x.values)
+    assert isinstance(pipeline.to_numpy(da.ones(3)), np.ndarray)
+    ds = pipeline.to_numpy(on.to_dataset())
+    assert isinstance(ds["tas"].data, np.ndarray)
+
+
+def test_backend_resolution(monkeypatch):
+    assert B.resolve("cpu") == "cpu"
+    assert B.resolve("auto") == ("gpu" if B.gpu_available() else "cpu")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        B.resolve("tpu")
+    import dask
+
+    with dask.config.set({"pipeline.backend": "cpu"}):
+        assert B.resolve(None) == "cpu"
+    if not B.gpu_available():
+        with pytest.raises(B.BackendError, match="no CUDA GPU is visible"):
+            B.resolve("gpu")
+
+
+def test_mixing_host_and_device_fails_loudly():
+    if not B.gpu_available():
+        pytest.skip("needs a GPU to mix")
+    import cupy
+
+    with pytest.raises(B.BackendError, match="mixed"):
+        B.check_same_backend(np.ones(2), cupy.ones(2))
+
+
+test_mixing_host_and_device_fails_loudly = pytest.mark.gpu(test_mixing_host_and_device_fails_loudly)

@@ -1,0 +1,128 @@
+"""Kernels on one chunk, against NumPy references.
+
+The Numba CUDA kernel runs on the GPU where there is one and in Numba's CUDA simulator
+elsewhere (tests/conftest.py sets NUMBA_ENABLE_CUDASIM), so its logic is checked on every run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.kernels import elementwise, rolling
+
+from .conftest import requires_gpu
+
+
+def rolling_reference(x, before, after, min_periods):
+    nt = x.shape[0]
+    out = np.full(x.shape, np.nan)
+    for t in range(nt):
+        w = x[max(0, t - before) : t + after + 1].astype(np.float64)
+        n = (~np.isnan(w)).sum(axis=0)
+        with np.errstate(all="ignore"):
+            m = np.nansum(w, axis=0) / n
+        out[t] = np.where(n >= max(min_periods, 1), m, np.nan)
+    return out
+
+
+def sample(nt=23, npts=37, seed=0):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((nt, npts)) * 5 + 280).astype(np.float32)
+    x[rng.random(x.shape) < 0.2] = np.nan
+    x[:, 3] = np.nan
+    return x
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("before,after,min_periods", [(0, 0, 1), (4, 0, 5), (4, 0, 2), (2, 2, 3), (1, 2, 1), (30, 0, 1)])
+def test_cuda_rolling_kernel(before, after, min_periods):
+    x = sample()
+    out = np.empty_like(x)
+    rolling.launch_gpu(x, out, before, after, min_periods)  # NumPy in, NumPy out: Numba moves them
+    np.testing.assert_allclose(out, rolling_reference(x, before, after, min_periods), rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.cudasim
+def test_cuda_rolling_kernel_more_points_than_a_thread_block():
+    x = sample(nt=4, npts=rolling.THREADS_PER_BLOCK + 5, seed=3)
+    out = np.empty_like(x)
+    rolling.launch_gpu(x, out, 2, 0, 1)
+    np.testing.assert_allclose(out, rolling_reference(x, 2, 0, 1), rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("before,after,min_periods", [(0, 0, 1), (6, 0, 7), (3, 3, 2), (1, 2, 1)])
+def test_cpu_rolling_kernel_any_axis(before, after, min_periods):
+    x = sample().reshape(23, 37, 1)
+    for axis in (0, 1):
+        block = np.moveaxis(x, 0, axis)
+        got = rolling.rolling_mean_cpu(block, axis, before, after, min_periods, np.dtype(np.float32))
+        ref = np.moveaxis(rolling_reference(x, before, after, min_periods), 0, axis)
+        np.testing.assert_allclose(got, ref, rtol=1e-6, equal_nan=True)
+
+
+def test_standardize_cpu():
+    x = sample()
+    mean = np.nanmean(x.astype(np.float64), axis=0, keepdims=True)
+    std = np.nanstd(x.astype(np.float64), axis=0, keepdims=True)
+    with np.errstate(all="ignore"):
+        expected = (x - mean) / std
+    got = elementwise.standardize_cpu(x, mean, std, np.dtype(np.float32))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("fills", [(), (-32767,), (-32767, 32767)])
+def test_cf_decode_cpu(fills):
+    raw = np.array([[-32767, 0, 100], [32767, -5, 12000]], dtype=np.int16)
+    got = elementwise.cf_decode_cpu(raw, fills, 0.01, 273.15, np.dtype(np.float64))
+    expected = raw * 0.01 + 273.15
+    for f in fills:
+        expected[raw == f] = np.nan
+    np.testing.assert_allclose(got, expected, equal_nan=True)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("fills", [(), (-32767,), (-32767, 32767), (-32767, 32767, 0)])
+@pytest.mark.parametrize("out_dtype", [np.float32, np.float64])
+def test_cf_decode_gpu_matches_cpu(fills, out_dtype):
+    import cupy
+
+    rng = np.random.default_rng(0)
+    raw = rng.integers(-32767, 32768, size=(64, 33)).astype(np.int16)
+    raw[::7] = -32767
+    raw[::5, ::3] = 32767
+    raw[1, 1] = 0
+    dtype = np.dtype(out_dtype)
+    cpu = elementwise.cf_decode_cpu(raw, fills, 0.01, 273.15, dtype)
+    gpu = elementwise.cf_decode_gpu(cupy.asarray(raw), fills, 0.01, 273.15, dtype)
+    assert gpu.dtype == dtype
+    np.testing.assert_array_equal(cupy.asnumpy(gpu), cpu)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_standardize_gpu_matches_cpu():
+    import cupy
+
+    x = sample()
+    mean = np.nanmean(x.astype(np.float64), axis=0, keepdims=True)
+    std = np.nanstd(x.astype(np.float64), axis=0, keepdims=True)
+    cpu = elementwise.standardize_cpu(x, mean, std, np.dtype(np.float32))
+    gpu = elementwise.standardize_gpu(cupy.asarray(x), cupy.asarray(mean), cupy.asarray(std), np.dtype(np.float32))
+    np.testing.assert_allclose(cupy.asnumpy(gpu), cpu, rtol=1e-6, atol=1e-7, equal_nan=True)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_rolling_gpu_wrapper_matches_cpu():
+    import cupy
+
+    x = sample().reshape(23, 37, 1)
+    for axis, (b, a, mp) in [(0, (4, 0, 5)), (1, (2, 2, 1))]:
+        block = np.moveaxis(x, 0, axis)
+        cpu = rolling.rolling_mean_cpu(block, axis, b, a, mp, np.dtype(np.float32))
+        gpu = rolling.rolling_mean_gpu(cupy.asarray(block), axis, b, a, mp, np.dtype(np.float32))
+        assert isinstance(gpu, cupy.ndarray)
+        np.testing.assert_allclose(cupy.asnumpy(gpu), cpu, rtol=1e-6, equal_nan=True)
