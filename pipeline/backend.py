@@ -89,8 +89,11 @@ def xp_of(x):
 
 def backend_of(x) -> Backend:
     """Backend of a NumPy/CuPy array, a Dask array (from ``_meta``) or an xarray object."""
-    data = getattr(x, "data", x)  # xarray -> its duck array
-    meta = getattr(data, "_meta", data)
+    import xarray as xr
+
+    if isinstance(x, (xr.DataArray, xr.Variable)):
+        x = x.data  # (only xarray's .data: a NumPy or CuPy array's .data is its raw buffer)
+    meta = getattr(x, "_meta", x)
     return "gpu" if is_cupy(meta) else "cpu"
 
 
