@@ -15,7 +15,7 @@ import numpy as np
 import xarray as xr
 
 from .. import reductions
-from ..backend import backend_of, meta, to_backend
+from ..backend import backend_of, meta, to_backend, to_numpy
 from ..errors import InputError
 from .registry import register
 
@@ -138,7 +138,7 @@ def weighted_mean(
     extra = [d for d in w.dims if d not in x.dims]
     if extra:
         raise InputError(f"weights have dimensions {extra} that {x.name!r} lacks (its dimensions: {list(x.dims)})")
-    w_host = np.asarray(w.values, dtype=np.float64)
+    w_host = np.asarray(to_numpy(w.data), dtype=np.float64)  # weights are small: decide on the host
     if np.isnan(w_host).any():
         raise InputError("weights contain missing values (NaN); fill them first, as xarray requires")
     # lay the weights out along x's axes, size 1 where they do not vary, chunked as x
