@@ -126,3 +126,94 @@ def test_rolling_gpu_wrapper_matches_cpu():
         gpu = rolling.rolling_mean_gpu(cupy.asarray(block), axis, b, a, mp, np.dtype(np.float32))
         assert isinstance(gpu, cupy.ndarray)
         np.testing.assert_allclose(cupy.asnumpy(gpu), cpu, rtol=1e-6, equal_nan=True)
+
+
+# --- group kernels --------------------------------------------------------------------------------
+
+from pipeline.kernels import groups  # noqa: E402
+
+
+def group_inputs(seed=0):
+    x = sample(nt=29, npts=41, seed=seed)
+    labels = np.sort(np.random.default_rng(seed).integers(0, 4, size=29)).astype(np.int64)
+    labels[5] = 3  # groups need not be consecutive for group_sum
+    return x, labels
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("mode", [0, 1])
+def test_cuda_group_sum_kernel(mode):
+    x, labels = group_inputs()
+    sums, counts = np.zeros((4, x.shape[1])), np.zeros((4, x.shape[1]))
+    groups.launch_gpu("group_sum", x, labels, np.float64(280.0), np.int32(mode), sums, counts)
+    expected = groups.group_sum(x, labels, 4, threshold=280.0, mode=mode)  # the CPU kernel
+    np.testing.assert_allclose(sums, expected["sum"], rtol=1e-12)
+    np.testing.assert_array_equal(counts, expected["count"])
+    for g in range(4):
+        block = x[labels == g].astype(np.float64)
+        if mode == 0:
+            np.testing.assert_allclose(expected["sum"][g], np.nansum(block, axis=0), rtol=1e-12)
+            np.testing.assert_array_equal(expected["count"][g], (~np.isnan(block)).sum(axis=0))
+        else:
+            np.testing.assert_array_equal(expected["sum"][g], (block > 280.0).sum(axis=0))
+
+
+def spells_reference(above, labels, k):
+    """Longest run per group of its first step, whole runs; leading run apart (see the kernel)."""
+    best = np.zeros(k, dtype=np.int32)
+    run, group, lead, in_lead = 0, -1, 0, True
+    for t, a in enumerate(above):
+        if a:
+            group = labels[t] if run == 0 else group
+            run += 1
+            if in_lead:
+                lead += 1
+            else:
+                best[group] = max(best[group], run)
+        else:
+            run, in_lead = 0, False
+    return best, lead, run, (group if run else -1)
+
+
+@pytest.mark.cudasim
+def test_cuda_group_spells_kernel():
+    x, labels = group_inputs(seed=1)
+    labels = np.sort(labels)
+    x[:, 7] = 400  # one run over the whole block
+    npts = x.shape[1]
+    best, lead, tail, tail_group = (np.zeros((4, npts), np.int32), *(np.zeros(npts, np.int32) for _ in range(3)))
+    groups.launch_gpu("group_spells", x, labels, np.float64(280.0), best, lead, tail, tail_group)
+    cpu = groups.group_spells(x, labels, 4, 280.0)
+    for name, gpu in [("best", best), ("lead", lead), ("tail", tail), ("tail_group", tail_group)]:
+        np.testing.assert_array_equal(gpu, cpu[name], err_msg=name)
+    for p in range(npts):
+        b, ld, t, tg = spells_reference(x[:, p] > 280.0, labels, 4)
+        np.testing.assert_array_equal(cpu["best"][:, p], b)
+        assert (cpu["lead"][p], cpu["tail"][p], cpu["tail_group"][p]) == (ld, t, tg)
+
+
+def test_subtract_groups_cpu():
+    x, labels = group_inputs()
+    values = np.random.default_rng(2).standard_normal((4, x.shape[1]))
+    got = groups.subtract_groups_cpu(x, labels, values, np.dtype(np.float32))
+    np.testing.assert_allclose(got, (x - values[labels]).astype(np.float32), rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_group_kernels_gpu_match_cpu():
+    import cupy
+
+    x, labels = group_inputs()
+    for mode in (0, 1):
+        cpu = groups.group_sum(x, labels, 4, threshold=280.0, mode=mode)
+        gpu = groups.group_sum(cupy.asarray(x), labels, 4, threshold=280.0, mode=mode)
+        for f in cpu:
+            np.testing.assert_allclose(cupy.asnumpy(gpu[f]), cpu[f], rtol=1e-12)
+    cpu = groups.group_spells(x, np.sort(labels), 4, 280.0)
+    gpu = groups.group_spells(cupy.asarray(x), np.sort(labels), 4, 280.0)
+    for f in cpu:
+        np.testing.assert_array_equal(cupy.asnumpy(gpu[f]), cpu[f])
+    values = np.random.default_rng(2).standard_normal((4, x.shape[1]))
+    got = groups.subtract_groups_gpu(cupy.asarray(x), labels, cupy.asarray(values), np.dtype(np.float32))
+    np.testing.assert_array_equal(cupy.asnumpy(got), groups.subtract_groups_cpu(x, labels, values, np.dtype(np.float32)))

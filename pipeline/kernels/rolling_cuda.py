@@ -2,15 +2,7 @@
 the package never imports ``numba.cuda`` (this module is imported on first GPU use), and so that
 Numba's CUDA simulator finds ``cuda`` among the kernel's globals."""
 
-import numpy as np
-
-# numba-cuda 0.30 registers an overload for np.row_stack when it first compiles a kernel; NumPy 2.5
-# removed that alias (deprecated since 2.0), and the compile then fails with AttributeError.
-# Restoring the alias, which NumPy defined as vstack, lets those versions work together.
-if not hasattr(np, "row_stack"):
-    np.row_stack = np.vstack
-
-from numba import cuda  # noqa: E402
+from ._numba_cuda import cuda
 
 from .rolling import _rolling_mean_column_loop
 

@@ -1,1 +1,234 @@
-"""Field ops: coarsening, detrending, quantiles and multi-term formulas (see the ops below)."""
+"""Field ops: coarsening, detrending, quantiles and multi-term formulas (see the ops below).
+
+As in :mod:`pipeline.ops.climate`, each op takes a ``DataArray`` of Dask (or in-memory) NumPy or
+CuPy data and returns one on the same backend; the kernels are in :mod:`pipeline.kernels.fields`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import dask.array as da
+from dask.array.core import normalize_chunks
+import numpy as np
+import xarray as xr
+
+from .. import reductions
+from ..backend import backend_of, meta, to_backend, to_numpy
+from ..errors import InputError
+from .climate import _as_dask, _axis, _finish, float_dtype
+from .registry import register
+
+
+def _xp_generic(name: str) -> dict[str, str]:
+    return {"cpu": f"pipeline.kernels.fields:{name}", "gpu": f"pipeline.kernels.fields:{name}"}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+# --- coarsen -------------------------------------------------------------------------------------
+
+
+def _multiple_chunks(chunks: tuple[int, ...], f: int) -> tuple[int, ...]:
+    """Chunks of the same total (a multiple of ``f``) whose sizes are multiples of ``f``, with each
+    boundary moved to the nearest multiple of ``f``, so that little data moves between chunks."""
+    n = sum(chunks)
+    bounds = {min(n, (int(b) + f // 2) // f * f) for b in np.cumsum(chunks)} | {n}
+    bounds.discard(0)
+    return tuple(int(c) for c in np.diff([0, *sorted(bounds)]))
+
+
+@register(kernels=_xp_generic("coarsen_mean"))
+def coarsen_mean(x: xr.DataArray, factors: dict[str, int]) -> xr.DataArray:
+    """Mean over non-overlapping blocks, NaN-skipping, as x.coarsen(factors, boundary="trim").mean().
+
+    Each dimension in ``factors`` is trimmed to a multiple of its factor and rechunked so that
+    no window straddles two chunks; each chunk is then reduced on its own. Coordinates along the
+    coarsened dimensions are the means of each window's values (xarray's ``coord_func="mean"``).
+    """
+    if not isinstance(factors, dict) or not factors:
+        raise InputError(f"factors must be a non-empty mapping of dimension to factor, got {factors!r}")
+    data, eager = _as_dask(x)
+    axes = {}
+    for dim, f in factors.items():
+        axis = _axis(x, dim)
+        if not _is_int(f) or f < 1:
+            raise InputError(f"coarsening factor of dimension {dim!r} must be a positive integer, got {f!r}")
+        if f > x.sizes[dim]:
+            raise InputError(f"coarsening factor of dimension {dim!r} ({f}) exceeds its size ({x.sizes[dim]})")
+        axes[axis] = int(f)
+    data = data[tuple(slice(0, n - n % axes[i]) if i in axes else slice(None) for i, n in enumerate(data.shape))]
+    data = data.rechunk({i: _multiple_chunks(data.chunks[i], f) for i, f in axes.items()})
+    out_dtype = float_dtype(x.dtype)
+    chunks = tuple(tuple(c // axes[i] for c in cs) if i in axes else cs for i, cs in enumerate(data.chunks))
+    result = data.map_blocks(
+        coarsen_mean.op.kernel(backend_of(data)),
+        factors=axes,
+        out_dtype=out_dtype,
+        chunks=chunks,
+        dtype=out_dtype,
+        meta=meta(backend_of(data), out_dtype, x.ndim),
+    )
+    # the coordinates alone, coarsened by xarray itself: small, and exactly xarray's labels
+    coords = x.coords.to_dataset().coarsen(factors, boundary="trim").mean().coords
+    return _finish(x, result, eager, dims=x.dims, coords=coords, name=x.name, attrs=dict(x.attrs))
+
+
+# --- detrend -------------------------------------------------------------------------------------
+
+
+def _trend_coordinate(x: xr.DataArray, dim: str) -> np.ndarray:
+    """The coordinate along ``dim`` as float64, mapped affinely onto [-1, 1].
+
+    The fitted values do not change under an affine change of the abscissa, and on [-1, 1] the
+    normal equations stay well conditioned (on nanoseconds since 1970 they would not be).
+    """
+    v = to_numpy(x[dim].data)
+    if v.dtype.kind in "mM":
+        v = (v - v.min()) / np.timedelta64(1, "s")
+    elif v.dtype.kind in "iuf":
+        v = v.astype(np.float64)
+    else:
+        raise InputError(f"detrend needs a numeric or datetime64 coordinate along {dim!r}, got dtype {v.dtype}")
+    lo, hi = v.min(), v.max()
+    half = (hi - lo) / 2 if hi > lo else 1.0
+    return (v - (lo + hi) / 2) / half
+
+
+@register(kernels=_xp_generic("polyval_subtract"))
+def detrend(x: xr.DataArray, dim: str = "time", deg: int = 1) -> xr.DataArray:
+    """Remove a least-squares polynomial trend along a dimension from every grid point, NaN-skipping.
+
+    As ``x - xr.polyval(x[dim], x.polyfit(dim, deg).polyfit_coefficients)``: one tree
+    reduction accumulates the normal equations of each point (sums of u^k and u^k x over its
+    valid samples, u the coordinate scaled to [-1, 1]), a batched solve gives the
+    coefficients, and one pass per chunk subtracts the trend.
+
+    A point with fewer than ``deg + 1`` valid samples has no unique fit and comes out all NaN
+    (xarray's least squares would return a minimum-norm fit there).
+    """
+    if not _is_int(deg) or deg < 0:
+        raise InputError(f"deg must be a non-negative integer, got {deg!r}")
+    deg = int(deg)
+    data, eager = _as_dask(x)
+    axis = _axis(x, dim)
+    backend = backend_of(data)
+    u = _trend_coordinate(x, dim).reshape([-1 if i == axis else 1 for i in range(x.ndim)])
+    u_chunks = tuple(c if i == axis else (1,) for i, c in enumerate(data.chunks))
+    u = to_backend(da.from_array(u, chunks=u_chunks), backend)
+    from ..kernels.fields import polyfit  # kernel code is imported on first use, as the registry's
+
+    # coefficients c_0..c_deg stacked along dim, as the output of one tree reduction
+    coefs = reductions.reduce(
+        data, polyfit(axis, deg), (axis,), dtype=np.float64, weights=u, keepdims=True, output_size=deg + 1
+    )
+    coefs = [coefs[tuple(slice(k, k + 1) if i == axis else slice(None) for i in range(x.ndim))] for k in range(deg + 1)]
+    out_dtype = float_dtype(x.dtype)
+    kernel = detrend.op.kernel(backend)
+    result = da.map_blocks(
+        kernel, data, u, *coefs, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
+    )
+    return _finish(x, result, eager)
+
+
+# --- quantile ------------------------------------------------------------------------------------
+
+QUANTILE_CHUNK_BYTES = 256 * 2**20  # per input chunk; the sort and the interpolation take a few times that
+
+
+@register(kernels=_xp_generic("quantile"))
+def quantile(x: xr.DataArray, q: float | list[float], dim: str = "time") -> xr.DataArray:
+    """Quantiles along a dimension, NaN-skipping, as x.quantile(q, dim) (linear interpolation).
+
+    ``dim`` becomes one chunk (the other dimensions are split to keep chunks near 256 MiB), and
+    each chunk is sorted and interpolated on its own. A list ``q`` gives a leading "quantile"
+    dimension; a scalar ``q`` gives a scalar "quantile" coordinate, as in xarray.
+    """
+    scalar = np.ndim(q) == 0
+    qs = tuple(float(v) for v in np.atleast_1d(np.asarray(q, dtype=np.float64)))
+    if not qs or not all(0.0 <= v <= 1.0 for v in qs):
+        raise InputError(f"quantiles q must lie in [0, 1], got {q!r}")
+    data, eager = _as_dask(x)
+    axis = _axis(x, dim)
+    chunks = normalize_chunks(
+        tuple(-1 if i == axis else "auto" for i in range(x.ndim)),
+        data.shape,
+        limit=QUANTILE_CHUNK_BYTES,
+        dtype=data.dtype,
+        previous_chunks=data.chunks,
+    )
+    data = data.rechunk(chunks)
+    out_dtype = float_dtype(x.dtype)
+    backend = backend_of(data)
+    result = data.map_blocks(
+        quantile.op.kernel(backend),
+        q=qs,
+        axis=axis,
+        out_dtype=out_dtype,
+        drop_axis=axis,
+        new_axis=0,
+        chunks=((len(qs),), *(c for i, c in enumerate(data.chunks) if i != axis)),
+        dtype=out_dtype,
+        meta=meta(backend, out_dtype, x.ndim),
+    )
+    dims = [d for d in x.dims if d != dim]
+    # as xarray: coordinates along dim go, and so do scalar ones
+    coords = {k: v for k, v in x.coords.items() if v.dims and dim not in v.dims}
+    if scalar:
+        result, coords["quantile"] = result[0], qs[0]
+    else:
+        dims, coords["quantile"] = ["quantile", *dims], np.array(qs)
+    return _finish(x, result, eager, dims=dims, coords=coords, name=x.name, attrs=dict(x.attrs))
+
+
+# --- saturation vapour pressure ------------------------------------------------------------------
+
+_SVP_METHODS = ("sonntag90", "tetens30")
+_KELVIN = {"K", "kelvin", "Kelvin", "degK", "deg_K", "degree_K", "degrees_K"}
+_CELSIUS = {
+    "degC", "°C", "C", "celsius", "Celsius", "deg_C", "degree_C", "degrees_C", "degree_Celsius", "degrees_Celsius"
+}
+
+
+@register(
+    kernels={
+        "cpu": "pipeline.kernels.fields:saturation_vapor_pressure_cpu",
+        "gpu": "pipeline.kernels.fields:saturation_vapor_pressure_gpu",
+    }
+)
+def saturation_vapor_pressure(
+    x: xr.DataArray, method: Literal["sonntag90", "tetens30"] = "sonntag90"
+) -> xr.DataArray:
+    """Saturation vapour pressure over water (Pa) from temperature, as xclim.indices.saturation_vapor_pressure.
+
+    ``x`` is in K or degC (its ``units`` attribute says which). The formula is xclim's for
+    ``method`` with its defaults (all water, no ice threshold), evaluated in float64 in one
+    pass per chunk (one fused kernel on the GPU).
+    """
+    if method not in _SVP_METHODS:
+        raise InputError(f"method must be one of {', '.join(_SVP_METHODS)}; got {method!r}")
+    units = x.attrs.get("units")
+    if units in _KELVIN:
+        offset = 0.0
+    elif units in _CELSIUS:
+        offset = 273.15
+    else:
+        raise InputError(
+            f"saturation_vapor_pressure needs a temperature in K or degC; {x.name!r} has units {units!r}"
+        )
+    data, eager = _as_dask(x)
+    backend = backend_of(data)
+    out_dtype = float_dtype(x.dtype)
+    result = data.map_blocks(
+        saturation_vapor_pressure.op.kernel(backend),
+        offset=offset,
+        method=method,
+        out_dtype=out_dtype,
+        dtype=out_dtype,
+        meta=meta(backend, out_dtype, x.ndim),
+    )
+    out = _finish(x, result, eager)
+    out.attrs = {"units": "Pa", "long_name": "saturation vapour pressure over water"}
+    return out

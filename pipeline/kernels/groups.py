@@ -1,0 +1,159 @@
+"""Reductions by group along the first axis of a 2-D block ``x[t, p]``, one pass, all groups.
+
+``labels[t]`` in ``0..k-1`` says which group step ``t`` belongs to. Each kernel walks the steps of
+one grid point ``p`` in order and accumulates into per-group rows of its outputs, so one launch
+covers every group present in the block (no task per group), each thread owns one column of the
+outputs (no atomics), and on the GPU a warp reads 32 neighbouring points of one step (coalesced).
+
+- ``group_sum``: sum and count of the valid values (mode 0), or the count of values above a
+  threshold (mode 1, ``x > threshold``, NaN counting as not above).
+- ``group_spells``: for runs of ``x > threshold``, the longest run beginning in each group, and
+  the state that joins runs across blocks (see :mod:`pipeline.groupby`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+THREADS_PER_BLOCK = 256
+
+
+def _group_sum_column(x, labels, threshold, mode, sums, counts, p):
+    for t in range(x.shape[0]):
+        g = labels[t]
+        v = x[t, p]
+        if mode == 0:
+            if v == v:
+                sums[g, p] += v
+                counts[g, p] += 1
+        elif v > threshold:
+            sums[g, p] += 1
+
+
+def _group_spells_column(x, labels, threshold, best, lead, tail, tail_group, p):
+    # A run counts, with its whole length, for the group of its first step (xclim's "first"
+    # index). The run that opens the block may have begun in an earlier block: it is kept apart
+    # in ``lead``. The run still open at the end (``tail``, begun in group ``tail_group``) may
+    # go on in the next block: it is counted with its length so far and lengthened on merge.
+    in_lead = True
+    run = 0
+    group = -1
+    n_lead = 0
+    for t in range(x.shape[0]):
+        if x[t, p] > threshold:
+            if run == 0:
+                group = labels[t]
+            run += 1
+            if in_lead:
+                n_lead += 1
+            elif run > best[group, p]:
+                best[group, p] = run
+        else:
+            run = 0
+            in_lead = False
+    lead[p] = n_lead
+    tail[p] = run
+    tail_group[p] = group if run > 0 else -1
+
+
+@functools.cache
+def _cpu(name):
+    import numba
+
+    body = numba.njit(nogil=True)(_group_sum_column if name == "sum" else _group_spells_column)
+
+    if name == "sum":
+
+        @numba.njit(nogil=True)
+        def group_sum(x, labels, threshold, mode, sums, counts):
+            for p in range(x.shape[1]):
+                body(x, labels, threshold, mode, sums, counts, p)
+
+        return group_sum
+
+    @numba.njit(nogil=True)
+    def group_spells(x, labels, threshold, best, lead, tail, tail_group):
+        for p in range(x.shape[1]):
+            body(x, labels, threshold, best, lead, tail, tail_group, p)
+
+    return group_spells
+
+
+def _launch(kernel, npts, *args):
+    blocks = max(1, (npts + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK)
+    kernel[blocks, THREADS_PER_BLOCK](*args)
+
+
+def group_sum(x2d, labels, k: int, threshold: float = 0.0, mode: int = 0) -> dict:
+    """Per-group sums and counts of a (steps, points) block; CPU or GPU by the block's type."""
+    from ..backend import is_cupy, xp_of
+
+    xp = xp_of(x2d)
+    npts = x2d.shape[1]
+    sums = xp.zeros((k, npts), dtype=np.float64)
+    counts = xp.zeros((k, npts), dtype=np.float64)
+    if is_cupy(x2d):
+        from .groups_cuda import group_sum as kernel
+
+        _launch(kernel, npts, x2d, xp.asarray(labels), np.float64(threshold), np.int32(mode), sums, counts)
+    else:
+        _cpu("sum")(x2d, labels, np.float64(threshold), np.int32(mode), sums, counts)
+    return {"sum": sums, "count": counts}
+
+
+def group_spells(x2d, labels, k: int, threshold: float) -> dict:
+    """Run-length state of a (steps, points) block: per group the longest run that begins there
+    (leading run excluded), and per point the leading run, the open run and its group."""
+    from ..backend import is_cupy, xp_of
+
+    xp = xp_of(x2d)
+    npts = x2d.shape[1]
+    out = {"best": xp.zeros((k, npts), dtype=np.int32)}
+    out.update({f: xp.zeros(npts, dtype=np.int32) for f in ("lead", "tail", "tail_group")})
+    args = (np.float64(threshold), out["best"], out["lead"], out["tail"], out["tail_group"])
+    if is_cupy(x2d):
+        from .groups_cuda import group_spells as kernel
+
+        _launch(kernel, npts, x2d, xp.asarray(labels), *args)
+    else:
+        _cpu("spells")(x2d, labels, *args)
+    return out
+
+
+def launch_gpu(name: str, x2d, labels, *args):
+    """Launch a CUDA kernel on 2-D arrays (CuPy, or NumPy under Numba's CUDA simulator)."""
+    from . import groups_cuda
+
+    _launch(getattr(groups_cuda, name), x2d.shape[1], x2d, labels, *args)
+
+
+# --- anomaly: subtract each step's group value ----------------------------------------------------
+
+
+def subtract_groups_cpu(x2d, labels, values2d, out_dtype):
+    return (x2d.astype(np.float64, copy=False) - values2d[labels]).astype(out_dtype, copy=False)
+
+
+@functools.cache
+def _subtract_kernel():
+    import cupy
+
+    # one pass: out[t, p] = x[t, p] - values[labels[t], p]; the group row is gathered in-kernel
+    return cupy.ElementwiseKernel(
+        "T x, raw int64 labels, raw float64 values, int64 npts",
+        "O out",
+        "out = (O)((double)x - values[labels[i / npts] * npts + i % npts])",
+        "pipeline_subtract_groups",
+        options=("--fmad=false",),
+    )
+
+
+def subtract_groups_gpu(x2d, labels, values2d, out_dtype):
+    import cupy
+
+    out = cupy.empty(x2d.shape, dtype=out_dtype)
+    lab = cupy.asarray(labels, dtype=np.int64)
+    vals = cupy.ascontiguousarray(values2d, dtype=np.float64)
+    return _subtract_kernel()(x2d, lab, vals, np.int64(x2d.shape[1]), out)

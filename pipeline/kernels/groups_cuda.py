@@ -1,0 +1,23 @@
+"""CUDA kernels of :mod:`pipeline.kernels.groups` (imported on first GPU use; ``cuda`` must be a
+global of this module for Numba's CUDA simulator)."""
+
+from ._numba_cuda import cuda
+
+from .groups import _group_spells_column, _group_sum_column
+
+_sum_column = cuda.jit(device=True)(_group_sum_column)
+_spells_column = cuda.jit(device=True)(_group_spells_column)
+
+
+@cuda.jit
+def group_sum(x, labels, threshold, mode, sums, counts):
+    p = cuda.grid(1)
+    if p < x.shape[1]:
+        _sum_column(x, labels, threshold, mode, sums, counts, p)
+
+
+@cuda.jit
+def group_spells(x, labels, threshold, best, lead, tail, tail_group):
+    p = cuda.grid(1)
+    if p < x.shape[1]:
+        _spells_column(x, labels, threshold, best, lead, tail, tail_group, p)
