@@ -36,7 +36,7 @@ def cmd_run(args) -> int:
         rep = run_flow(
             flow, backend=args.backend, output=args.output, client=client, report=args.report, progress=progress
         )
-    steps = ", ".join(f"{s['op']} {s['task_seconds']:.2f}s" for s in rep["steps"])
+    steps = ", ".join(f"{s['name']} {s['task_seconds']:.2f}s" for s in rep["steps"])
     print(
         f"{rep['flow']}: wrote {rep['sink']['path']} on {rep['backend']} in {rep['wall_seconds']:.2f} s "
         f"({rep['bytes_read'] / 1e9:.3f} GB read, {rep['throughput_GBps']} GB/s; task time: {steps})"

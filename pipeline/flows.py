@@ -1,5 +1,8 @@
 """Declarative flows: a YAML file names a source, a list of steps (registered ops) and a sink.
 
+Steps run in order, each on the result of the step before, or on ``input:`` (``source`` or an
+earlier step's ``name:``); ``sink.variables`` writes several steps' results into one store.
+
 A flow is validated whole before anything runs: the YAML, every key (unknown keys rejected), each
 step's op name and each op's parameters, against the same parameter models that Python callers
 use. Errors name the file, the key and what was expected. Building the graph computes nothing;
@@ -70,15 +73,25 @@ class Source(_Strict):
     demo: DemoSource | None = None
 
 
+NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
 class Step(_Strict):
     op: str
     params: dict[str, Any] = Field(default_factory=dict)
+    name: str | None = Field(default=None, pattern=NAME)  # default: the op's name
+    input: str | None = None  # "source" or an earlier step's name; default: the step before
+
+    @property
+    def label(self) -> str:
+        return self.name or self.op
 
 
 class Sink(_Strict):
     path: str
     mode: Literal["overwrite", "fail"] = "overwrite"
-    name: str | None = None
+    name: str | None = Field(default=None, pattern=NAME)  # variable name of a single result
+    variables: list[str] | None = Field(default=None, min_length=1)  # step names to write
 
 
 class Flow(_Strict):
@@ -124,7 +137,13 @@ def parse_flow(data: Any, file: str = "<flow>") -> Flow:
     except ValidationError as e:
         raise FlowError("\n".join(_messages(file, e))) from None
     problems = []
+    known = ["source"]
     for i, step in enumerate(flow.steps):
+        if step.label in known:
+            problems.append(f"{file}: steps[{i}].name: {step.label!r} names an earlier step; give this step a name of its own")
+        if step.input is not None and step.input not in known:
+            problems.append(f"{file}: steps[{i}].input: expected 'source' or an earlier step ({', '.join(known[1:]) or 'none yet'}), got {step.input!r}")
+        known.append(step.label)
         try:
             op = ops_registry.get(step.op)
         except KeyError as e:
@@ -134,6 +153,11 @@ def parse_flow(data: Any, file: str = "<flow>") -> Flow:
             op.params(**step.params)
         except ValidationError as e:
             problems.extend(_messages(file, e, ("steps", i, "params")))
+    for v in flow.sink.variables or ():
+        if v not in known[1:]:
+            problems.append(f"{file}: sink.variables: {v!r} is not a step (steps: {', '.join(known[1:])})")
+    if flow.sink.variables and flow.sink.name:
+        problems.append(f"{file}: sink.name: give either sink.name (one result) or sink.variables, not both")
     if problems:
         raise FlowError("\n".join(problems))
     flow._file = file
@@ -167,7 +191,7 @@ class BuiltFlow:
     flow: Flow
     backend: str
     source: xr.DataArray
-    result: xr.DataArray
+    result: xr.DataArray | xr.Dataset
     parts: dict[str, set[str]] = field(default_factory=dict)
 
 
@@ -198,20 +222,27 @@ def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
     except InputError as e:
         key = "source.variable" if "no variable" in str(e) else "source.path"
         raise FlowError(f"{f}: {key}: {e}") from None
-    x = ds[src.variable]
-    parts = {"read": _layers(x)}
+    results = {"source": ds[src.variable]}
+    parts = {"read": _layers(results["source"])}
     seen = set(parts["read"])
+    x = results["source"]
     for i, step in enumerate(flow.steps):
         op = ops_registry.get(step.op)
         params = op.params(**step.params).model_dump()
+        x_in = x if step.input is None else results[step.input]
         try:
-            x = op.func(x, **params)
+            x = op.func(x_in, **params)
         except (InputError, NotImplementedError) as e:
             raise FlowError(f"{f}: steps[{i}] ({step.op}): {e}") from None
+        results[step.label] = x
         layers = _layers(x)
-        parts[f"{i}:{step.op}"] = layers - seen
+        parts[f"{i}:{step.label}"] = layers - seen
         seen |= layers
-    return BuiltFlow(flow, target, ds[src.variable], x, parts)
+    if flow.sink.variables:
+        result = xr.Dataset({v: results[v].rename(v) for v in flow.sink.variables})
+    else:
+        result = x
+    return BuiltFlow(flow, target, results["source"], result, parts)
 
 
 def run_flow(
@@ -243,8 +274,8 @@ def run_flow(
     nbytes_read = int(built.source.nbytes)
     steps = []
     for i, step in enumerate(flow.steps):
-        t = by_part[f"{i}:{step.op}"]
-        steps.append({"op": step.op, "params": step.params, **t})
+        t = by_part[f"{i}:{step.label}"]
+        steps.append({"name": step.label, "op": step.op, "params": step.params, **t})
     from .cluster import describe
 
     rep = {

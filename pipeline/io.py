@@ -224,7 +224,7 @@ def write_zarr(
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*[Cc]onsolidated metadata.*")
             store = ds.to_zarr(
-                partial, mode="w-", zarr_format=zarr_format, consolidated=False, encoding=encoding, compute=False
+                partial, mode="w-", zarr_format=zarr_format, consolidated=True, encoding=encoding, compute=False
             )
         compute(store, progress=progress)
         _replace(partial, final)

@@ -14,13 +14,15 @@ float32 rounding of a float64 reference.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import dask.array as da
 import numpy as np
 
-from .backend import meta as backend_meta, backend_of, xp_of
+from .backend import backend_of, is_cupy, xp_of
+from .backend import meta as backend_meta
 
 Partial = Mapping[str, object]
 ACC = np.float64  # accumulator type of every partial
@@ -134,6 +136,10 @@ def reduce(
 
 
 def _moments_chunk(x, weights, axis):
+    if is_cupy(x) and len(axis) == 1:
+        from .kernels.moments import moments_gpu
+
+        return moments_gpu(x, axis[0])
     xp = xp_of(x)
     valid = ~xp.isnan(x)
     n = valid.sum(axis=axis, keepdims=True, dtype=ACC)
@@ -207,11 +213,39 @@ def nanmean_std(x: da.Array, axis: int, dtype=ACC) -> tuple[da.Array, da.Array]:
 
 
 def _weighted_chunk(x, w, axis):
+    if is_cupy(x):
+        return _weighted_chunk_gpu(x, w, axis)
     xp = xp_of(x)
     valid = ~xp.isnan(x)
     wx = xp.where(valid, x.astype(ACC, copy=False) * w, 0.0)
     wsum = xp.where(valid, w, 0).astype(ACC, copy=False)
     return {"wx": wx.sum(axis=axis, keepdims=True), "w": wsum.sum(axis=axis, keepdims=True)}
+
+
+@functools.cache
+def _weighted_sum_kernel():
+    import cupy
+
+    # One pass for both sums: each element maps to the complex number (w*x, w), zero where x is
+    # NaN, and complex addition adds the two parts independently. Two real reductions would read
+    # the block twice.
+    return cupy.ReductionKernel(
+        "T x, float64 w",
+        "complex128 y",
+        "x == x ? complex<double>((double)x * w, w) : complex<double>(0.0, 0.0)",
+        "a + b",
+        "y = a",
+        "complex<double>(0.0, 0.0)",
+        "pipeline_weighted_sums",
+        options=("--fmad=false",),
+    )
+
+
+def _weighted_chunk_gpu(x, w, axis):
+    import cupy
+
+    sums = _weighted_sum_kernel()(x, cupy.asarray(w, dtype=np.float64), axis=axis, keepdims=True)
+    return {"wx": sums.real.copy(), "w": sums.imag.copy()}
 
 
 def _sum_fields(p, axis):

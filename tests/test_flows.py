@@ -156,3 +156,42 @@ def test_flow_yaml_round_trip_through_file(tmp_path):
     f = tmp_path / "flow.yaml"
     f.write_text(yaml.safe_dump(GOOD))
     assert load_flow(f).name == "t"
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"steps__1__input": "nowhere"}, r"steps\[1\].input: expected 'source' or an earlier step \(standardized_anomaly\), got 'nowhere'"),
+        ({"steps__1__name": "standardized_anomaly"}, r"steps\[1\].name: 'standardized_anomaly' names an earlier step"),
+        ({"steps__0__name": "has space"}, r"steps\[0\].name: String should match pattern"),
+        ({"sink__variables": ["weighted_mean", "zzz"]}, r"sink.variables: 'zzz' is not a step"),
+    ],
+)
+def test_step_names_inputs_and_sink_variables_are_checked(changes, message):
+    with pytest.raises(FlowError, match=message):
+        parse_flow(with_changes(**changes), "f.yaml")
+
+
+def test_branches_write_several_variables(demo_dir):
+    flow = parse_flow(
+        {
+            "name": "branches",
+            "source": {"path": "data/demo.zarr", "variable": "tas"},
+            "steps": [
+                {"op": "climatology", "name": "clim", "params": {"freq": "month"}},
+                {"op": "anomaly", "name": "anom", "input": "source", "params": {"freq": "month"}},
+                {"op": "weighted_mean", "name": "global_anom"},
+            ],
+            "sink": {"path": "out/b.zarr", "variables": ["clim", "global_anom"]},
+        }
+    )
+    report = run_flow(flow, backend="cpu")
+    out = xr.open_zarr("out/b.zarr")
+    assert set(out.data_vars) == {"clim", "global_anom"}
+    tas = xr.open_zarr("data/demo.zarr")["tas"].astype(np.float64)
+    clim = tas.groupby("time.month").mean("time")
+    np.testing.assert_allclose(out["clim"].values, clim.values, rtol=2e-6)
+    anom = tas.groupby("time.month") - clim
+    expected = anom.weighted(np.cos(np.deg2rad(tas.lat))).mean(("lat", "lon"))
+    np.testing.assert_allclose(out["global_anom"].values, expected.values, atol=1e-5)
+    assert [s["name"] for s in report["steps"]] == ["clim", "anom", "global_anom"]

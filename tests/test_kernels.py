@@ -217,3 +217,40 @@ def test_group_kernels_gpu_match_cpu():
     values = np.random.default_rng(2).standard_normal((4, x.shape[1]))
     got = groups.subtract_groups_gpu(cupy.asarray(x), labels, cupy.asarray(values), np.dtype(np.float32))
     np.testing.assert_array_equal(cupy.asnumpy(got), groups.subtract_groups_cpu(x, labels, values, np.dtype(np.float32)))
+
+
+# --- moments ---------------------------------------------------------------------------------------
+
+from pipeline.kernels import moments  # noqa: E402
+from pipeline.reductions import _moments_chunk  # noqa: E402
+
+
+@pytest.mark.cudasim
+def test_cuda_welford_kernel_matches_two_pass_moments():
+    x = sample(nt=31, npts=40, seed=4)
+    x[:, 5] = np.nan  # no valid value
+    x[3:, 6] = np.nan  # one valid value
+    n, mean, m2 = (np.zeros(x.shape[1]) for _ in range(3))
+    moments.launch_gpu(x, n, mean, m2)
+    ref = _moments_chunk(x, None, (0,))  # the CPU formula
+    np.testing.assert_array_equal(n, ref["n"][0])
+    np.testing.assert_allclose(mean, ref["mean"][0], rtol=1e-12)
+    np.testing.assert_allclose(m2, ref["m2"][0], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_partials_match_cpu_partials():
+    import cupy
+
+    from pipeline.reductions import _weighted_chunk
+
+    x = sample(nt=31, npts=40, seed=4).reshape(31, 8, 5)
+    for axis in (0, 2):
+        cpu, gpu = _moments_chunk(x, None, (axis,)), _moments_chunk(cupy.asarray(x), None, (axis,))
+        for k in cpu:
+            np.testing.assert_allclose(cupy.asnumpy(gpu[k]), cpu[k], rtol=1e-9, atol=1e-9)
+    w = np.broadcast_to(np.linspace(0.1, 1, 8)[None, :, None], x.shape)
+    cpu, gpu = _weighted_chunk(x, w, (1, 2)), _weighted_chunk(cupy.asarray(x), cupy.asarray(w), (1, 2))
+    for k in cpu:
+        np.testing.assert_allclose(cupy.asnumpy(gpu[k]), cpu[k], rtol=1e-12)

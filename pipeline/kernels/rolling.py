@@ -28,20 +28,20 @@ def _rolling_mean_column_loop(x, out, before, after, min_periods, p):
     count = 0
     # prime the window of t = 0 with x[0 .. after - 1]; the loop adds x[t + after]
     for s in range(min(after, nt)):
-        v = x[s, p]
+        v = float(x[s, p])  # accumulate in float64, compiled or simulated
         if v == v:
             total += v
             count += 1
     for t in range(nt):
         enter = t + after
         if enter < nt:
-            v = x[enter, p]
+            v = float(x[enter, p])
             if v == v:
                 total += v
                 count += 1
         leave = t - before - 1
         if leave >= 0:
-            v = x[leave, p]
+            v = float(x[leave, p])
             if v == v:
                 total -= v
                 count -= 1

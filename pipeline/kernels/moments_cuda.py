@@ -1,0 +1,14 @@
+"""CUDA kernel of :mod:`pipeline.kernels.moments` (imported on first GPU use)."""
+
+from ._numba_cuda import cuda
+from .moments import _welford_column
+
+_column = cuda.jit(device=True)(_welford_column)
+
+
+@cuda.jit
+def welford(x, n, mean, m2):
+    """One thread per grid point; a warp reads 32 neighbouring points of one step (coalesced)."""
+    p = cuda.grid(1)
+    if p < x.shape[1]:
+        _column(x, n, mean, m2, p)
