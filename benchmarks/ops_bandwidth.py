@@ -1,0 +1,191 @@
+"""How fast each op runs over data already in memory on its backend, against the copy bandwidth.
+
+For every op two figures, each the median of ``--repeat`` timed runs after one warm-up:
+
+- ``kernel``: the op's chunk kernel on one block holding the whole array (no dask), timed with
+  CUDA events on the GPU; bytes moved are the input read plus the output written;
+- ``op``: the whole op through dask on chunks persisted on the backend (threads scheduler), the
+  result persisted too, GB/s counted over the op's input.
+
+The device copy bandwidth is measured in the same run (bytes read + written). Run on a GPU as
+
+    python benchmarks/ops_bandwidth.py --backend gpu --shape 730,721,1440 --json bw.json
+
+and anywhere, small, as ``--backend cpu --shape 40,9,16`` (what the test suite does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pipeline  # noqa: E402
+from pipeline import backend as B  # noqa: E402
+
+
+def timer(backend):
+    if backend == "gpu":
+        import cupy
+
+        def run(fn):
+            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+            cupy.cuda.Device().synchronize()
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            cupy.cuda.Device().synchronize()
+            return cupy.cuda.get_elapsed_time(start, stop) / 1e3
+
+    else:
+
+        def run(fn):
+            t = time.perf_counter()
+            fn()
+            return time.perf_counter() - t
+
+    return run
+
+
+def median_time(run, fn, repeat):
+    run(fn)  # warm-up: compilation, memory pool
+    return statistics.median(run(fn) for _ in range(repeat))
+
+
+def synthetic(shape, backend, seed=0):
+    xp = B.module(backend)
+    nt, ny, nx = shape
+    rng = xp.random.default_rng(seed) if backend == "cpu" else xp.random.RandomState(seed)
+    data = rng.standard_normal(shape, dtype=xp.float32) * 3 + 285
+    data[:, : max(1, ny // 10), : max(1, nx // 10)] = xp.nan  # a masked region
+    time_ = pd.date_range("2000-01-01", periods=nt, freq="D")
+    lat = np.linspace(90, -90, ny)
+    return xr.DataArray(
+        data, dims=("time", "lat", "lon"), name="tas", attrs={"units": "K"},
+        coords={"time": time_, "lat": ("lat", lat, {"units": "degrees_north"}), "lon": np.linspace(0, 360, nx, endpoint=False)},
+    )
+
+
+OPS = [
+    ("standardized_anomaly", {}),
+    ("weighted_mean", {}),
+    ("rolling_mean", {"window": 30}),
+    ("climatology", {"freq": "month"}),
+    ("anomaly", {"freq": "month"}),
+    ("resample_mean", {"freq": "MS"}),
+    ("count_above", {"threshold": 290.0, "freq": "YS"}),
+    ("max_spell_length", {"threshold": 290.0, "freq": "YS"}),
+    ("coarsen_mean", {"factors": {"lat": 4, "lon": 4}}),
+    ("detrend", {"deg": 1}),
+    ("quantile", {"q": 0.9}),
+    ("saturation_vapor_pressure", {}),
+]
+
+
+def kernel_cases(x, backend):
+    """(name, function, bytes moved) for the chunk kernels, on the whole array as one block."""
+    from pipeline.kernels import elementwise, groups, rolling
+    from pipeline.reductions import _moments_chunk, _weighted_chunk
+
+    xp = B.module(backend)
+    data = x.data
+    nt = data.shape[0]
+    npts = data[0].size
+    f32 = np.dtype(np.float32)
+    x2 = data.reshape(nt, npts)
+    labels = np.asarray(x.time.dt.month.values - 1, dtype=np.int64)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the masked region: all-NaN columns
+        mean = xp.nanmean(data.astype(xp.float64), axis=0, keepdims=True)
+        std = xp.nanstd(data.astype(xp.float64), axis=0, keepdims=True)
+    w = xp.broadcast_to(xp.cos(xp.deg2rad(xp.asarray(x.lat.values)))[None, :, None], data.shape)
+    packed = (xp.nan_to_num(data - 285) * 100).astype(xp.int16)
+    values = xp.zeros((12, npts))
+    side = "gpu" if backend == "gpu" else "cpu"
+    cf = getattr(elementwise, f"cf_decode_{side}")
+    std_k = getattr(elementwise, f"standardize_{side}")
+    roll = getattr(rolling, f"rolling_mean_{side}")
+    sub = getattr(groups, f"subtract_groups_{side}")
+    n, small = data.nbytes, npts * 8
+    return [
+        ("cf_decode (int16 -> float32)", lambda: cf(packed, (-32767,), 0.01, 0.0, f32), packed.nbytes + n),
+        ("standardize", lambda: std_k(data, mean, std, f32), 2 * n),
+        ("moments (time)", lambda: _moments_chunk(data, None, (0,)), n + 3 * small),
+        ("weighted sums (lat, lon)", lambda: _weighted_chunk(data, w, (1, 2)), n + 16 * nt),
+        ("rolling mean (30 steps)", lambda: roll(data, 0, 29, 0, 30, f32), 2 * n),
+        ("group sums (12 months)", lambda: groups.group_sum(x2, labels, 12), n + 24 * small),
+        ("group spells (12 months)", lambda: groups.group_spells(x2, labels, 12, 290.0), n + 15 * npts * 4),
+        ("subtract groups (anomaly)", lambda: sub(x2, labels, values, f32), 2 * n),
+    ]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--shape", default="730,721,1440")
+    p.add_argument("--chunk-time", type=int, default=73)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--ops", default=",".join(name for name, _ in OPS))
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    backend = B.resolve(args.backend)
+    shape = tuple(int(s) for s in args.shape.split(","))
+    run = timer(backend)
+    x = synthetic(shape, backend)
+    xp = B.module(backend)
+
+    buf = xp.empty_like(x.data)
+    copy_s = median_time(run, lambda: xp.copyto(buf, x.data), args.repeat)
+    copy_bw = 2 * x.data.nbytes / copy_s / 1e9
+    del buf
+    results = {"backend": backend, "shape": shape, "bytes": int(x.data.nbytes), "copy_GBps": round(copy_bw, 1), "kernels": [], "ops": []}
+    print(f"backend {backend}, input {shape} float32 = {x.data.nbytes / 1e9:.2f} GB, copy {copy_bw:.1f} GB/s (read + write)")
+
+    print(f"\n{'kernel (one block, no dask)':32s} {'ms':>9s} {'GB/s in':>9s} {'GB/s r+w':>9s} {'% copy':>7s}")
+    for name, fn, moved in kernel_cases(x, backend):
+        s = median_time(run, fn, args.repeat)
+        row = {"kernel": name, "seconds": s, "GBps_input": x.data.nbytes / s / 1e9, "GBps_moved": moved / s / 1e9}
+        row["fraction_of_copy"] = row["GBps_moved"] / copy_bw
+        results["kernels"].append(row)
+        print(f"{name:32s} {s * 1e3:9.2f} {row['GBps_input']:9.1f} {row['GBps_moved']:9.1f} {100 * row['fraction_of_copy']:6.0f}%")
+
+    import dask
+
+    chunked = x.chunk({"time": args.chunk_time})
+    chunked = chunked.copy(data=chunked.data.persist(scheduler="threads"))
+    print(f"\n{'op (dask, chunks of ' + str(args.chunk_time) + ' steps)':32s} {'ms':>9s} {'GB/s in':>9s} {'% copy':>7s}")
+    wanted = args.ops.split(",")
+    for name, params in OPS:
+        if name not in wanted:
+            continue
+        op = getattr(pipeline.ops, name)
+
+        def once():
+            out = op(chunked, **params)
+            kept = out.data.persist(scheduler="threads")
+            del kept
+
+        with dask.config.set(scheduler="threads"):
+            s = median_time(run, once, args.repeat)
+        row = {"op": name, "params": params, "seconds": s, "GBps_input": x.data.nbytes / s / 1e9}
+        row["fraction_of_copy"] = row["GBps_input"] / copy_bw
+        results["ops"].append(row)
+        print(f"{name:32s} {s * 1e3:9.2f} {row['GBps_input']:9.1f} {100 * row['fraction_of_copy']:6.0f}%")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()
