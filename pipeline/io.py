@@ -229,13 +229,37 @@ def write_zarr(
         compute(store, progress=progress)
         _replace(partial, final)
     except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
+        _remove(partial)
         raise
     return final
 
 
+def _remove(path: Path, settle: float = 3.0) -> None:
+    """Delete a partial store for good. Zarr finishes in-flight writes on its own I/O thread even
+    after the caller was interrupted, and such a write re-creates the directory it writes into;
+    so delete, then watch for a moment and delete again what comes back."""
+    import time
+
+    shutil.rmtree(path, ignore_errors=True)
+    deadline = time.monotonic() + settle
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - quiet_since < 0.5:
+        time.sleep(0.05)
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            quiet_since = time.monotonic()
+
+
 def compute(obj, progress: bool = False):
-    """Compute on the current distributed client if there is one, else on dask's local scheduler."""
+    """Compute on the current distributed client if there is one, else on dask's threads.
+
+    When the computation fails or is interrupted, this returns only once no task of it is still
+    running, so that the caller can remove what the tasks wrote without a late write
+    re-creating it.
+    """
+    import contextlib
+    import sys
+
     import dask
 
     try:
@@ -246,19 +270,48 @@ def compute(obj, progress: bool = False):
         client = None
     if client is not None:
         future = client.compute(obj)
+        try:
+            if progress:
+                from distributed import progress as show_progress
+
+                show_progress(future)
+            return future.result()
+        except BaseException:
+            client.cancel(future)
+            _wait_idle(client)
+            raise
+    if dask.config.get("scheduler", None) not in (None, "threads", "threading"):
+        return dask.compute(obj)[0]  # a scheduler the user chose: leave it alone
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dask.system import CPU_COUNT
+
+    pool = ThreadPoolExecutor(dask.config.get("num_workers", None) or CPU_COUNT)
+    try:
+        bar = contextlib.nullcontext()
         if progress:
-            from distributed import progress as show_progress
+            from dask.diagnostics import ProgressBar
 
-            show_progress(future)
-        return future.result()
-    if progress:
-        import sys
-
-        from dask.diagnostics import ProgressBar
-
-        with ProgressBar(out=sys.stderr):
+            bar = ProgressBar(out=sys.stderr)
+        with bar, dask.config.set(pool=pool, scheduler="threads"):
             return dask.compute(obj)[0]
-    return dask.compute(obj)[0]
+    finally:
+        # dask's own pool would leave running tasks behind after an error; this one is joined
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _wait_idle(client, timeout: float = 30.0) -> None:
+    """Wait until the cluster runs no task (after a cancel, running tasks still finish)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not any(client.processing().values()):
+                return
+        except Exception:
+            return
+        time.sleep(0.1)
 
 
 def _replace(new: Path, final: Path) -> None:
