@@ -210,6 +210,25 @@ def _group_spells(x2d, labels, k, threshold):
     return group_spells(x2d, labels, k, threshold)
 
 
+def _group_runs(x2d, labels, k, threshold):
+    from .kernels.groups import group_runs
+
+    return group_runs(x2d, labels, k, threshold)
+
+
+def _runs_merge(a, b):
+    """Runs cut at group bounds: join ``a``'s open run to ``b``'s opening run, group by group."""
+    xp = xp_of(a["length"])
+    a_full = a["prefix"] == a["length"]
+    b_full = b["prefix"] == b["length"]
+    return {
+        "length": a["length"] + b["length"],
+        "prefix": xp.where(a_full, a["length"] + b["prefix"], a["prefix"]),
+        "current": xp.where(b_full, b["length"] + a["current"], b["current"]),
+        "longest": xp.maximum(xp.maximum(a["longest"], b["longest"]), a["current"] + b["prefix"]),
+    }
+
+
 def _raise_rows(best, groups, group_of_point, value):
     """``best[row of group_of_point[p], p] = max(.., value[p])`` where that group is a row of ``best``."""
     xp = xp_of(best)
@@ -269,8 +288,14 @@ def count_above(threshold: float) -> GroupReduction:
     )
 
 
-def longest_spell(threshold: float) -> GroupReduction:
-    """Longest run above ``threshold`` per bin, a run counting for the bin where it begins (xclim)."""
+def longest_spell(threshold: float, cut_at_bins: bool = False) -> GroupReduction:
+    """Longest run above ``threshold`` per bin: a run counts whole for the bin where it begins
+    (xclim's ``run_length.longest_run``), or, with ``cut_at_bins``, only its part in each bin."""
+    if cut_at_bins:
+        return GroupReduction(
+            "pipeline-longest-run-in-bin", _group_runs, dict.fromkeys(("length", "prefix", "current", "longest"), 0),
+            _runs_merge, lambda p: p["longest"], params={"threshold": float(threshold)},
+        )
     return GroupReduction(
         "pipeline-longest-spell", _group_spells, {"best": 0}, _spells_merge, lambda p: p["best"],
         params={"threshold": float(threshold)}, continuation=_spells_continuation, close=_spells_close,

@@ -254,3 +254,24 @@ def test_gpu_partials_match_cpu_partials():
     cpu, gpu = _weighted_chunk(x, w, (1, 2)), _weighted_chunk(cupy.asarray(x), cupy.asarray(w), (1, 2))
     for k in cpu:
         np.testing.assert_allclose(cupy.asnumpy(gpu[k]), cpu[k], rtol=1e-12)
+
+
+@pytest.mark.cudasim
+def test_cuda_group_runs_kernel():
+    x, labels = group_inputs(seed=2)
+    labels = np.sort(labels)
+    npts = x.shape[1]
+    gpu = {f: np.zeros((4, npts), np.int32) for f in ("length", "prefix", "current", "longest")}
+    groups.launch_gpu("group_runs", x, labels, np.float64(280.0), *gpu.values())
+    cpu = groups.group_runs(x, labels, 4, 280.0)
+    for f in gpu:
+        np.testing.assert_array_equal(gpu[f], cpu[f], err_msg=f)
+    for p in range(npts):
+        for g in range(4):
+            above = x[labels == g, p] > 280.0
+            longest = run = 0
+            for a in above:
+                run = run + 1 if a else 0
+                longest = max(longest, run)
+            assert cpu["longest"][g, p] == longest
+            assert cpu["length"][g, p] == above.size

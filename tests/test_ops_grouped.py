@@ -167,3 +167,25 @@ def test_grouped_results_stay_on_gpu():
     ):
         assert isinstance(out.data._meta, cupy.ndarray)
         assert chunk_types(out) == {cupy.ndarray}
+
+
+@pytest.mark.parametrize("freq", ["YS", "MS", "7D"])
+@pytest.mark.parametrize("chunks", [*CHUNKS, {"time": 1}, {"time": 3}])
+def test_max_spell_length_cut_at_periods(backend, freq, chunks):
+    """resample_before_rl=True: each period counts only its own steps (xclim's indicators)."""
+    run_length = pytest.importorskip("xclim.indices.run_length")
+    x = daily(nan_fraction=0.05)
+    got = pipeline.ops.max_spell_length(
+        on_backend(x.chunk(chunks), backend), threshold=283.0, freq=freq, resample_before_rl=True
+    )
+    expected = (x.astype(np.float64) > 283.0).resample(time=freq).map(run_length.longest_run, dim="time")
+    np.testing.assert_array_equal(B.to_numpy(got.data), expected.transpose(*got.dims).values)
+
+
+def test_a_spell_across_new_year():
+    x = daily(nt=10, shape=(2, 2), nan_fraction=0.0, start="1999-12-28").isel(lat=[0], lon=[1]) * 0
+    x[1:7] = 1.0  # Dec 29 to Jan 3
+    whole = pipeline.ops.max_spell_length(x, threshold=0.5, freq="YS")
+    cut = pipeline.ops.max_spell_length(x, threshold=0.5, freq="YS", resample_before_rl=True)
+    assert whole.values.ravel().tolist() == [6, 0]
+    assert cut.values.ravel().tolist() == [3, 3]

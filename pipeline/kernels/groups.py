@@ -58,11 +58,30 @@ def _group_spells_column(x, labels, threshold, best, lead, tail, tail_group, p):
     tail_group[p] = group if run > 0 else -1
 
 
+def _group_runs_column(x, labels, threshold, length, prefix, current, longest, p):
+    # Runs cut at group boundaries: per group, the steps seen, the run that opens the group, the
+    # run open at its end and the longest run; these merge across blocks without neighbours.
+    for t in range(x.shape[0]):
+        g = labels[t]
+        length[g, p] += 1
+        if x[t, p] > threshold:
+            current[g, p] += 1
+            if current[g, p] > longest[g, p]:
+                longest[g, p] = current[g, p]
+            if prefix[g, p] == length[g, p] - 1:
+                prefix[g, p] += 1
+        else:
+            current[g, p] = 0
+
+
+_BODIES = {"sum": _group_sum_column, "spells": _group_spells_column, "runs": _group_runs_column}
+
+
 @functools.cache
 def _cpu(name):
     import numba
 
-    body = numba.njit(nogil=True)(_group_sum_column if name == "sum" else _group_spells_column)
+    body = numba.njit(nogil=True)(_BODIES[name])
 
     if name == "sum":
 
@@ -74,11 +93,11 @@ def _cpu(name):
         return group_sum
 
     @numba.njit(nogil=True)
-    def group_spells(x, labels, threshold, best, lead, tail, tail_group):
+    def over_points(x, labels, threshold, a, b, c, d):
         for p in range(x.shape[1]):
-            body(x, labels, threshold, best, lead, tail, tail_group, p)
+            body(x, labels, threshold, a, b, c, d, p)
 
-    return group_spells
+    return over_points
 
 
 def _launch(kernel, npts, *args):
@@ -119,6 +138,23 @@ def group_spells(x2d, labels, k: int, threshold: float) -> dict:
         _launch(kernel, npts, x2d, xp.asarray(labels), *args)
     else:
         _cpu("spells")(x2d, labels, *args)
+    return out
+
+
+def group_runs(x2d, labels, k: int, threshold: float) -> dict:
+    """Per group, runs of ``x > threshold`` cut at the group's bounds: length, prefix, current, longest."""
+    from ..backend import is_cupy, xp_of
+
+    xp = xp_of(x2d)
+    npts = x2d.shape[1]
+    out = {f: xp.zeros((k, npts), dtype=np.int32) for f in ("length", "prefix", "current", "longest")}
+    args = (np.float64(threshold), out["length"], out["prefix"], out["current"], out["longest"])
+    if is_cupy(x2d):
+        from .groups_cuda import group_runs as kernel
+
+        _launch(kernel, npts, x2d, xp.asarray(labels), *args)
+    else:
+        _cpu("runs")(x2d, labels, *args)
     return out
 
 

@@ -3,10 +3,11 @@ global of this module for Numba's CUDA simulator)."""
 
 from ._numba_cuda import cuda
 
-from .groups import _group_spells_column, _group_sum_column
+from .groups import _group_runs_column, _group_spells_column, _group_sum_column
 
 _sum_column = cuda.jit(device=True)(_group_sum_column)
 _spells_column = cuda.jit(device=True)(_group_spells_column)
+_runs_column = cuda.jit(device=True)(_group_runs_column)
 
 
 @cuda.jit
@@ -21,3 +22,10 @@ def group_spells(x, labels, threshold, best, lead, tail, tail_group):
     p = cuda.grid(1)
     if p < x.shape[1]:
         _spells_column(x, labels, threshold, best, lead, tail, tail_group, p)
+
+
+@cuda.jit
+def group_runs(x, labels, threshold, length, prefix, current, longest):
+    p = cuda.grid(1)
+    if p < x.shape[1]:
+        _runs_column(x, labels, threshold, length, prefix, current, longest, p)

@@ -166,11 +166,19 @@ def count_above(x: xr.DataArray, threshold: float | str, freq: str = "YS") -> xr
 
 
 @register(kernels=SPELL_KERNELS)
-def max_spell_length(x: xr.DataArray, threshold: float | str, freq: str = "YS") -> xr.DataArray:
+def max_spell_length(
+    x: xr.DataArray, threshold: float | str, freq: str = "YS", resample_before_rl: bool = False
+) -> xr.DataArray:
     """Longest run of consecutive steps with x > threshold in each period, as xclim's run_length.longest_run.
 
+    By default a run counts, with its whole length, for the period in which it begins, even when
+    it goes on into the next periods: xclim's ``run_length.longest_run(x > threshold, freq=...)``.
+    With ``resample_before_rl=True`` runs are cut at period bounds and each period counts only
+    its own steps, as xclim's indicators such as ``hot_spell_max_length`` do by default.
+
     A run-length scan per grid point (one CUDA thread each); runs that cross chunk boundaries are
-    joined by merging each chunk's (opening run, open run at the end, longest run) state.
+    joined by merging each chunk's run-length state.
     """
     thr = threshold_in_units_of(x, threshold)
-    return _binned(x, groupby.longest_spell(thr), freq, np.dtype(np.int64), {"units": "1", "threshold": thr})
+    red = groupby.longest_spell(thr, cut_at_bins=resample_before_rl)
+    return _binned(x, red, freq, np.dtype(np.int64), {"units": "1", "threshold": thr})
