@@ -118,7 +118,13 @@ def kernel_cases(x, backend):
     roll = getattr(rolling, f"rolling_mean_{side}")
     sub = getattr(groups, f"subtract_groups_{side}")
     n, small = data.nbytes, npts * 8
-    return [
+    from pipeline.kernels import fields
+
+    svp = getattr(fields, f"saturation_vapor_pressure_{side}")
+    cases = []
+    if backend == "gpu":  # the same formula as a plain cupy.ElementwiseKernel, for comparison
+        cases.append(("standardize, ElementwiseKernel", lambda: elementwise._gpu_kernel("standardize")(data, mean, std, xp.empty_like(data)), 2 * n))
+    return cases + [
         ("cf_decode (int16 -> float32)", lambda: cf(packed, (-32767,), 0.01, 0.0, f32), packed.nbytes + n),
         ("standardize", lambda: std_k(data, mean, std, f32), 2 * n),
         ("moments (time)", lambda: _moments_chunk(data, None, (0,)), n + 3 * small),
@@ -127,6 +133,7 @@ def kernel_cases(x, backend):
         ("group sums (12 months)", lambda: groups.group_sum(x2, labels, 12), n + 24 * small),
         ("group spells (12 months)", lambda: groups.group_spells(x2, labels, 12, 290.0), n + 15 * npts * 4),
         ("subtract groups (anomaly)", lambda: sub(x2, labels, values, f32), 2 * n),
+        ("saturation vapour pressure", lambda: svp(data, 0.0, "sonntag90", f32), 2 * n),
     ]
 
 

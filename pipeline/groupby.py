@@ -269,9 +269,9 @@ def _spells_close(m, before, after):
     begins here (the block before ends below the threshold), and both it and the open run go on
     into the blocks after as far as the continuation says."""
     xp = xp_of(m["best"])
-    after = 0 if after is None else after
+    after = xp.zeros_like(m["lead"]) if after is None else after
     whole = m["lead"] == m["length"]
-    begins_here = True if before is None else before["tail"] == 0
+    begins_here = xp.ones(m["lead"].shape, dtype=bool) if before is None else before["tail"] == 0
     lead = xp.where(begins_here, m["lead"] + xp.where(whole, after, 0), 0)
     _raise_rows(m["best"], m["groups"], xp.full_like(m["lead"], m["first_group"]), lead)
     _raise_rows(m["best"], m["groups"], m["tail_group"], xp.where(whole, 0, m["tail"] + after))

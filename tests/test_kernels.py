@@ -275,3 +275,34 @@ def test_cuda_group_runs_kernel():
                 longest = max(longest, run)
             assert cpu["longest"][g, p] == longest
             assert cpu["length"][g, p] == above.size
+
+
+# --- streaming kernels: their CUDA sources compile ---------------------------------------------------
+
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+
+from pipeline.kernels import fields as field_kernels  # noqa: E402
+from pipeline.kernels.streaming import Spec  # noqa: E402
+
+STREAMING = [
+    (elementwise.STANDARDIZE, np.float32, np.float32),
+    (elementwise.STANDARDIZE, np.float64, np.float64),
+    (elementwise.CF_DECODE, np.int16, np.float32),
+    (elementwise.CF_DECODE, np.uint8, np.float64),
+    (groups.SUBTRACT_GROUPS, np.float32, np.float32),
+    *[(spec, np.float32, np.float32) for spec in field_kernels.SVP.values()],
+]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not installed")
+@pytest.mark.parametrize("spec,in_t,out_t", STREAMING, ids=lambda v: getattr(v, "name", getattr(v, "__name__", str(v))))
+def test_streaming_kernel_sources_compile(tmp_path, spec: Spec, in_t, out_t):
+    """What runs on the GPU compiles, checked on machines with the CUDA compiler but no GPU."""
+    src = tmp_path / f"{spec.name}.cu"
+    src.write_text(spec.source(in_t, out_t))
+    r = subprocess.run(
+        ["nvcc", "-c", "-arch=sm_90", "--fmad=false", "-std=c++17", str(src), "-o", str(tmp_path / "k.o")],
+        capture_output=True, text=True,
+    )
+    assert r.returncode == 0, r.stderr

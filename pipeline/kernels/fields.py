@@ -15,6 +15,7 @@ import numpy as np
 
 from ..backend import xp_of
 from ..reductions import Aggregation, _sum_fields
+from .streaming import Spec
 
 ACC = np.float64
 
@@ -135,6 +136,16 @@ _SVP_C = {
 }
 
 
+# on the GPU, one streaming kernel per formula (see pipeline.kernels.streaming)
+SVP = {
+    method: Spec(
+        "flat", f"pipeline_svp_{method}", (("double", "offset"),),
+        body=f"double t = (double)x + offset; return (out_t)({formula});",
+    )
+    for method, formula in _SVP_C.items()
+}
+
+
 def _svp_numpy(t, method: str):
     if method == "sonntag90":
         return 100.0 * np.exp(
@@ -149,23 +160,11 @@ def saturation_vapor_pressure_cpu(x, offset: float, method: str, out_dtype):
         return _svp_numpy(t, method).astype(out_dtype, copy=False)
 
 
-@functools.cache
-def _svp_gpu_kernel(method: str):
-    import cupy
-
-    # --fmad=false: no contraction into fused multiply-adds, so each operation rounds as in NumPy
-    # (see pipeline.kernels.elementwise)
-    return cupy.ElementwiseKernel(
-        "T x, float64 offset",
-        "O e",
-        f"double t = (double)x + offset; e = (O)({_SVP_C[method]})",
-        name=f"pipeline_svp_{method}",
-        options=("--fmad=false",),
-    )
-
-
 def saturation_vapor_pressure_gpu(x, offset: float, method: str, out_dtype):
     import cupy
 
+    from . import streaming
+
+    x = cupy.ascontiguousarray(x)
     e = cupy.empty(x.shape, dtype=out_dtype)
-    return _svp_gpu_kernel(method)(x, np.float64(offset), e)
+    return streaming.run(SVP[method], x, e, np.float64(offset))

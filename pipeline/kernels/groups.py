@@ -17,19 +17,52 @@ import functools
 
 import numpy as np
 
+from .streaming import Spec
+
 THREADS_PER_BLOCK = 256
 
 
-def _group_sum_column(x, labels, threshold, mode, sums, counts, p):
-    for t in range(x.shape[0]):
+def make_group_sum_column(jit):
+    """The per-point loop of ``group_sum``, compiled by ``jit`` (``numba.njit`` or
+    ``cuda.jit(device=True)``). A group's running sum stays in registers while consecutive steps
+    belong to it and is added to ``sums`` when the group changes; four steps are loaded ahead."""
+
+    @jit
+    def step(x, labels, threshold, mode, sums, counts, p, t, v, group, acc, n):
         g = labels[t]
-        v = x[t, p]
+        if g != group:
+            if group >= 0:
+                sums[group, p] += acc
+                counts[group, p] += n
+            group, acc, n = g, 0.0, 0.0
         if mode == 0:
             if v == v:
-                sums[g, p] += v
-                counts[g, p] += 1
+                acc += v
+                n += 1.0
         elif v > threshold:
-            sums[g, p] += 1
+            acc += 1.0
+        return group, acc, n
+
+    @jit
+    def column(x, labels, threshold, mode, sums, counts, p):
+        group, acc, n = -1, 0.0, 0.0
+        nt = x.shape[0]
+        t = 0
+        while t + 4 <= nt:
+            v0, v1, v2, v3 = float(x[t, p]), float(x[t + 1, p]), float(x[t + 2, p]), float(x[t + 3, p])
+            group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t, v0, group, acc, n)
+            group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t + 1, v1, group, acc, n)
+            group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t + 2, v2, group, acc, n)
+            group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t + 3, v3, group, acc, n)
+            t += 4
+        while t < nt:
+            group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t, float(x[t, p]), group, acc, n)
+            t += 1
+        if group >= 0:
+            sums[group, p] += acc
+            counts[group, p] += n
+
+    return column
 
 
 def _group_spells_column(x, labels, threshold, best, lead, tail, tail_group, p):
@@ -74,14 +107,15 @@ def _group_runs_column(x, labels, threshold, length, prefix, current, longest, p
             current[g, p] = 0
 
 
-_BODIES = {"sum": _group_sum_column, "spells": _group_spells_column, "runs": _group_runs_column}
+_BODIES = {"spells": _group_spells_column, "runs": _group_runs_column}
 
 
 @functools.cache
 def _cpu(name):
     import numba
 
-    body = numba.njit(nogil=True)(_BODIES[name])
+    jit = numba.njit(nogil=True)
+    body = make_group_sum_column(jit) if name == "sum" else jit(_BODIES[name])
 
     if name == "sum":
 
@@ -172,24 +206,19 @@ def subtract_groups_cpu(x2d, labels, values2d, out_dtype):
     return (x2d.astype(np.float64, copy=False) - values2d[labels]).astype(out_dtype, copy=False)
 
 
-@functools.cache
-def _subtract_kernel():
-    import cupy
-
-    # one pass: out[t, p] = x[t, p] - values[labels[t], p]; the group row is gathered in-kernel
-    return cupy.ElementwiseKernel(
-        "T x, raw int64 labels, raw float64 values, int64 npts",
-        "O out",
-        "out = (O)((double)x - values[labels[i / npts] * npts + i % npts])",
-        "pipeline_subtract_groups",
-        options=("--fmad=false",),
-    )
+# one pass: out[t, p] = x[t, p] - values[labels[t], p], the group's row gathered in-kernel
+SUBTRACT_GROUPS = Spec(
+    "column", "pipeline_subtract_groups", (("const long long*", "labels"), ("const double*", "values")),
+    body="(out_t)((double)v - values[labels[r] * cols + p])",
+)
 
 
 def subtract_groups_gpu(x2d, labels, values2d, out_dtype):
     import cupy
 
+    from . import streaming
+
+    x2d = cupy.ascontiguousarray(x2d)
     out = cupy.empty(x2d.shape, dtype=out_dtype)
-    lab = cupy.asarray(labels, dtype=np.int64)
-    vals = cupy.ascontiguousarray(values2d, dtype=np.float64)
-    return _subtract_kernel()(x2d, lab, vals, np.int64(x2d.shape[1]), out)
+    labels = cupy.asarray(labels, dtype=np.int64)
+    return streaming.run(SUBTRACT_GROUPS, x2d, out, labels, cupy.ascontiguousarray(values2d, dtype=np.float64))

@@ -13,20 +13,45 @@ import numpy as np
 THREADS_PER_BLOCK = 256
 
 
-def _welford_column(x, n, mean, m2, p):
-    count = 0
-    mu = 0.0
-    s = 0.0
-    for t in range(x.shape[0]):
-        v = float(x[t, p])  # float64 in compiled code and in the simulator alike
+def make_welford_column(jit):
+    """The per-point loop, compiled by ``jit`` (``numba.njit`` or ``cuda.jit(device=True)``).
+
+    Four steps are loaded before any is used: a thread then has four loads in flight, not one,
+    which the GPU needs to approach its memory bandwidth (see :mod:`pipeline.kernels.streaming`).
+    """
+
+    @jit
+    def update(count, mu, s, v):
         if v == v:
             count += 1
             d = v - mu
             mu += d / count
             s += d * (v - mu)
-    n[p] = count
-    mean[p] = mu
-    m2[p] = s
+        return count, mu, s
+
+    @jit
+    def column(x, n, mean, m2, p):
+        count = 0
+        mu = 0.0
+        s = 0.0
+        nt = x.shape[0]
+        t = 0
+        while t + 4 <= nt:
+            # float(): accumulate in float64, compiled or in the CUDA simulator alike
+            v0, v1, v2, v3 = float(x[t, p]), float(x[t + 1, p]), float(x[t + 2, p]), float(x[t + 3, p])
+            count, mu, s = update(count, mu, s, v0)
+            count, mu, s = update(count, mu, s, v1)
+            count, mu, s = update(count, mu, s, v2)
+            count, mu, s = update(count, mu, s, v3)
+            t += 4
+        while t < nt:
+            count, mu, s = update(count, mu, s, float(x[t, p]))
+            t += 1
+        n[p] = count
+        mean[p] = mu
+        m2[p] = s
+
+    return column
 
 
 def launch_gpu(x2d, n, mean, m2):

@@ -1,9 +1,9 @@
 """CUDA kernel of :mod:`pipeline.kernels.moments` (imported on first GPU use)."""
 
 from ._numba_cuda import cuda
-from .moments import _welford_column
+from .moments import make_welford_column
 
-_column = cuda.jit(device=True)(_welford_column)
+_column = make_welford_column(cuda.jit(device=True))
 
 
 @cuda.jit

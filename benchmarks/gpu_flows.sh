@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Every shipped flow over a demo dataset of SIZE, on the GPU and on the CPU, one after the other
+# on the same store; the results of the two backends are compared. Logs and reports go to OUTDIR.
+#
+#   bash benchmarks/gpu_flows.sh OUTDIR [SIZE]      # SIZE of the whole demo dataset, default 10.5GB
+set -uo pipefail
+out=${1:?usage: gpu_flows.sh OUTDIR [SIZE]}
+size=${2:-10.5GB}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+cli() { python3 -m pipeline.cli "$@"; }
+
+cli demo data/demo.zarr --size "$size" --overwrite 2>&1 | tee "$out/demo.txt"
+for flow in climate_anomaly monthly_anomaly heatwave_days detrended_quantiles; do
+  for backend in gpu cpu; do
+    cli run "flows/$flow.yaml" --backend "$backend" --output "out/$flow-$backend.zarr" \
+        --report "$out/$flow-$backend.json" --no-progress 2>&1 | tee -a "$out/runs.txt"
+  done
+done
+
+python3 - "$out" <<'PY' 2>&1 | tee "$out/compare.txt"
+import json, sys, warnings
+import numpy as np, xarray as xr
+warnings.simplefilter("ignore")
+out = sys.argv[1]
+for flow in ("climate_anomaly", "monthly_anomaly", "heatwave_days", "detrended_quantiles"):
+    cpu, gpu = (xr.open_zarr(f"out/{flow}-{b}.zarr") for b in ("cpu", "gpu"))
+    for v in cpu.data_vars:
+        a, b = cpu[v].values.astype(np.float64), gpu[v].values.astype(np.float64)
+        scale = np.nanmax(np.abs(a))
+        print(f"{flow}/{v}: shape {a.shape} max|gpu-cpu| {np.nanmax(np.abs(a - b)):.3e} (max|cpu| {scale:.3e}) "
+              f"NaN equal {np.array_equal(np.isnan(a), np.isnan(b))}")
+    for b in ("gpu", "cpu"):
+        r = json.load(open(f"{out}/{flow}-{b}.json"))
+        print(f"  {b}: wall {r['wall_seconds']:.2f} s, read {r['bytes_read'] / 1e9:.2f} GB, {r['throughput_GBps']} GB/s")
+PY
