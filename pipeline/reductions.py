@@ -244,7 +244,19 @@ def _weighted_sum_kernel():
 def _weighted_chunk_gpu(x, w, axis):
     import cupy
 
-    sums = _weighted_sum_kernel()(x, cupy.asarray(w, dtype=np.float64), axis=axis, keepdims=True)
+    w = cupy.asarray(w)
+    lead = x.ndim - len(axis)
+    trailing = tuple(axis) == tuple(range(lead, x.ndim))
+    if trailing and x.flags.c_contiguous and w.shape == x.shape and all(st == 0 for st in w.strides[:lead]):
+        # the usual case: weights that vary only along the reduced axes (cos(lat)), and a block
+        # laid out with those axes last: one pass of the two-stage kernel
+        from .kernels.weighted import weighted_sums_gpu
+
+        rows = int(np.prod(x.shape[:lead], dtype=np.int64))
+        wx, ws = weighted_sums_gpu(x.reshape(rows, -1), w[(0,) * lead].reshape(-1))
+        shape = (*x.shape[:lead], *(1,) * len(axis))
+        return {"wx": wx.reshape(shape), "w": ws.reshape(shape)}
+    sums = _weighted_sum_kernel()(x, w.astype(np.float64, copy=False), axis=axis, keepdims=True)
     return {"wx": sums.real.copy(), "w": sums.imag.copy()}
 
 

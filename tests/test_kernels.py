@@ -226,7 +226,7 @@ from pipeline.reductions import _moments_chunk  # noqa: E402
 
 
 @pytest.mark.cudasim
-def test_cuda_welford_kernel_matches_two_pass_moments():
+def test_cuda_moments_kernel_matches_two_pass_moments():
     x = sample(nt=31, npts=40, seed=4)
     x[:, 5] = np.nan  # no valid value
     x[3:, 6] = np.nan  # one valid value
@@ -250,10 +250,14 @@ def test_gpu_partials_match_cpu_partials():
         cpu, gpu = _moments_chunk(x, None, (axis,)), _moments_chunk(cupy.asarray(x), None, (axis,))
         for k in cpu:
             np.testing.assert_allclose(cupy.asnumpy(gpu[k]), cpu[k], rtol=1e-9, atol=1e-9)
-    w = np.broadcast_to(np.linspace(0.1, 1, 8)[None, :, None], x.shape)
-    cpu, gpu = _weighted_chunk(x, w, (1, 2)), _weighted_chunk(cupy.asarray(x), cupy.asarray(w), (1, 2))
-    for k in cpu:
-        np.testing.assert_allclose(cupy.asnumpy(gpu[k]), cpu[k], rtol=1e-12)
+    w1 = np.linspace(0.1, 1, 8)[None, :, None]
+    w = np.broadcast_to(w1, x.shape)
+    cpu = _weighted_chunk(x, w, (1, 2))
+    fast = _weighted_chunk(cupy.asarray(x), cupy.broadcast_to(cupy.asarray(w1), x.shape), (1, 2))  # two-stage kernel
+    general = _weighted_chunk(cupy.asarray(x), cupy.asarray(w), (1, 2))  # weights not broadcast: ReductionKernel
+    for gpu in (fast, general):
+        for k in cpu:
+            np.testing.assert_allclose(cupy.asnumpy(gpu[k]), cpu[k], rtol=1e-12)
 
 
 @pytest.mark.cudasim
@@ -293,6 +297,17 @@ STREAMING = [
     (groups.SUBTRACT_GROUPS, np.float32, np.float32),
     *[(spec, np.float32, np.float32) for spec in field_kernels.SVP.values()],
 ]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not installed")
+@pytest.mark.parametrize("in_t", [np.float32, np.float64])
+def test_weighted_sums_source_compiles(tmp_path, in_t):
+    from pipeline.kernels import weighted
+
+    src = tmp_path / "weighted.cu"
+    src.write_text(weighted.source(in_t))
+    r = subprocess.run(["nvcc", "-c", "-arch=sm_90", "--fmad=false", str(src), "-o", str(tmp_path / "w.o")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not installed")

@@ -65,30 +65,53 @@ def make_group_sum_column(jit):
     return column
 
 
-def _group_spells_column(x, labels, threshold, best, lead, tail, tail_group, p):
-    # A run counts, with its whole length, for the group of its first step (xclim's "first"
-    # index). The run that opens the block may have begun in an earlier block: it is kept apart
-    # in ``lead``. The run still open at the end (``tail``, begun in group ``tail_group``) may
-    # go on in the next block: it is counted with its length so far and lengthened on merge.
-    in_lead = True
-    run = 0
-    group = -1
-    n_lead = 0
-    for t in range(x.shape[0]):
-        if x[t, p] > threshold:
+def make_group_spells_column(jit):
+    """The per-point loop of ``group_spells``, compiled by ``jit``.
+
+    A run counts, with its whole length, for the group of its first step (xclim's "first"
+    index). The run that opens the block may have begun in an earlier block: it is kept apart in
+    ``lead``. The run still open at the end (``tail``, begun in group ``tail_group``) may go on
+    in the next block: it is counted with its length so far and lengthened on merge. A run is
+    written to ``best`` once, when it ends, and four steps are loaded ahead.
+    """
+
+    @jit
+    def step(labels, threshold, best, p, t, v, run, group, in_lead, n_lead):
+        if v > threshold:
             if run == 0:
                 group = labels[t]
             run += 1
             if in_lead:
                 n_lead += 1
-            elif run > best[group, p]:
-                best[group, p] = run
         else:
+            if run > 0 and not in_lead and run > best[group, p]:
+                best[group, p] = run
             run = 0
             in_lead = False
-    lead[p] = n_lead
-    tail[p] = run
-    tail_group[p] = group if run > 0 else -1
+        return run, group, in_lead, n_lead
+
+    @jit
+    def column(x, labels, threshold, best, lead, tail, tail_group, p):
+        run, group, in_lead, n_lead = 0, -1, True, 0
+        nt = x.shape[0]
+        t = 0
+        while t + 4 <= nt:
+            v0, v1, v2, v3 = x[t, p], x[t + 1, p], x[t + 2, p], x[t + 3, p]
+            run, group, in_lead, n_lead = step(labels, threshold, best, p, t, v0, run, group, in_lead, n_lead)
+            run, group, in_lead, n_lead = step(labels, threshold, best, p, t + 1, v1, run, group, in_lead, n_lead)
+            run, group, in_lead, n_lead = step(labels, threshold, best, p, t + 2, v2, run, group, in_lead, n_lead)
+            run, group, in_lead, n_lead = step(labels, threshold, best, p, t + 3, v3, run, group, in_lead, n_lead)
+            t += 4
+        while t < nt:
+            run, group, in_lead, n_lead = step(labels, threshold, best, p, t, x[t, p], run, group, in_lead, n_lead)
+            t += 1
+        if run > 0 and not in_lead and run > best[group, p]:
+            best[group, p] = run
+        lead[p] = n_lead
+        tail[p] = run
+        tail_group[p] = group if run > 0 else -1
+
+    return column
 
 
 def _group_runs_column(x, labels, threshold, length, prefix, current, longest, p):
@@ -107,7 +130,7 @@ def _group_runs_column(x, labels, threshold, length, prefix, current, longest, p
             current[g, p] = 0
 
 
-_BODIES = {"spells": _group_spells_column, "runs": _group_runs_column}
+_FACTORIES = {"sum": make_group_sum_column, "spells": make_group_spells_column}
 
 
 @functools.cache
@@ -115,7 +138,7 @@ def _cpu(name):
     import numba
 
     jit = numba.njit(nogil=True)
-    body = make_group_sum_column(jit) if name == "sum" else jit(_BODIES[name])
+    body = _FACTORIES[name](jit) if name in _FACTORIES else jit(_group_runs_column)
 
     if name == "sum":
 

@@ -3,10 +3,10 @@ global of this module for Numba's CUDA simulator)."""
 
 from ._numba_cuda import cuda
 
-from .groups import _group_runs_column, _group_spells_column, make_group_sum_column
+from .groups import _group_runs_column, make_group_spells_column, make_group_sum_column
 
 _sum_column = make_group_sum_column(cuda.jit(device=True))
-_spells_column = cuda.jit(device=True)(_group_spells_column)
+_spells_column = make_group_spells_column(cuda.jit(device=True))
 _runs_column = cuda.jit(device=True)(_group_runs_column)
 
 

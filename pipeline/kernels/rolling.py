@@ -21,41 +21,63 @@ import numpy as np
 THREADS_PER_BLOCK = 256
 
 
-def _rolling_mean_column_loop(x, out, before, after, min_periods, p):
-    """Shared body of the CPU and GPU kernels: one grid point ``p``, all steps ``t``."""
-    nt = x.shape[0]
-    total = 0.0
-    count = 0
-    # prime the window of t = 0 with x[0 .. after - 1]; the loop adds x[t + after]
-    for s in range(min(after, nt)):
-        v = float(x[s, p])  # accumulate in float64, compiled or simulated
-        if v == v:
-            total += v
+def make_rolling_column(jit):
+    """The per-point loop, compiled by ``jit`` (``numba.njit`` or ``cuda.jit(device=True)``).
+
+    Away from the block's edges four steps are taken at once, their eight loads (entering and
+    leaving values) issued before any is used, for memory-level parallelism on the GPU.
+    """
+
+    @jit
+    def step(out, min_periods, p, t, enter, leave, total, count):
+        # an index outside the block arrives as NaN: it counts as missing, as a NaN value does
+        if enter == enter:
+            total += enter
             count += 1
-    for t in range(nt):
-        enter = t + after
-        if enter < nt:
-            v = float(x[enter, p])
-            if v == v:
-                total += v
-                count += 1
-        leave = t - before - 1
-        if leave >= 0:
-            v = float(x[leave, p])
-            if v == v:
-                total -= v
-                count -= 1
+        if leave == leave:
+            total -= leave
+            count -= 1
         if count >= min_periods and count > 0:
             out[t, p] = total / count
         else:
             out[t, p] = math.nan
+        return total, count
+
+    @jit
+    def column(x, out, before, after, min_periods, p):
+        nt = x.shape[0]
+        total = 0.0
+        count = 0
+        # prime the window of t = 0 with x[0 .. after - 1]; each step adds x[t + after]
+        for s in range(min(after, nt)):
+            v = float(x[s, p])  # float64 sums, compiled or simulated
+            if v == v:
+                total += v
+                count += 1
+        t = 0
+        while t < nt:
+            if t - before - 1 >= 0 and t + after + 3 < nt:
+                e0, e1, e2, e3 = float(x[t + after, p]), float(x[t + after + 1, p]), float(x[t + after + 2, p]), float(x[t + after + 3, p])
+                l0, l1, l2, l3 = float(x[t - before - 1, p]), float(x[t - before, p]), float(x[t - before + 1, p]), float(x[t - before + 2, p])
+                total, count = step(out, min_periods, p, t, e0, l0, total, count)
+                total, count = step(out, min_periods, p, t + 1, e1, l1, total, count)
+                total, count = step(out, min_periods, p, t + 2, e2, l2, total, count)
+                total, count = step(out, min_periods, p, t + 3, e3, l3, total, count)
+                t += 4
+            else:
+                enter = float(x[t + after, p]) if t + after < nt else math.nan
+                leave = float(x[t - before - 1, p]) if t - before - 1 >= 0 else math.nan
+                total, count = step(out, min_periods, p, t, enter, leave, total, count)
+                t += 1
+
+    return column
 
 
 @functools.cache
 def _cpu_kernel():
     import numba
 
-    column = numba.njit(nogil=True)(_rolling_mean_column_loop)
+    column = make_rolling_column(numba.njit(nogil=True))
 
     @numba.njit(nogil=True)
     def rolling_mean_2d(x, out, before, after, min_periods):

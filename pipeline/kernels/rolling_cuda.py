@@ -4,9 +4,9 @@ Numba's CUDA simulator finds ``cuda`` among the kernel's globals."""
 
 from ._numba_cuda import cuda
 
-from .rolling import _rolling_mean_column_loop
+from .rolling import make_rolling_column
 
-_column = cuda.jit(device=True)(_rolling_mean_column_loop)
+_column = make_rolling_column(cuda.jit(device=True))
 
 
 @cuda.jit
