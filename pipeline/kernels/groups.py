@@ -25,7 +25,7 @@ THREADS_PER_BLOCK = 256
 def make_group_sum_column(jit):
     """The per-point loop of ``group_sum``, compiled by ``jit`` (``numba.njit`` or
     ``cuda.jit(device=True)``). A group's running sum stays in registers while consecutive steps
-    belong to it and is added to ``sums`` when the group changes; eight steps are loaded ahead."""
+    belong to it and is added to ``sums`` when the group changes; four steps are loaded ahead."""
 
     @jit
     def step(x, labels, threshold, mode, sums, counts, p, t, v, group, acc, n):
@@ -48,18 +48,13 @@ def make_group_sum_column(jit):
         group, acc, n = -1, 0.0, 0.0
         nt = x.shape[0]
         t = 0
-        while t + 8 <= nt:
+        while t + 4 <= nt:
             v0, v1, v2, v3 = float(x[t, p]), float(x[t + 1, p]), float(x[t + 2, p]), float(x[t + 3, p])
-            v4, v5, v6, v7 = float(x[t + 4, p]), float(x[t + 5, p]), float(x[t + 6, p]), float(x[t + 7, p])
             group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t, v0, group, acc, n)
             group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t + 1, v1, group, acc, n)
             group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t + 2, v2, group, acc, n)
             group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t + 3, v3, group, acc, n)
-            group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t + 4, v4, group, acc, n)
-            group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t + 5, v5, group, acc, n)
-            group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t + 6, v6, group, acc, n)
-            group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t + 7, v7, group, acc, n)
-            t += 8
+            t += 4
         while t < nt:
             group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t, float(x[t, p]), group, acc, n)
             t += 1
@@ -77,7 +72,7 @@ def make_group_spells_column(jit):
     index). The run that opens the block may have begun in an earlier block: it is kept apart in
     ``lead``. The run still open at the end (``tail``, begun in group ``tail_group``) may go on
     in the next block: it is counted with its length so far and lengthened on merge. A run is
-    written to ``best`` once, when it ends, and eight steps are loaded ahead.
+    written to ``best`` once, when it ends, and four steps are loaded ahead.
     """
 
     @jit
@@ -100,18 +95,13 @@ def make_group_spells_column(jit):
         run, group, in_lead, n_lead = 0, -1, True, 0
         nt = x.shape[0]
         t = 0
-        while t + 8 <= nt:
+        while t + 4 <= nt:
             v0, v1, v2, v3 = x[t, p], x[t + 1, p], x[t + 2, p], x[t + 3, p]
-            v4, v5, v6, v7 = x[t + 4, p], x[t + 5, p], x[t + 6, p], x[t + 7, p]
             run, group, in_lead, n_lead = step(labels, threshold, best, p, t, v0, run, group, in_lead, n_lead)
             run, group, in_lead, n_lead = step(labels, threshold, best, p, t + 1, v1, run, group, in_lead, n_lead)
             run, group, in_lead, n_lead = step(labels, threshold, best, p, t + 2, v2, run, group, in_lead, n_lead)
             run, group, in_lead, n_lead = step(labels, threshold, best, p, t + 3, v3, run, group, in_lead, n_lead)
-            run, group, in_lead, n_lead = step(labels, threshold, best, p, t + 4, v4, run, group, in_lead, n_lead)
-            run, group, in_lead, n_lead = step(labels, threshold, best, p, t + 5, v5, run, group, in_lead, n_lead)
-            run, group, in_lead, n_lead = step(labels, threshold, best, p, t + 6, v6, run, group, in_lead, n_lead)
-            run, group, in_lead, n_lead = step(labels, threshold, best, p, t + 7, v7, run, group, in_lead, n_lead)
-            t += 8
+            t += 4
         while t < nt:
             run, group, in_lead, n_lead = step(labels, threshold, best, p, t, x[t, p], run, group, in_lead, n_lead)
             t += 1

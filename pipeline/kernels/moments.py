@@ -18,7 +18,7 @@ def make_moments_column(jit):
     Sums of deviations from a shift (the point's first valid value) give the mean and M2 with
     no division per element, which would make the loop compute-bound in float64; with the shift
     inside the data's range the cancellation in ``M2 = S2 - S1^2 / n`` stays at float64 rounding.
-    Eight steps are loaded before any is used: a thread then has eight loads in flight, not one,
+    Four steps are loaded before any is used: a thread then has four loads in flight, not one,
     which the GPU needs to approach its memory bandwidth (see :mod:`pipeline.kernels.streaming`).
     """
 
@@ -38,19 +38,14 @@ def make_moments_column(jit):
         count, shift, s1, s2 = 0, 0.0, 0.0, 0.0
         nt = x.shape[0]
         t = 0
-        while t + 8 <= nt:
+        while t + 4 <= nt:
             # float(): accumulate in float64, compiled or in the CUDA simulator alike
             v0, v1, v2, v3 = float(x[t, p]), float(x[t + 1, p]), float(x[t + 2, p]), float(x[t + 3, p])
-            v4, v5, v6, v7 = float(x[t + 4, p]), float(x[t + 5, p]), float(x[t + 6, p]), float(x[t + 7, p])
             count, shift, s1, s2 = update(count, shift, s1, s2, v0)
             count, shift, s1, s2 = update(count, shift, s1, s2, v1)
             count, shift, s1, s2 = update(count, shift, s1, s2, v2)
             count, shift, s1, s2 = update(count, shift, s1, s2, v3)
-            count, shift, s1, s2 = update(count, shift, s1, s2, v4)
-            count, shift, s1, s2 = update(count, shift, s1, s2, v5)
-            count, shift, s1, s2 = update(count, shift, s1, s2, v6)
-            count, shift, s1, s2 = update(count, shift, s1, s2, v7)
-            t += 8
+            t += 4
         while t < nt:
             count, shift, s1, s2 = update(count, shift, s1, s2, float(x[t, p]))
             t += 1
