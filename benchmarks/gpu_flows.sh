@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every shipped flow over a demo dataset of SIZE, on the GPU and on the CPU, one after the other
-# on the same store; the results of the two backends are compared. Logs and reports go to OUTDIR.
+# on the same store; the results of the two backends are compared. With CLUSTER=1 in the
+# environment, the first flow also runs on the local-gpu profile (a dask-cuda LocalCUDACluster).
+# Logs and reports go to OUTDIR.
 #
 #   bash benchmarks/gpu_flows.sh OUTDIR [SIZE]      # SIZE of the whole demo dataset, default 10.5GB
 set -uo pipefail
@@ -17,6 +19,11 @@ for flow in climate_anomaly monthly_anomaly heatwave_days detrended_quantiles; d
         --report "$out/$flow-$backend.json" --no-progress 2>&1 | tee -a "$out/runs.txt"
   done
 done
+
+if [ "${CLUSTER:-0}" = 1 ]; then
+  cli run flows/climate_anomaly.yaml --backend gpu --cluster local-gpu --output out/climate_anomaly-cluster.zarr \
+      --report "$out/climate_anomaly-cluster.json" --no-progress 2>&1 | tee -a "$out/runs.txt"
+fi
 
 python3 - "$out" <<'PY' 2>&1 | tee "$out/compare.txt"
 import json, sys, warnings

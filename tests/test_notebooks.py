@@ -1,0 +1,52 @@
+"""The notebooks run top to bottom in CI, on small demo datasets, and agree with xarray (each ends
+with a cell that checks its results against plain xarray and prints that they match)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import pipeline
+
+nbclient = pytest.importorskip("nbclient")
+nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("matplotlib")
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def run_notebook(name: str, workdir: Path, monkeypatch, **env) -> str:
+    """Execute a notebook in ``workdir`` with ``env`` set; all the text its cells printed."""
+    for key, value in {"MPLBACKEND": "Agg", **env}.items():
+        monkeypatch.setenv(key, value)
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}).execute()
+    texts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            texts.append(out.get("text", ""))
+            texts.extend(out.get("data", {}).get(k, "") for k in ("text/plain", "text/html"))
+    return "\n".join(texts)
+
+
+def test_quickstart(tmp_path, monkeypatch):
+    text = run_notebook("quickstart.ipynb", tmp_path, monkeypatch, PIPELINE_DEMO_SIZE="8MB")
+    assert (tmp_path / "data" / "demo.zarr").is_dir()
+    assert (tmp_path / "out" / "quickstart_global_mean.png").is_file()
+    assert "matches xarray" in text
+
+
+def test_climate_analysis(tmp_path, monkeypatch):
+    # 8 MB on a 10 degree grid (19 x 36) is 1169 days: more than two years, for yearly counts
+    # and spells, in a few seconds
+    text = run_notebook(
+        "climate_analysis.ipynb", tmp_path, monkeypatch, PIPELINE_DEMO_SIZE="8MB", PIPELINE_DEMO_RESOLUTION="10"
+    )
+    ds = pipeline.open_dataset(tmp_path / "data" / "demo.zarr", backend="cpu")
+    assert ds.sizes["time"] >= 2 * 365 and ds.sizes["lat"] == 19
+    figures = ["climatology_cycle", "climatology_jul_minus_jan", "global_mean_anomaly", "detrended_p90",
+               "heat_first_year", "sst_monthly_coarse"]
+    for name in figures:
+        assert (tmp_path / "out" / f"{name}.png").is_file(), name
+    assert "all checks match xarray" in text
