@@ -97,13 +97,6 @@ def backend_of(x) -> Backend:
     return "gpu" if is_cupy(meta) else "cpu"
 
 
-def asarray(x, backend: Backend):
-    """Move one chunk to ``backend``."""
-    if backend == "gpu":
-        return module("gpu").asarray(x)
-    return to_numpy(x)
-
-
 def to_numpy(x):
     """The one exit to host memory: a NumPy array from NumPy, CuPy, Dask or xarray data.
 

@@ -183,9 +183,6 @@ def _std_finalize(p):
     return xp_of(p["n"]).sqrt(_var_finalize(p))
 
 
-nanmean = Aggregation("pipeline-nanmean", _moments_chunk, _moments_combine, _mean_finalize)
-nanvar = Aggregation("pipeline-nanvar", _moments_chunk, _moments_combine, _var_finalize)
-nanstd = Aggregation("pipeline-nanstd", _moments_chunk, _moments_combine, _std_finalize)
 
 
 def nanmean_std(x: da.Array, axis: int, dtype=ACC) -> tuple[da.Array, da.Array]:
