@@ -19,7 +19,6 @@ from ..backend import backend_of, meta, to_backend, to_numpy
 from ..errors import InputError
 from .registry import register
 
-_XP_GENERIC = {"cpu": "pipeline.reductions:weighted_mean", "gpu": "pipeline.reductions:weighted_mean"}
 
 
 # --- helpers shared by the ops -------------------------------------------------------------------
@@ -49,9 +48,6 @@ def float_dtype(dtype) -> np.dtype:
     dtype = np.dtype(dtype)
     return dtype if dtype.kind == "f" and dtype.itemsize >= 4 else np.dtype(np.float64)
 
-
-def _name(x: xr.DataArray, prefix: str) -> str:
-    return f"{prefix}_{x.name}" if x.name is not None else prefix
 
 
 # --- standardized anomaly ------------------------------------------------------------------------
@@ -118,7 +114,7 @@ def _weights(x: xr.DataArray, weights) -> xr.DataArray | None:
     raise InputError(f"weights must be 'coslat', a coordinate name, a DataArray or None; got {type(weights).__name__}")
 
 
-@register(kernels=_XP_GENERIC)
+@register(kernels="pipeline.reductions:weighted_mean")
 def weighted_mean(
     x: xr.DataArray, dims: Sequence[str] = ("lat", "lon"), weights: str | xr.DataArray | None = "coslat"
 ) -> xr.DataArray:

@@ -20,10 +20,6 @@ from .climate import _as_dask, _axis, _finish, float_dtype
 from .registry import register
 
 
-def _xp_generic(name: str) -> dict[str, str]:
-    return {"cpu": f"pipeline.kernels.fields:{name}", "gpu": f"pipeline.kernels.fields:{name}"}
-
-
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
@@ -40,7 +36,7 @@ def _multiple_chunks(chunks: tuple[int, ...], f: int) -> tuple[int, ...]:
     return tuple(int(c) for c in np.diff([0, *sorted(bounds)]))
 
 
-@register(kernels=_xp_generic("coarsen_mean"))
+@register(kernels="pipeline.kernels.fields:coarsen_mean")
 def coarsen_mean(x: xr.DataArray, factors: dict[str, int]) -> xr.DataArray:
     """Mean over non-overlapping blocks, NaN-skipping, as x.coarsen(factors, boundary="trim").mean().
 
@@ -97,7 +93,7 @@ def _trend_coordinate(x: xr.DataArray, dim: str) -> np.ndarray:
     return (v - (lo + hi) / 2) / half
 
 
-@register(kernels=_xp_generic("polyval_subtract"))
+@register(kernels="pipeline.kernels.fields:polyval_subtract")
 def detrend(x: xr.DataArray, dim: str = "time", deg: int = 1) -> xr.DataArray:
     """Remove a least-squares polynomial trend along a dimension from every grid point, NaN-skipping.
 
@@ -138,7 +134,7 @@ def detrend(x: xr.DataArray, dim: str = "time", deg: int = 1) -> xr.DataArray:
 QUANTILE_CHUNK_BYTES = 256 * 2**20  # per input chunk; the sort and the interpolation take a few times that
 
 
-@register(kernels=_xp_generic("quantile"))
+@register(kernels="pipeline.kernels.fields:quantile")
 def quantile(x: xr.DataArray, q: float | list[float], dim: str = "time") -> xr.DataArray:
     """Quantiles along a dimension, NaN-skipping, as x.quantile(q, dim) (linear interpolation).
 

@@ -23,8 +23,8 @@ from .climate import _as_dask, _axis, _finish, float_dtype
 from .registry import register
 
 Freq = Literal["month", "dayofyear"]
-GROUP_KERNELS = {"cpu": "pipeline.kernels.groups:group_sum", "gpu": "pipeline.kernels.groups:group_sum"}
-SPELL_KERNELS = {"cpu": "pipeline.kernels.groups:group_spells", "gpu": "pipeline.kernels.groups:group_spells"}
+GROUP_KERNELS = "pipeline.kernels.groups:group_sum"  # one function, CUDA or Numba-CPU by the block's type
+SPELL_KERNELS = "pipeline.kernels.groups:group_spells"
 
 
 def _time(x: xr.DataArray, dim: str = "time") -> xr.DataArray:

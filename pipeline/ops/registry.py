@@ -78,8 +78,14 @@ def _params_model(func: Callable) -> type[BaseModel]:
     )
 
 
-def register(*, kernels: dict[str, str], description: str | None = None):
-    """Decorator: register an op under its function's name."""
+def register(*, kernels: dict[str, str] | str, description: str | None = None):
+    """Decorator: register an op under its function's name.
+
+    ``kernels`` maps each backend to ``"module:function"``; a single string names one function
+    written against the array module of its input, which serves both backends.
+    """
+    if isinstance(kernels, str):
+        kernels = {"cpu": kernels, "gpu": kernels}
 
     def wrap(func: Callable) -> Callable:
         doc = inspect.getdoc(func) or ""
