@@ -9,12 +9,14 @@ from . import config  # noqa: F401  (registers pipeline's defaults in dask's con
 from . import ops
 from .backend import gpu_available, resolve as resolve_backend, to_numpy
 from .errors import InputError
-from .io import open_dataset, write_zarr
+from .io import compute, convert, open_dataset, write_zarr
 
 __version__ = "0.1.0"
 
 __all__ = [
     "InputError",
+    "compute",
+    "convert",
     "gpu_available",
     "open_dataset",
     "ops",

@@ -140,3 +140,31 @@ def check_same_backend(*arrays) -> Backend:
     if len(backends) > 1:
         raise BackendError("host (NumPy) and device (CuPy) arrays were mixed in one operation")
     return backends.pop() if backends else "cpu"
+
+
+def _bytes_or_fraction(value, total: int) -> int:
+    from dask.utils import parse_bytes
+
+    if value is None:
+        return total
+    if isinstance(value, str):
+        value = parse_bytes(value) if any(c.isalpha() for c in value) else float(value)
+    value = float(value)
+    return int(value * total) if value <= 1 else int(value)
+
+
+def device_memory_limit() -> int:
+    """Bytes of device memory pipeline may hold on the current GPU (``pipeline.gpu.memory-limit``:
+    bytes such as "16GB", or a fraction of the GPU's memory)."""
+    total = module("gpu").cuda.Device().mem_info[1]
+    return _bytes_or_fraction(config.get("gpu.memory-limit", None), total)
+
+
+def memory_budget(backend: Backend) -> int:
+    """Bytes a computation on ``backend`` may keep in memory: the device memory limit on the
+    GPU, ``pipeline.cpu.memory-limit`` of the host's memory on the CPU."""
+    if backend == "gpu":
+        return device_memory_limit()
+    import psutil
+
+    return _bytes_or_fraction(config.get("cpu.memory-limit", None), psutil.virtual_memory().total)

@@ -126,6 +126,29 @@ def cmd_demo(args) -> int:
     return EXIT_OK
 
 
+def cmd_convert(args) -> int:
+    import time
+
+    from .io import convert, directory_bytes
+
+    chunks = None
+    if args.chunks:
+        try:
+            chunks = {k: int(v) for k, v in (item.split("=") for item in args.chunks.split(","))}
+        except ValueError:
+            from .errors import InputError
+
+            raise InputError(f"--chunks: expected DIM=SIZE[,DIM=SIZE...], got {args.chunks!r}") from None
+    t = time.perf_counter()
+    path = convert(args.src, args.dst, inner_bytes=args.inner_chunk, chunks=chunks, mode="overwrite" if args.overwrite else "fail", progress=_progress(args))
+    print(f"wrote {path} ({directory_bytes(path) / 1e9:.3f} GB stored) in {time.perf_counter() - t:.1f} s")
+    return EXIT_OK
+
+
+def _progress(args) -> bool:
+    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pipeline", description="Out-of-core array pipelines on GPUs and CPUs.")
     p.add_argument("--version", action="version", version=f"pipeline {__version__}")
@@ -163,6 +186,15 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--time-chunk", type=int, default=73, help="time steps per chunk (default 73)")
     d.add_argument("--overwrite", action="store_true")
     d.set_defaults(func=cmd_demo)
+
+    c = sub.add_parser("convert", help="copy a store into the sharded Zarr v3 layout the GPU decodes fastest")
+    c.add_argument("src", help="a Zarr store or NetCDF file")
+    c.add_argument("dst", help="the new Zarr store")
+    c.add_argument("--inner-chunk", default="1MB", help="bytes of one compressed frame inside a shard (default 1MB)")
+    c.add_argument("--chunks", help="shard shape as DIM=SIZE,... (default: the source's chunks)")
+    c.add_argument("--overwrite", action="store_true")
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(func=cmd_convert)
     return p
 
 

@@ -10,6 +10,7 @@ place only when complete, so a failed or interrupted run never leaves a store th
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import uuid
@@ -86,7 +87,8 @@ def open_dataset(
     array([], shape=(0, 0, 0), dtype=float32)
     """
     target = B.resolve(backend)
-    chunks = {} if chunks is None else chunks
+    if chunks is None:
+        chunks = _shard_chunks(path) if not _is_url(path) and store_format(path) != "netcdf" else {}
     if _is_url(path):
         ds = xr.open_zarr(str(path), chunks=chunks, mask_and_scale=False)
     else:
@@ -106,13 +108,38 @@ def open_dataset(
                 f"{path}: no variable {', '.join(map(repr, missing))} (variables: {', '.join(map(str, ds.data_vars))})"
             )
         ds = ds[variables]
+    direct = target == "gpu" and not _is_url(path) and store_format(path) != "netcdf"
     for name, var in ds.data_vars.items():
-        data = B.to_backend(var.data, target)
+        if direct:  # compressed chunks go to the GPU and decode there (pipeline.gpu_zarr)
+            from . import gpu_zarr
+
+            data = gpu_zarr.open_array(path, str(name), chunks=var.data.chunks)
+        else:
+            data = B.to_backend(var.data, target)
         attrs, encoding = dict(var.attrs), dict(var.encoding)
         if decode_cf:
             data, attrs, encoding = decode(data, attrs, encoding)
         ds[name] = xr.Variable(var.dims, data, attrs, encoding)
     return ds
+
+
+def _shard_chunks(path) -> dict:
+    """Dask chunks of a sharded store: one block per shard (xarray would take the inner chunks,
+    which can be thousands of times smaller); ``{}`` (the stored chunks) otherwise."""
+    import zarr
+
+    try:
+        group = zarr.open_group(str(path), mode="r")
+    except Exception:
+        return {}
+    chunks = {}
+    for _, arr in group.arrays():
+        shards = getattr(arr, "shards", None)
+        dims = getattr(arr.metadata, "dimension_names", None)
+        if shards and dims:
+            for dim, size in zip(dims, shards):
+                chunks[dim] = max(chunks.get(dim, 0), size)
+    return chunks
 
 
 def _float_dtype_like_xarray(dtype: np.dtype, attrs: Mapping) -> np.dtype:
@@ -219,6 +246,7 @@ def write_zarr(
         raise InputError(f"{path}: already exists (mode 'fail')")
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = final.parent / f".{final.name}.partial-{uuid.uuid4().hex[:12]}"
+    threads = gpu_threads(obj)
     ds = to_host_dataset(obj, name)
     try:
         with warnings.catch_warnings():
@@ -226,7 +254,7 @@ def write_zarr(
             store = ds.to_zarr(
                 partial, mode="w-", zarr_format=zarr_format, consolidated=True, encoding=encoding, compute=False
             )
-        compute(store, progress=progress)
+        compute(store, progress=progress, threads=threads)
         _replace(partial, final)
     except BaseException:
         _remove(partial)
@@ -250,8 +278,27 @@ def _remove(path: Path, settle: float = 3.0) -> None:
             quiet_since = time.monotonic()
 
 
-def compute(obj, progress: bool = False):
-    """Compute on the current distributed client if there is one, else on dask's threads.
+def gpu_threads(obj) -> int | None:
+    """Threads for computing ``obj`` in this process: ``pipeline.gpu.threads`` when its data is on
+    the GPU (a few threads keep a GPU busy; each holds its blocks in device memory, and chunk files
+    are read by pipeline's own I/O pool), None (dask's default) otherwise."""
+    if isinstance(obj, xr.DataArray):
+        arrays = [obj.data]
+    elif isinstance(obj, xr.Dataset):
+        arrays = [v.data for v in obj.variables.values()]
+    else:
+        arrays = [obj]
+    if any(isinstance(a, da.Array) and B.backend_of(a) == "gpu" for a in arrays):
+        from . import config
+
+        return int(config.get("gpu.threads", 4))
+    return None
+
+
+def compute(obj, progress: bool = False, threads: int | None = None):
+    """Compute on the current distributed client if there is one, else on dask's threads
+    (``threads`` of them; by default ``pipeline.gpu.threads`` for data on the GPU, else dask's
+    ``num_workers`` or one per core).
 
     When the computation fails or is interrupted, this returns only once no task of it is still
     running, so that the caller can remove what the tasks wrote without a late write
@@ -286,7 +333,9 @@ def compute(obj, progress: bool = False):
 
     from dask.system import CPU_COUNT
 
-    pool = ThreadPoolExecutor(dask.config.get("num_workers", None) or CPU_COUNT)
+    if threads is None:
+        threads = gpu_threads(obj)
+    pool = ThreadPoolExecutor(threads or dask.config.get("num_workers", None) or CPU_COUNT)
     try:
         bar = contextlib.nullcontext()
         if progress:
@@ -323,3 +372,52 @@ def _replace(new: Path, final: Path) -> None:
     os.replace(new, final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# --- a GPU-fast copy of a store --------------------------------------------------------------------
+
+
+def inner_chunk(shard: tuple[int, ...], itemsize: int, target_bytes: int) -> tuple[int, ...]:
+    """The inner chunk of a shard for GPU decoding: at most about ``target_bytes`` and one
+    contiguous run of the C-ordered shard, i.e. of shape (1, .., 1, k, full, .., full) with k
+    dividing its axis, so that every frame decodes straight into its place."""
+    shard = tuple(int(n) for n in shard)
+    if math.prod(shard) * itemsize <= target_bytes:
+        return shard
+    for axis in range(len(shard)):
+        step = math.prod(shard[axis + 1:]) * itemsize  # bytes of one index along ``axis``
+        if step <= target_bytes or axis == len(shard) - 1:
+            k = max(d for d in range(1, shard[axis] + 1) if shard[axis] % d == 0 and (d * step <= target_bytes or d == 1))
+            return (1,) * axis + (k,) + shard[axis + 1:]
+    raise AssertionError("unreachable")
+
+
+def convert(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    inner_bytes: int | str = "1MB",
+    chunks: Mapping[str, int] | None = None,
+    mode: str = "overwrite",
+    progress: bool = False,
+) -> Path:
+    """Copy a Zarr store or NetCDF file into a sharded Zarr v3 store that the GPU reads fastest.
+
+    Each shard holds one Dask block of the source (its chunks, or ``chunks``); inside, values are
+    zstd frames of about ``inner_bytes``, each a contiguous run of the shard, which nvCOMP decodes
+    many at a time straight into place. Values, attributes and CF encodings are copied unchanged
+    (packed integers stay packed), and any Zarr v3 reader opens the result.
+    """
+    from dask.utils import parse_bytes
+
+    target = parse_bytes(inner_bytes) if isinstance(inner_bytes, str) else int(inner_bytes)
+    ds = open_dataset(src, backend="cpu", chunks=chunks, decode_cf=False)
+    encoding = {}
+    for name, var in ds.data_vars.items():
+        shard = tuple(c[0] for c in var.data.chunks)
+        enc = {"shards": shard, "chunks": inner_chunk(shard, var.dtype.itemsize, target)}
+        fill = var.attrs.pop("_FillValue", var.encoding.get("_FillValue"))
+        if fill is not None:
+            enc["_FillValue"] = fill
+        encoding[name] = enc
+    return write_zarr(ds, dst, mode=mode, encoding=encoding, progress=progress)

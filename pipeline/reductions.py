@@ -267,3 +267,23 @@ def _weighted_finalize(p):
 
 
 weighted_mean = Aggregation("pipeline-weighted-mean", _weighted_chunk, _sum_fields, _weighted_finalize)
+
+
+def second_pass(data: da.Array, *stats: da.Array) -> da.Array:
+    """The input of a two-pass op (statistics first, then an elementwise pass that uses them),
+    for its second pass.
+
+    In core the same array: Dask keeps its chunks in memory between the passes. Out of core
+    (the input is larger than half of its backend's memory budget, ``pipeline.gpu.memory-limit``
+    or ``pipeline.cpu.memory-limit``) a copy of its graph that starts only once ``stats`` are
+    done: the input is read again from storage, streaming, instead of being held until the
+    statistics are known, or spilled. Reading twice costs one more pass over storage; holding or
+    spilling would cost memory that is not there, or two trips through host memory and disk.
+    """
+    from dask.graph_manipulation import bind
+
+    from .backend import backend_of, memory_budget
+
+    if data.nbytes <= memory_budget(backend_of(data)) / 2:
+        return data
+    return bind(data, list(stats))

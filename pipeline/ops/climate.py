@@ -76,7 +76,7 @@ def standardized_anomaly(x: xr.DataArray, dim: str = "time") -> xr.DataArray:
     backend = backend_of(data)
     kernel = standardized_anomaly.op.kernel(backend)
     z = da.map_blocks(
-        kernel, data, mean, std, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
+        kernel, reductions.second_pass(data, mean, std), mean, std, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
     )
     out = _finish(x, z, eager)
     out.attrs = {"long_name": f"standardized anomaly of {x.name}", "units": "1"}

@@ -1,0 +1,160 @@
+"""Where the time goes between a Zarr store and the GPU, stage by stage, and each read path whole.
+
+On one store (tas float32, chunks of 73 steps of the whole grid, zarr's default zstd) and on its
+GPU layout (``pipeline convert``: shards of the same chunks, ~1 MB zstd frames inside):
+
+- ``files``: reading every chunk file into pinned host memory (pipeline's I/O thread pool);
+- ``h2d``: copying those compressed bytes to the device (pinned, one copy per file);
+- ``decode``: nvCOMP decoding every frame already on the device, into place;
+- whole paths through Dask (``x.sum()`` computed, threads scheduler): the naive one
+  (``xr.open_zarr`` + ``map_blocks(cupy.asarray)``), zarr into pinned memory (``staged``), and
+  nvCOMP (``gpu``), on each layout.
+
+Medians of ``--repeat`` runs after a warm-up; the store stays in the page cache (warm reads).
+
+    python benchmarks/read_paths.py --shape 1460,721,1440 --workdir data/bench --json read.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def median_time(fn, repeat):
+    fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def make_store(workdir: Path, shape) -> tuple[Path, Path]:
+    import xarray as xr
+
+    from pipeline.demo import demo_dataset
+    from pipeline.io import convert, write_zarr
+
+    nt, ny, nx = shape
+    plain = workdir / f"tas-{nt}x{ny}x{nx}.zarr"
+    fast = workdir / f"tas-{nt}x{ny}x{nx}-gpu.zarr"
+    if not plain.exists():
+        res = 180 / (ny - 1)
+        ds = demo_dataset(nt * ny * nx * 10, resolution=res)[["tas"]].isel(time=slice(0, nt))
+        assert ds.tas.shape == tuple(shape), ds.tas.shape
+        write_zarr(ds, plain)
+    if not fast.exists():
+        convert(plain, fast)
+    xr.open_zarr(plain)  # metadata readable
+    return plain, fast
+
+
+def stages(store: Path, repeat: int) -> dict:
+    """Time each stage of the nvCOMP path alone, over the whole array, one file at a time."""
+    import cupy as cp
+    import cupyx
+
+    from pipeline import gpu_zarr
+
+    lay = gpu_zarr.layout(store / "tas")
+    files = sorted(p for p in (store / "tas").rglob("*") if p.is_file() and p.name != "zarr.json")
+    sizes = [p.stat().st_size for p in files]
+    hosts = [cupyx.empty_pinned(s, dtype=np.uint8) for s in sizes]
+    devs = [cp.empty(s, dtype=np.uint8) for s in sizes]
+    outs = [cp.empty(lay.chunk, dtype=lay.dtype) for _ in files]
+
+    def read():
+        for p, s, h in zip(files, sizes, hosts):
+            gpu_zarr.read_files([str(p)], [s], h)
+
+    def h2d():
+        for h, d in zip(hosts, devs):
+            d.set(h)
+        cp.cuda.Device().synchronize()
+
+    plans = [gpu_zarr.frames(lay, memoryview(h)) for h in hosts]
+
+    def decode():
+        for d, o, (offsets, fsizes, present) in zip(devs, outs, plans):
+            gpu_zarr._decode_frames(d, offsets, fsizes, o, present * lay.inner_nbytes, lay.inner_nbytes)
+        gpu_zarr._stream().synchronize()
+
+    read()
+    h2d()
+    decode()
+    frames = sum(len(p[0]) for p in plans)
+    return {
+        "compressed_bytes": sum(sizes),
+        "frames": frames,
+        "files_s": median_time(read, repeat),
+        "h2d_s": median_time(h2d, repeat),
+        "decode_s": median_time(decode, repeat),
+    }
+
+
+def paths(store: Path, repeat: int) -> dict:
+    import cupy as cp
+    import xarray as xr
+
+    from pipeline import gpu_zarr
+    from pipeline.io import compute
+
+    def naive():
+        x = xr.open_zarr(store)["tas"].data.map_blocks(cp.asarray)
+        return float(compute(x.sum(dtype=np.float64)))
+
+    def ours(nvcomp):
+        def run():
+            x = gpu_zarr.open_array(store, "tas", nvcomp=nvcomp)
+            return float(compute(x.sum(dtype=np.float64)))
+
+        return run
+
+    out = {}
+    values = {}
+    for name, fn in (("naive", naive), ("staged", ours(False)), ("gpu", ours(True))):
+        out[f"{name}_s"] = median_time(fn, repeat)
+        values[name] = fn()
+    ref = values["naive"]
+    out["agree"] = all(abs(v - ref) <= 1e-9 * abs(ref) for v in values.values())
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="1460,721,1440")
+    ap.add_argument("--workdir", default="data/bench")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    shape = tuple(int(s) for s in args.shape.split(","))
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    plain, fast = make_store(workdir, shape)
+    nbytes = int(np.prod(shape)) * 4
+    result = {"shape": shape, "bytes": nbytes, "prepare_s": time.perf_counter() - t}
+    for label, store in (("plain", plain), ("sharded", fast)):
+        r = {**stages(store, args.repeat), **paths(store, args.repeat)}
+        result[label] = r
+        print(f"{label}: {r['compressed_bytes'] / 1e9:.2f} GB compressed in {r['frames']} frames")
+        for k in ("files_s", "h2d_s", "decode_s", "naive_s", "staged_s", "gpu_s"):
+            print(f"  {k[:-2]:>7}: {r[k]:.3f} s  {nbytes / r[k] / 1e9:7.1f} GB/s (uncompressed)")
+        print(f"  results agree: {r['agree']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

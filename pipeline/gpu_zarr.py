@@ -1,0 +1,560 @@
+"""Zarr chunks straight onto the GPU: compressed bytes cross the bus, nvCOMP decodes them there.
+
+Why our own reader and not zarr's GPU mode (``zarr.config.enable_gpu()``): zarr 3.1 still decodes
+on the CPU, one chunk per call through its event loop, then copies pageable buffers to the device.
+On the GPU machine that path is bounded by the CPU's zstd (5 GB/s on 16 threads) and by pageable
+copies (6 GB/s); nvCOMP decodes the same zstd frames on the GPU at 15-40 GB/s and copies from pinned
+memory run at 55 GB/s (benchmarks/RESULTS.md). The stores stay ordinary Zarr: this module only
+reads the layouts that the Zarr v3 (and v2) specifications define, and anything it does not handle
+(other codecs, big-endian data, transposes) goes through zarr itself, staged through pinned memory.
+
+One Dask task reads one block of whole chunks (or shards):
+
+1. the chunk files are read into one pinned host buffer, large files in pieces by a thread pool
+   (file reads release the GIL);
+2. one asynchronous copy moves the compressed bytes to the device, on the task thread's own
+   CUDA stream;
+3. one nvCOMP batch decodes every zstd frame of the block (a chunk, or every inner chunk of a
+   shard) into its place in the output, or into a scratch buffer that one copy rearranges;
+4. the task waits for its stream only at the end, so threads overlap reading, copying and
+   decoding.
+
+The layout logic (:class:`Layout`, :func:`frames`) is plain Python and NumPy, tested on every
+machine against zarr itself through :func:`decode_chunk_host`, the CPU twin of step 3.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import config
+
+MISSING = np.uint64(2**64 - 1)
+PIECE = 16 << 20  # files above this are read in pieces of this size, in parallel
+
+
+class Unsupported(ValueError):
+    """The array's layout is outside what the GPU reader decodes; zarr reads it instead."""
+
+
+# --- layout -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one Zarr array lays its values out in files.
+
+    ``chunk`` is the shape of one file (a chunk, or a shard); ``inner`` the shape of one
+    compressed frame inside it (the chunk itself without sharding).
+    """
+
+    root: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunk: tuple[int, ...]
+    inner: tuple[int, ...]
+    codec: str  # "zstd" or "none"
+    frame_crc: bool  # a crc32c trails each frame
+    sharded: bool
+    index_at_end: bool = True
+    index_crc: bool = False
+    fill_value: object = 0
+    key_prefix: str = ""
+    separator: str = "/"
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """Inner chunks per file along each axis."""
+        return tuple(c // i for c, i in zip(self.chunk, self.inner))
+
+    @property
+    def inner_nbytes(self) -> int:
+        return math.prod(self.inner) * self.dtype.itemsize
+
+    @property
+    def contiguous_inner(self) -> bool:
+        """True when each inner chunk is one contiguous run of the C-ordered chunk, so frames can
+        decode straight into place: the inner shape is (1, .., 1, k, full, .., full)."""
+        cut = [a for a, (c, i) in enumerate(zip(self.chunk, self.inner)) if i != c]
+        return not cut or all(self.inner[a] == 1 for a in range(cut[-1]))
+
+    def key(self, coords: tuple[int, ...]) -> str:
+        if not coords:
+            return self.key_prefix or "0"
+        parts = [self.key_prefix] if self.key_prefix else []
+        return self.separator.join(parts + [str(c) for c in coords])
+
+    def path(self, coords: tuple[int, ...]) -> str:
+        return os.path.join(self.root, *self.key(coords).split("/"))
+
+
+def _fill(value, dtype: np.dtype):
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        named = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}
+        if value in named and dtype.kind == "f":
+            return named[value]
+        raise Unsupported(f"fill value {value!r}")
+    return value
+
+
+def _bytes_codec_ok(codec: dict, dtype: np.dtype) -> None:
+    endian = (codec.get("configuration") or {}).get("endian", "little")
+    if dtype.itemsize > 1 and endian != "little":
+        raise Unsupported(f"{endian}-endian values")
+
+
+def _chain(codecs: list[dict], dtype: np.dtype) -> tuple[str, bool]:
+    """(codec, trailing crc32c) of a plain chain: bytes, then zstd and/or crc32c."""
+    names = [c["name"] for c in codecs]
+    if not names or names[0] != "bytes":
+        raise Unsupported(f"codecs {names}")
+    _bytes_codec_ok(codecs[0], dtype)
+    rest = names[1:]
+    crc = bool(rest) and rest[-1] == "crc32c"
+    if crc:
+        rest = rest[:-1]
+    if rest not in ([], ["zstd"]):
+        raise Unsupported(f"codecs {names}")
+    return ("zstd" if rest else "none"), crc
+
+
+def layout(array_dir: str | os.PathLike) -> Layout:
+    """Read the layout of the Zarr array stored in ``array_dir`` (v3 ``zarr.json`` or v2 ``.zarray``).
+
+    Raises :class:`Unsupported` when the array uses something the GPU reader does not decode.
+    """
+    root = Path(array_dir)
+    if (root / "zarr.json").exists():
+        meta = json.loads((root / "zarr.json").read_text())
+        if meta.get("node_type") != "array":
+            raise Unsupported(f"{root} is not an array")
+        if meta.get("storage_transformers"):
+            raise Unsupported("storage transformers")
+        try:
+            dtype = np.dtype(meta["data_type"])
+        except TypeError as e:
+            raise Unsupported(f"data type {meta['data_type']!r}") from e
+        grid = meta["chunk_grid"]
+        if grid.get("name") != "regular":
+            raise Unsupported(f"chunk grid {grid.get('name')!r}")
+        chunk = tuple(grid["configuration"]["chunk_shape"])
+        cke = meta.get("chunk_key_encoding", {"name": "default"})
+        sep = (cke.get("configuration") or {}).get("separator")
+        prefix, sep = ("c", sep or "/") if cke["name"] == "default" else ("", sep or ".")
+        codecs = meta["codecs"]
+        common = dict(
+            root=str(root), shape=tuple(meta["shape"]), dtype=dtype, chunk=chunk,
+            fill_value=_fill(meta.get("fill_value"), dtype), key_prefix=prefix, separator=sep,
+        )
+        if len(codecs) == 1 and codecs[0]["name"] == "sharding_indexed":
+            cfg = codecs[0]["configuration"]
+            inner = tuple(cfg["chunk_shape"])
+            if any(c % i for c, i in zip(chunk, inner)):
+                raise Unsupported("inner chunks that do not divide the shard")
+            codec, crc = _chain(cfg["codecs"], dtype)
+            index_codecs = [c["name"] for c in cfg.get("index_codecs", [{"name": "bytes"}, {"name": "crc32c"}])]
+            if index_codecs not in (["bytes"], ["bytes", "crc32c"]):
+                raise Unsupported(f"shard index codecs {index_codecs}")
+            return Layout(
+                **common, inner=inner, codec=codec, frame_crc=crc, sharded=True,
+                index_at_end=cfg.get("index_location", "end") == "end", index_crc=len(index_codecs) == 2,
+            )
+        codec, crc = _chain(codecs, dtype)
+        return Layout(**common, inner=chunk, codec=codec, frame_crc=crc, sharded=False)
+    if (root / ".zarray").exists():
+        meta = json.loads((root / ".zarray").read_text())
+        dtype = np.dtype(meta["dtype"])
+        if dtype.byteorder == ">" or meta.get("order", "C") != "C" or meta.get("filters"):
+            raise Unsupported("big-endian, Fortran-ordered or filtered v2 data")
+        comp = meta.get("compressor")
+        if comp is not None and comp.get("id") != "zstd":
+            raise Unsupported(f"compressor {comp.get('id')!r}")
+        chunk = tuple(meta["chunks"])
+        return Layout(
+            root=str(root), shape=tuple(meta["shape"]), dtype=dtype.newbyteorder("="), chunk=chunk, inner=chunk,
+            codec="zstd" if comp else "none", frame_crc=False, sharded=False,
+            fill_value=_fill(meta.get("fill_value"), dtype), separator=meta.get("dimension_separator", "."),
+        )
+    raise Unsupported(f"{root}: no zarr.json or .zarray")
+
+
+# --- frames of one file -------------------------------------------------------------------------
+
+
+def frames(lay: Layout, blob) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The compressed frames of one chunk file: (offsets, sizes, inner-chunk indices), in bytes
+    from the start of the file and C-order inner index; inner chunks absent from a shard are left
+    out (they hold the fill value)."""
+    n = len(blob)
+    if not lay.sharded:
+        return np.array([0]), np.array([n - 4 * lay.frame_crc]), np.array([0])
+    count = math.prod(lay.grid)
+    size = 16 * count + 4 * lay.index_crc
+    raw = bytes(blob[n - size:] if lay.index_at_end else blob[:size])
+    if lay.index_crc:
+        import google_crc32c
+
+        stored = int.from_bytes(raw[-4:], "little")
+        if google_crc32c.value(raw[:-4]) != stored:
+            raise OSError("shard index checksum mismatch")
+    index = np.frombuffer(raw, dtype="<u8", count=2 * count).reshape(count, 2)
+    present = np.flatnonzero(index[:, 0] != MISSING)
+    offsets = index[present, 0].astype(np.int64)
+    sizes = index[present, 1].astype(np.int64) - 4 * lay.frame_crc
+    if len(offsets) and (offsets.min() < 0 or (offsets + sizes).max() > n):
+        raise OSError("shard index points outside the file")
+    return offsets, sizes, present
+
+
+def assemble(xp, lay: Layout, decoded, present=None):
+    """A whole chunk from its decoded inner chunks, stacked in C order of the inner grid (shape
+    (n_present, *inner)); absent inner chunks take the fill value."""
+    count = math.prod(lay.grid)
+    if present is not None and len(present) < count:
+        full = xp.full((count, *lay.inner), lay.fill_value, dtype=lay.dtype)
+        full[xp.asarray(present)] = decoded
+        decoded = full
+    nd = len(lay.chunk)
+    tiles = decoded.reshape(*lay.grid, *lay.inner)
+    order = [a for pair in zip(range(nd), range(nd, 2 * nd)) for a in pair]
+    return tiles.transpose(order).reshape(lay.chunk)
+
+
+def decode_chunk_host(lay: Layout, blob: bytes) -> np.ndarray:
+    """The CPU twin of the GPU decode: one chunk file -> the chunk's (padded) values."""
+    import numcodecs
+
+    zstd = numcodecs.Zstd()
+    offsets, sizes, present = frames(lay, blob)
+    out = np.empty((len(present), lay.inner_nbytes), dtype=np.uint8)
+    for k, (o, s) in enumerate(zip(offsets, sizes)):
+        frame = bytes(blob[o:o + s])
+        out[k] = np.frombuffer(zstd.decode(frame) if lay.codec == "zstd" else frame, dtype=np.uint8)
+    values = out.view(lay.dtype).reshape(len(present), *lay.inner)
+    return assemble(np, lay, values, present)
+
+
+# --- reading a block on the GPU -----------------------------------------------------------------
+
+
+def _io_threads() -> int:
+    n = config.get("gpu.io-threads", None)
+    return int(n) if n else min(16, os.cpu_count() or 1)
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(_io_threads(), thread_name_prefix="pipeline-io")
+
+
+def _read_into(path: str, view: memoryview) -> None:
+    with open(path, "rb", buffering=0) as f:
+        got = f.readinto(view)
+    if got != len(view):
+        raise OSError(f"{path}: short read ({got} of {len(view)} bytes)")
+
+
+def _pread_piece(path: str, view: memoryview, offset: int) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = os.preadv(fd, [view], offset)
+    finally:
+        os.close(fd)
+    if got != len(view):
+        raise OSError(f"{path}: short read at {offset}")
+
+
+def read_files(paths: list[str], sizes: list[int], buffer: np.ndarray) -> list[int]:
+    """Read whole files one after another into ``buffer``; returns each file's start. Large files
+    are split into pieces that the I/O pool reads in parallel."""
+    starts = list(itertools.accumulate([0] + sizes[:-1]))
+    mv = memoryview(buffer)
+    jobs = []
+    for path, size, start in zip(paths, sizes, starts):
+        if size <= PIECE:
+            jobs.append(_pool().submit(_read_into, path, mv[start:start + size]))
+        else:
+            for off in range(0, size, PIECE):
+                n = min(PIECE, size - off)
+                jobs.append(_pool().submit(_pread_piece, path, mv[start + off:start + off + n], off))
+    for j in jobs:
+        j.result()
+    return starts
+
+
+class _Thread(threading.local):
+    stream = None
+    codec = None
+
+
+_local = _Thread()
+
+
+@functools.cache
+def _nvcomp():
+    try:
+        from nvidia import nvcomp
+    except Exception:
+        return None
+    return nvcomp
+
+
+def nvcomp_available() -> bool:
+    return _nvcomp() is not None
+
+
+def _stream():
+    import cupy as cp
+
+    if _local.stream is None:
+        _local.stream = cp.cuda.Stream(non_blocking=True)
+    return _local.stream
+
+
+def _codec():
+    nv = _nvcomp()
+    if _local.codec is None:
+        _local.codec = nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW, cuda_stream=_stream().ptr)
+    return _local.codec
+
+
+def _batch(buffer, offsets, sizes, stream):
+    """nvCOMP batch of byte ranges of one device buffer."""
+    nv = _nvcomp()
+    offsets = [int(o) for o in offsets]
+    sizes = [int(s) for s in sizes]
+    try:
+        return nv.as_arrays(buffer, offsets, sizes, stream.ptr)
+    except TypeError:  # older bindings: a list of views
+        flat = buffer.reshape(-1).view("u1")
+        return nv.as_arrays([flat[o:o + s] for o, s in zip(offsets, sizes)], stream.ptr)
+
+
+def _decode_frames(src, src_offsets, sizes, dst, dst_offsets, dst_size):
+    """Decode zstd frames of ``src`` (device bytes) into ``dst`` at ``dst_offsets``, ``dst_size``
+    bytes each, on this thread's stream."""
+    if not len(src_offsets):
+        return
+    stream = _stream()
+    srcs = _batch(src, src_offsets, sizes, stream)
+    outs = _batch(dst.reshape(-1).view("u1"), dst_offsets, [dst_size] * len(dst_offsets), stream)
+    _codec().decode(srcs, out=outs)
+
+
+def _copy_frames(src, src_offsets, sizes, dst, dst_offsets):
+    """Uncompressed frames: plain device copies."""
+    flat = dst.reshape(-1).view("u1")
+    for so, s, do in zip(src_offsets, sizes, dst_offsets):
+        flat[int(do):int(do) + int(s)] = src[int(so):int(so) + int(s)]
+
+
+def read_block(lay: Layout, region: tuple[slice, ...]):
+    """The values of ``region`` (whole chunks of ``lay``; the last may be cut by the array's edge)
+    as a CuPy array, read, moved and decoded as the module docstring describes."""
+    import cupy as cp
+    import cupyx
+
+    starts = [s.start for s in region]
+    shape = tuple(s.stop - s.start for s in region)
+    first = [st // c for st, c in zip(starts, lay.chunk)]
+    counts = [math.ceil(n / c) for n, c in zip(shape, lay.chunk)]
+    coords = list(itertools.product(*(range(f, f + k) for f, k in zip(first, counts))))
+    paths = [lay.path(c) for c in coords]
+    sizes = [os.path.getsize(p) if os.path.exists(p) else 0 for p in paths]
+
+    out = cp.empty(shape, dtype=lay.dtype)  # allocated on the default stream: any task may use it
+    stream = _stream()
+    host = cupyx.empty_pinned(max(1, sum(sizes)), dtype=np.uint8)
+    file_starts = read_files([p for p, s in zip(paths, sizes) if s], [s for s in sizes if s], host)
+    it = iter(file_starts)
+    file_starts = [next(it) if s else None for s in sizes]
+
+    with stream:
+        dev = cp.empty(host.size, dtype=np.uint8)
+        dev.set(host, stream=stream)
+        # plan: each chunk decodes straight into ``out`` when its place there is one contiguous
+        # run and whole; else into a scratch chunk that one copy puts in place
+        direct, scratch = [], []
+        for coord, start, size in zip(coords, file_starts, sizes):
+            local = tuple(slice(c * n - s0, min((c + 1) * n - s0, ln))
+                          for c, n, s0, ln in zip(coord, lay.chunk, starts, shape))
+            target = out[local]
+            whole = tuple(sl.stop - sl.start for sl in local) == lay.chunk
+            if size == 0:
+                target.fill(lay.fill_value)
+            elif whole and target.flags.c_contiguous and lay.contiguous_inner:
+                direct.append((target, start, host[start:start + size]))
+            else:
+                scratch.append((local, start, host[start:start + size]))
+        _decode_into_place(lay, direct, dev, out)
+        _decode_scratch(lay, scratch, dev, out)
+    stream.synchronize()
+    del host
+    return out
+
+
+def _frame_lists(lay: Layout, items, base_of):
+    src_off, src_size, dst_off, present_all = [], [], [], []
+    for k, (target, start, blob) in enumerate(items):
+        offsets, sizes, present = frames(lay, blob)
+        src_off.extend((offsets + start).tolist())
+        src_size.extend(sizes.tolist())
+        dst_off.extend((base_of(k, target) + present * lay.inner_nbytes).tolist())
+        present_all.append(present)
+    return src_off, src_size, dst_off, present_all
+
+
+def _run_frames(lay, dev, src_off, src_size, dst, dst_off):
+    if lay.codec == "zstd":
+        _decode_frames(dev, src_off, src_size, dst, dst_off, lay.inner_nbytes)
+    else:
+        _copy_frames(dev, src_off, src_size, dst, dst_off)
+
+
+def _decode_into_place(lay: Layout, direct, dev, out) -> None:
+    """Decode whole chunks straight into their (contiguous) places in ``out``."""
+    if not direct:
+        return
+    import cupy as cp
+
+    src_off, src_size, dst_off, present_all = _frame_lists(lay, direct, lambda k, t: t.data.ptr - out.data.ptr)
+    _run_frames(lay, dev, src_off, src_size, out, dst_off)
+    count = math.prod(lay.grid)
+    for (target, _, _), present in zip(direct, present_all):
+        if len(present) < count:  # inner chunks absent from the shard hold the fill value
+            missing = np.setdiff1d(np.arange(count), present)
+            target.reshape(count, -1)[cp.asarray(missing)] = lay.fill_value
+
+
+def _decode_scratch(lay: Layout, scratch, dev, out) -> None:
+    if not scratch:
+        return
+    import cupy as cp
+
+    count = math.prod(lay.grid)
+    buf = cp.empty((len(scratch), count, *lay.inner), dtype=lay.dtype)
+    per_chunk = count * lay.inner_nbytes
+    src_off, src_size, dst_off, present_all = _frame_lists(lay, scratch, lambda k, t: k * per_chunk)
+    _run_frames(lay, dev, src_off, src_size, buf, dst_off)
+    for k, ((local, _, _), present) in enumerate(zip(scratch, present_all)):
+        chunk = assemble(cp, lay, buf[k][cp.asarray(present)] if len(present) < count else buf[k], present)
+        out[local] = chunk[tuple(slice(0, sl.stop - sl.start) for sl in local)]
+
+
+# --- Dask arrays ----------------------------------------------------------------------------------
+
+
+def _pool_limit() -> None:
+    """Cap CuPy's device memory pool at ``pipeline.gpu.memory-limit`` (once per process)."""
+    _set_pool_limit(config.get("gpu.memory-limit", None))
+
+
+@functools.cache
+def _set_pool_limit(limit) -> None:
+    from .backend import device_memory_limit
+
+    import cupy as cp
+
+    cp.get_default_memory_pool().set_limit(size=device_memory_limit())
+
+
+@dataclass(frozen=True)
+class GpuSource:
+    """A Zarr array as a source for ``dask.array.from_array``: ``source[region]`` is a CuPy array
+    read by :func:`read_block`."""
+
+    lay: Layout
+    ndim: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def __getitem__(self, region):
+        _pool_limit()
+        return read_block(self.lay, region)
+
+    def __dask_tokenize__(self):
+        meta = Path(self.lay.root) / ("zarr.json" if (Path(self.lay.root) / "zarr.json").exists() else ".zarray")
+        return ("pipeline.gpu_zarr.GpuSource", self.lay, os.stat(meta).st_mtime_ns)
+
+
+@dataclass(frozen=True)
+class StagedSource:
+    """Any Zarr array, decoded by zarr on the CPU straight into pinned memory and copied to the
+    device asynchronously: the path for codecs that nvCOMP does not decode."""
+
+    store: str
+    name: str
+    ndim: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def __getitem__(self, region):
+        import cupy as cp
+        import cupyx
+        from zarr.core.buffer.cpu import NDBuffer
+
+        _pool_limit()
+        arr = _open_zarr_array(self.store, self.name)
+        shape = tuple(s.stop - s.start for s in region)
+        host = cupyx.empty_pinned(shape, dtype=self.dtype)
+        arr.get_basic_selection(region, out=NDBuffer.from_numpy_array(host))
+        out = cp.empty(shape, dtype=self.dtype)
+        stream = _stream()
+        out.set(host, stream=stream)
+        stream.synchronize()
+        return out
+
+
+@functools.lru_cache(maxsize=64)
+def _open_zarr_array(store: str, name: str):
+    import zarr
+
+    return zarr.open_array(store, path=name, mode="r")
+
+
+def aligned(chunks: tuple[tuple[int, ...], ...], chunk: tuple[int, ...]) -> bool:
+    """True when every block boundary of ``chunks`` falls on a boundary of the store's chunks."""
+    for sizes, c in zip(chunks, chunk):
+        edges = list(itertools.accumulate(sizes))[:-1]
+        if any(e % c for e in edges):
+            return False
+    return True
+
+
+def open_array(store: str | os.PathLike, name: str, chunks=None, *, nvcomp: bool | None = None):
+    """A Dask array of CuPy chunks for the Zarr array ``name`` of ``store``.
+
+    ``chunks`` defaults to the store's chunks (or shards); other chunks must be whole multiples
+    of them for the nvCOMP path. nvCOMP decodes where the layout allows (``nvcomp`` overrides the
+    ``pipeline.gpu.nvcomp`` setting); everything else is decoded by zarr into pinned memory.
+    """
+    import cupy as cp
+    import dask.array as da
+
+    arr = _open_zarr_array(str(store), name)
+    chunks = da.core.normalize_chunks(chunks if chunks is not None else arr.shards or arr.chunks, arr.shape, dtype=arr.dtype)
+    meta = cp.empty((0,) * arr.ndim, dtype=arr.dtype)
+    use_nvcomp = config.get("gpu.nvcomp", True) if nvcomp is None else nvcomp
+    source = None
+    if use_nvcomp and nvcomp_available():
+        try:
+            lay = layout(Path(store) / name)
+            if aligned(chunks, lay.chunk):
+                source = GpuSource(lay, arr.ndim, arr.shape, lay.dtype)
+        except Unsupported:
+            pass
+    if source is None:
+        source = StagedSource(str(store), name, arr.ndim, arr.shape, np.dtype(arr.dtype))
+    return da.from_array(source, chunks=chunks, asarray=False, fancy=False, meta=meta, name=f"read-{name}-{da.core.tokenize(source, chunks)}")

@@ -1,0 +1,174 @@
+"""The GPU Zarr reader: layouts parsed and frames found exactly as zarr writes them (on every
+machine, through the CPU twin of the decode), and the GPU read equal to zarr's own (on a GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
+
+from pipeline import gpu_zarr
+from pipeline.io import convert, inner_chunk, open_dataset
+
+from .conftest import requires_gpu
+
+RNG = np.random.default_rng(7)
+
+# name -> create_array arguments; shapes are not multiples of the chunks, so edge chunks are cut
+LAYOUTS = {
+    "v3-zstd": dict(chunks=(4, 5, 6)),
+    "v3-raw": dict(chunks=(4, 5, 6), compressors=None),
+    "v3-zstd-crc": dict(chunks=(4, 5, 6), compressors=[ZstdCodec(), Crc32cCodec()]),
+    "v3-sharded-contiguous": dict(shards=(4, 10, 12), chunks=(1, 5, 12)),
+    "v3-sharded-tiles": dict(shards=(4, 10, 12), chunks=(2, 5, 4)),
+    "v3-sharded-crc": dict(shards=(4, 10, 12), chunks=(1, 10, 12), compressors=[ZstdCodec(level=3), Crc32cCodec()]),
+    "v3-sharded-raw": dict(shards=(4, 10, 12), chunks=(2, 5, 4), compressors=None),
+    "v2-zstd": dict(chunks=(4, 5, 6), zarr_format=2),
+}
+SHAPE = (11, 13, 14)
+
+
+def make(tmp_path, name, dtype="float32", holes=False, **extra):
+    kwargs = {**LAYOUTS[name], **extra}
+    if kwargs.get("zarr_format") == 2:
+        import numcodecs
+
+        kwargs["compressors"] = numcodecs.Zstd(level=1)
+    store = tmp_path / f"{name}.zarr"
+    fill = np.nan if np.dtype(dtype).kind == "f" else -1
+    arr = zarr.create_array(store, name="x", shape=SHAPE, dtype=dtype, fill_value=fill, **kwargs)
+    values = (RNG.standard_normal(SHAPE) * 100).astype(dtype)
+    if holes:  # whole chunks and inner chunks of fill value are not written at all
+        values[:4] = fill
+        values[5:6, :5] = fill
+    arr[...] = values
+    return store, values
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_and_host_decode_match_zarr(tmp_path, name):
+    store, values = make(tmp_path, name, holes=True)
+    lay = gpu_zarr.layout(store / "x")
+    arr = zarr.open_array(store, path="x", mode="r")
+    assert lay.shape == SHAPE and lay.dtype == np.float32
+    assert lay.chunk == tuple(arr.shards or arr.chunks)
+    assert lay.inner == tuple(arr.chunks)
+    checked = 0
+    for coords in np.ndindex(*[-(-n // c) for n, c in zip(SHAPE, lay.chunk)]):
+        path = lay.path(coords)
+        region = tuple(slice(c * n, min((c + 1) * n, s)) for c, n, s in zip(coords, lay.chunk, SHAPE))
+        try:
+            blob = open(path, "rb").read()
+        except FileNotFoundError:
+            assert np.isnan(values[region]).all(), f"{path} missing but holds values"
+            continue
+        chunk = gpu_zarr.decode_chunk_host(lay, blob)
+        assert chunk.shape == lay.chunk
+        np.testing.assert_array_equal(chunk[tuple(slice(0, r.stop - r.start) for r in region)], values[region])
+        checked += 1
+    assert checked > 0
+
+
+def test_contiguous_inner():
+    def lay(chunk, inner):
+        return gpu_zarr.Layout(root="", shape=chunk, dtype=np.dtype("f4"), chunk=chunk, inner=inner, codec="zstd", frame_crc=False, sharded=True)
+
+    assert lay((4, 10, 12), (1, 5, 12)).contiguous_inner
+    assert lay((4, 10, 12), (1, 10, 12)).contiguous_inner
+    assert lay((4, 10, 12), (2, 10, 12)).contiguous_inner
+    assert lay((4, 10, 12), (4, 10, 12)).contiguous_inner
+    assert not lay((4, 10, 12), (2, 5, 12)).contiguous_inner
+    assert not lay((4, 10, 12), (1, 10, 6)).contiguous_inner
+
+
+@pytest.mark.parametrize(
+    "codecs",
+    [dict(compressors=GzipCodec()), dict(compressors=BloscCodec()), dict(filters=[TransposeCodec(order=(2, 1, 0))])],
+    ids=["gzip", "blosc", "transpose"],
+)
+def test_unsupported_layouts_are_named(tmp_path, codecs):
+    zarr.create_array(tmp_path / "s.zarr", name="x", shape=(4, 4, 4), chunks=(2, 2, 2), dtype="f4", **codecs)
+    with pytest.raises(gpu_zarr.Unsupported):
+        gpu_zarr.layout(tmp_path / "s.zarr" / "x")
+
+
+def test_inner_chunk_is_a_contiguous_run():
+    assert inner_chunk((73, 721, 1440), 4, 1 << 20) == (1, 103, 1440)
+    assert inner_chunk((10, 5), 4, 1 << 20) == (10, 5)
+    assert inner_chunk((73, 4000, 4000), 4, 1 << 20) == (1, 50, 4000)
+    assert inner_chunk((8, 3, 5), 4, 100) == (1, 3, 5)  # 60 bytes a step: two steps would exceed 100
+    for shard in [(73, 721, 1440), (12, 6, 7), (5, 1 << 20)]:
+        inner = inner_chunk(shard, 4, 4096)
+        assert all(s % i == 0 for s, i in zip(shard, inner))
+        lay = gpu_zarr.Layout(root="", shape=shard, dtype=np.dtype("f4"), chunk=shard, inner=inner, codec="zstd", frame_crc=False, sharded=True)
+        assert lay.contiguous_inner
+
+
+def test_convert_keeps_values_and_shards(tmp_path):
+    from pipeline.demo import write_demo
+
+    src = write_demo(tmp_path / "demo.zarr", "2MB")
+    dst = convert(src, tmp_path / "gpu.zarr", inner_bytes="8KB")
+    a, b = open_dataset(src, backend="cpu"), open_dataset(dst, backend="cpu")
+    for v in a.data_vars:
+        np.testing.assert_array_equal(a[v].values, b[v].values)
+        assert a[v].dtype == b[v].dtype
+    lay = gpu_zarr.layout(dst / "tas")
+    assert lay.sharded and lay.contiguous_inner and lay.inner_nbytes <= 8192
+    assert b["tas"].data.chunks == a["tas"].data.chunks  # one block per shard, not per inner chunk
+
+
+# --- on the GPU ----------------------------------------------------------------------------------
+
+
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("nvcomp", [True, False], ids=["nvcomp", "staged"])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_gpu_read_equals_zarr(tmp_path, name, nvcomp):
+    import cupy as cp
+
+    store, values = make(tmp_path, name, holes=True)
+    lay = gpu_zarr.layout(store / "x")
+    for chunks in (None, tuple(2 * c for c in lay.chunk)):
+        x = gpu_zarr.open_array(store, "x", chunks=chunks, nvcomp=nvcomp)
+        assert isinstance(x._meta, cp.ndarray)
+        out = x.compute()
+        assert isinstance(out, cp.ndarray)
+        np.testing.assert_array_equal(cp.asnumpy(out), values)
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_gpu_read_uses_nvcomp_where_it_can(tmp_path):
+    store, _ = make(tmp_path, "v3-sharded-contiguous")
+    x = gpu_zarr.open_array(store, "x")
+    sources = [v for v in x.dask.values() if isinstance(v, (gpu_zarr.GpuSource, gpu_zarr.StagedSource))]
+    assert gpu_zarr.nvcomp_available(), "nvCOMP is not installed (the gpu extra installs it)"
+    assert sources and all(isinstance(s, gpu_zarr.GpuSource) for s in sources)
+
+
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["int16", "float64", "uint8"])
+def test_gpu_read_other_dtypes(tmp_path, dtype):
+    import cupy as cp
+
+    store, values = make(tmp_path, "v3-sharded-tiles", dtype=dtype)
+    np.testing.assert_array_equal(cp.asnumpy(gpu_zarr.open_array(store, "x").compute()), values)
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_open_dataset_gpu_equals_cpu_on_both_layouts(tmp_path):
+    from pipeline.demo import write_demo
+
+    src = write_demo(tmp_path / "demo.zarr", "2MB")
+    dst = convert(src, tmp_path / "gpu.zarr", inner_bytes="8KB")
+    cpu = open_dataset(src, backend="cpu").compute()
+    for store in (src, dst):
+        gpu = open_dataset(store, backend="gpu")
+        for v in cpu.data_vars:
+            assert gpu[v].dtype == cpu[v].dtype
+            np.testing.assert_array_equal(gpu[v].data.compute().get(), cpu[v].values)
