@@ -144,8 +144,11 @@ def main(argv=None) -> dict:
     plain, fast = make_store(workdir, shape)
     nbytes = int(np.prod(shape)) * 4
     result = {"shape": shape, "bytes": nbytes, "prepare_s": time.perf_counter() - t}
+    print(f"stores ready in {result['prepare_s']:.1f} s", flush=True)
     for label, store in (("plain", plain), ("sharded", fast)):
-        r = {**stages(store, args.repeat), **paths(store, args.repeat)}
+        r = stages(store, args.repeat)
+        print(f"{label} stages: {r}", flush=True)
+        r.update(paths(store, args.repeat))
         result[label] = r
         print(f"{label}: {r['compressed_bytes'] / 1e9:.2f} GB compressed in {r['frames']} frames")
         for k in ("files_s", "h2d_s", "decode_s", "naive_s", "staged_s", "gpu_s"):

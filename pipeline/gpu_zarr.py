@@ -342,6 +342,10 @@ def _batch(buffer, offsets, sizes, stream):
         return nv.as_arrays([flat[o:o + s] for o, s in zip(offsets, sizes)], stream.ptr)
 
 
+class NvcompError(RuntimeError):
+    """nvCOMP refused or failed to decode frames."""
+
+
 def _decode_frames(src, src_offsets, sizes, dst, dst_offsets, dst_size):
     """Decode zstd frames of ``src`` (device bytes) into ``dst`` at ``dst_offsets``, ``dst_size``
     bytes each, on this thread's stream."""
@@ -350,7 +354,10 @@ def _decode_frames(src, src_offsets, sizes, dst, dst_offsets, dst_size):
     stream = _stream()
     srcs = _batch(src, src_offsets, sizes, stream)
     outs = _batch(dst.reshape(-1).view("u1"), dst_offsets, [dst_size] * len(dst_offsets), stream)
-    _codec().decode(srcs, out=outs)
+    try:
+        _codec().decode(srcs, out=outs)
+    except (RuntimeError, ValueError) as e:
+        raise NvcompError(str(e)) from e
 
 
 def _copy_frames(src, src_offsets, sizes, dst, dst_offsets):
@@ -482,7 +489,11 @@ class GpuSource:
 
     def __getitem__(self, region):
         _pool_limit()
-        return read_block(self.lay, region)
+        try:
+            return read_block(self.lay, region)
+        except NvcompError as e:  # a frame nvCOMP refuses: zarr decodes this block instead
+            _warn_once(f"{self.lay.root}: nvCOMP could not decode a block ({e}); zarr decodes it on the CPU")
+            return StagedSource(self.lay.root, self.ndim, self.shape, self.dtype)[region]
 
     def __dask_tokenize__(self):
         meta = Path(self.lay.root) / ("zarr.json" if (Path(self.lay.root) / "zarr.json").exists() else ".zarray")
@@ -494,8 +505,7 @@ class StagedSource:
     """Any Zarr array, decoded by zarr on the CPU straight into pinned memory and copied to the
     device asynchronously: the path for codecs that nvCOMP does not decode."""
 
-    store: str
-    name: str
+    root: str  # the array's directory
     ndim: int
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -506,7 +516,7 @@ class StagedSource:
         from zarr.core.buffer.cpu import NDBuffer
 
         _pool_limit()
-        arr = _open_zarr_array(self.store, self.name)
+        arr = _open_zarr_array(self.root)
         shape = tuple(s.stop - s.start for s in region)
         host = cupyx.empty_pinned(shape, dtype=self.dtype)
         arr.get_basic_selection(region, out=NDBuffer.from_numpy_array(host))
@@ -518,10 +528,17 @@ class StagedSource:
 
 
 @functools.lru_cache(maxsize=64)
-def _open_zarr_array(store: str, name: str):
+def _open_zarr_array(root: str):
     import zarr
 
-    return zarr.open_array(store, path=name, mode="r")
+    return zarr.open_array(root, mode="r")
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def aligned(chunks: tuple[tuple[int, ...], ...], chunk: tuple[int, ...]) -> bool:
@@ -543,18 +560,19 @@ def open_array(store: str | os.PathLike, name: str, chunks=None, *, nvcomp: bool
     import cupy as cp
     import dask.array as da
 
-    arr = _open_zarr_array(str(store), name)
+    root = str(Path(store) / name)
+    arr = _open_zarr_array(root)
     chunks = da.core.normalize_chunks(chunks if chunks is not None else arr.shards or arr.chunks, arr.shape, dtype=arr.dtype)
     meta = cp.empty((0,) * arr.ndim, dtype=arr.dtype)
     use_nvcomp = config.get("gpu.nvcomp", True) if nvcomp is None else nvcomp
     source = None
     if use_nvcomp and nvcomp_available():
         try:
-            lay = layout(Path(store) / name)
+            lay = layout(root)
             if aligned(chunks, lay.chunk):
                 source = GpuSource(lay, arr.ndim, arr.shape, lay.dtype)
         except Unsupported:
             pass
     if source is None:
-        source = StagedSource(str(store), name, arr.ndim, arr.shape, np.dtype(arr.dtype))
+        source = StagedSource(root, arr.ndim, arr.shape, np.dtype(arr.dtype))
     return da.from_array(source, chunks=chunks, asarray=False, fancy=False, meta=meta, name=f"read-{name}-{da.core.tokenize(source, chunks)}")

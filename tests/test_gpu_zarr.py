@@ -36,7 +36,7 @@ def make(tmp_path, name, dtype="float32", holes=False, **extra):
 
         kwargs["compressors"] = numcodecs.Zstd(level=1)
     store = tmp_path / f"{name}.zarr"
-    fill = np.nan if np.dtype(dtype).kind == "f" else -1
+    fill = np.nan if np.dtype(dtype).kind == "f" else np.iinfo(dtype).max
     arr = zarr.create_array(store, name="x", shape=SHAPE, dtype=dtype, fill_value=fill, **kwargs)
     values = (RNG.standard_normal(SHAPE) * 100).astype(dtype)
     if holes:  # whole chunks and inner chunks of fill value are not written at all
