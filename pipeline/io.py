@@ -291,7 +291,7 @@ def gpu_threads(obj) -> int | None:
     if any(isinstance(a, da.Array) and B.backend_of(a) == "gpu" for a in arrays):
         from . import config
 
-        return int(config.get("gpu.threads", 4))
+        return int(config.get("gpu.threads", 8))
     return None
 
 

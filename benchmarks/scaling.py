@@ -1,0 +1,98 @@
+"""Strong scaling over the GPUs of one machine: the same flow on the same store, 1, 2, 4 GPUs.
+
+Each GPU count gets a dask-cuda ``LocalCUDACluster`` over the first N GPUs (one worker per GPU,
+``--threads`` threads each); pipeline's graph is the same as on one GPU: every worker reads and
+decodes its own blocks (nvCOMP), and partial results meet in trees across the GPUs. The flow is the
+standardized-anomaly global mean (and the others with ``--flows``). Medians of ``--repeat`` runs
+after a warm-up; the store stays in the page cache.
+
+    python benchmarks/scaling.py --store data/bench/tas.zarr --gpus 1,2,4 --json scaling.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def flows(tas):
+    import pipeline
+
+    ops = pipeline.ops
+    return {
+        "standardized_anomaly": lambda: ops.weighted_mean(ops.standardized_anomaly(tas, dim="time"), dims=["lat", "lon"], weights="coslat"),
+        "monthly_anomaly": lambda: ops.weighted_mean(ops.anomaly(tas, freq="month"), dims=["lat", "lon"], weights="coslat"),
+        "rolling": lambda: ops.rolling_mean(tas, window=5, center=True).max("time"),
+    }
+
+
+def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, memory_limit: str | None) -> dict:
+    import dask
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    import pipeline
+
+    visible = ",".join(str(i) for i in range(n_gpus))
+    settings = {"pipeline.gpu.memory-limit": memory_limit} if memory_limit else {}
+    out = {}
+    with dask.config.set(settings), LocalCUDACluster(CUDA_VISIBLE_DEVICES=visible, threads_per_worker=threads) as cluster, Client(cluster) as client:
+        client.run(dask.config.set, settings)  # workers read the same settings
+        tas = pipeline.open_dataset(store, backend="gpu")["tas"]
+        for name in names:
+            build = flows(tas)[name]
+            result = pipeline.to_numpy(pipeline.compute(build()))  # warm-up
+            times = []
+            for _ in range(repeat):
+                t = time.perf_counter()
+                value = pipeline.to_numpy(pipeline.compute(build()))
+                times.append(time.perf_counter() - t)
+            out[name] = {"seconds": statistics.median(times), "all": times, "checksum": float(np.nansum(np.asarray(value, dtype=np.float64)))}
+            print(f"{n_gpus} GPU(s) {name}: {out[name]['seconds']:.3f} s", flush=True)
+            del result
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--gpus", default="1,2,4")
+    ap.add_argument("--flows", default="standardized_anomaly")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--memory-limit", default=None, help="pipeline.gpu.memory-limit on each GPU")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    import xarray as xr
+
+    nbytes = xr.open_zarr(args.store)["tas"].nbytes
+    names = args.flows.split(",")
+    counts = [int(n) for n in args.gpus.split(",")]
+    results = {n: run(args.store, n, names, args.repeat, args.threads, args.memory_limit) for n in counts}
+    table = {"store": args.store, "bytes": nbytes, "results": results}
+    base = results[counts[0]]
+    print(f"{'flow':<22}" + "".join(f"{n:>4} GPU s  speed-up" for n in counts))
+    for name in names:
+        row = "".join(f"{results[n][name]['seconds']:>10.3f} {base[name]['seconds'] / results[n][name]['seconds']:>8.2f}x" for n in counts)
+        print(f"{name:<22}{row}")
+        sums = [results[n][name]["checksum"] for n in counts]
+        agree = all(abs(s - sums[0]) <= 1e-6 * max(1.0, abs(sums[0])) for s in sums)
+        table.setdefault("agree", {})[name] = agree
+        print(f"  results agree across GPU counts: {agree}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(table, indent=1, default=str))
+    return table
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    main()
