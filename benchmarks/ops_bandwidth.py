@@ -3,7 +3,9 @@
 For every op two figures, each the median of ``--repeat`` timed runs after one warm-up:
 
 - ``kernel``: the op's chunk kernel on one block holding the whole array (no dask), timed with
-  CUDA events on the GPU; bytes moved are the input read plus the output written;
+  CUDA events on the GPU; bytes moved are the input read plus the output written (a kernel that
+  reads its input twice, as detrend's, is still counted once); on the GPU, rows named
+  ``<name>_previous`` time the kernels that the current ones replaced, for comparison;
 - ``op``: the whole op through dask on chunks persisted on the backend (threads scheduler), the
   result persisted too, GB/s counted over the op's input.
 
@@ -105,6 +107,8 @@ def kernel_cases(x, backend):
     f32 = np.dtype(np.float32)
     x2 = data.reshape(nt, npts)
     labels = np.asarray(x.time.dt.month.values - 1, dtype=np.int64)
+    years = np.asarray(x.time.dt.year.values - x.time.dt.year.values[0], dtype=np.int64)  # sorted, as resampling's bins
+    nyears = int(years.max()) + 1
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the masked region: all-NaN columns
         mean = xp.nanmean(data.astype(xp.float64), axis=0, keepdims=True)
@@ -121,10 +125,12 @@ def kernel_cases(x, backend):
     from pipeline.kernels import fields
 
     svp = getattr(fields, f"saturation_vapor_pressure_{side}")
+    u = xp.linspace(-1.0, 1.0, nt)[:, None, None]
+    detrend = fields.detrend_block_gpu if backend == "gpu" else fields.detrend_block
     cases = []
     if backend == "gpu":  # the same formula as a plain cupy.ElementwiseKernel, for comparison
         cases.append(("standardize, ElementwiseKernel", lambda: elementwise._gpu_kernel("standardize")(data, mean, std, xp.empty_like(data)), 2 * n))
-    return cases + [
+    cases += [
         ("cf_decode (int16 -> float32)", lambda: cf(packed, (-32767,), 0.01, 0.0, f32), packed.nbytes + n),
         ("standardize", lambda: std_k(data, mean, std, f32), 2 * n),
         ("moments (time)", lambda: _moments_chunk(data, None, (0,)), n + 3 * small),
@@ -132,9 +138,24 @@ def kernel_cases(x, backend):
         ("rolling mean (30 steps)", lambda: roll(data, 0, 29, 0, 30, f32), 2 * n),
         ("group sums (12 months)", lambda: groups.group_sum(x2, labels, 12), n + 24 * small),
         ("group spells (12 months)", lambda: groups.group_spells(x2, labels, 12, 290.0), n + 15 * npts * 4),
+        ("group spells (years, sorted)", lambda: groups.group_spells(x2, years, nyears, 290.0), n + (nyears + 3) * npts * 4),
         ("subtract groups (anomaly)", lambda: sub(x2, labels, values, f32), 2 * n),
         ("saturation vapour pressure", lambda: svp(data, 0.0, "sonntag90", f32), 2 * n),
+        # input read once and output written once, as the other rows; the kernel reads twice
+        ("detrend (deg 1, whole axis)", lambda: detrend(data, u, axis=0, deg=1, out_dtype=f32), 2 * n),
     ]
+    if backend == "gpu":  # the kernels these replace, for comparison: <name>_previous
+        from pipeline.kernels import weighted
+
+        cases += [  # the weights taken as _weighted_chunk takes them, for the same work around the kernel
+            ("weighted sums_previous", lambda: weighted.weighted_sums_gpu_previous(x2, w[0].reshape(-1)), n + 16 * nt),
+            ("rolling mean_previous", lambda: rolling.rolling_mean_gpu_previous(data, 0, 29, 0, 30, f32), 2 * n),
+            ("group sums_previous", lambda: groups.group_sum_previous(x2, labels, 12), n + 24 * small),
+            ("group spells_previous", lambda: groups.group_spells_previous(x2, labels, 12, 290.0), n + 15 * npts * 4),
+            ("group spells_previous (years)", lambda: groups.group_spells_previous(x2, years, nyears, 290.0), n + (nyears + 3) * npts * 4),
+            ("detrend_previous (formulas)", lambda: fields.detrend_block(data, u, axis=0, deg=1, out_dtype=f32), 2 * n),
+        ]
+    return cases
 
 
 def main(argv=None):

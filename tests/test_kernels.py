@@ -128,6 +128,60 @@ def test_rolling_gpu_wrapper_matches_cpu():
         np.testing.assert_allclose(cupy.asnumpy(gpu), cpu, rtol=1e-6, equal_nan=True)
 
 
+ROLLING_CASES = [(0, 0, 1), (4, 0, 5), (4, 0, 2), (2, 2, 3), (1, 2, 1), (30, 0, 1), (3, 7, 2)]
+
+
+@pytest.mark.parametrize("before,after,min_periods", ROLLING_CASES)
+@pytest.mark.parametrize("tile", [None, 1, 5, 16])
+@pytest.mark.parametrize("ring", [True, False])
+def test_rolling_twin_of_the_cuda_c_kernel(before, after, min_periods, tile, ring):
+    """The CUDA C kernel's loop (ring slots, tiles primed with the window before them, blocks of
+    ``threads`` points, one of them partial) against the reference; untiled, bit for bit against
+    the CPU kernel (the same additions in the same order)."""
+    x = sample(nt=23, npts=37)
+    ref = rolling_reference(x, before, after, min_periods)
+    got = rolling.rolling_twin(x, before, after, min_periods, np.float32, tile=tile, ring=ring, threads=16)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, equal_nan=True)
+    if tile is None:
+        cpu = rolling.rolling_mean_cpu(x, 0, before, after, min_periods, np.dtype(np.float32))
+        np.testing.assert_array_equal(got, cpu)
+
+
+def test_rolling_twin_short_blocks_and_int_input():
+    for nt in (1, 2, 3):
+        x = sample(nt=nt, npts=5, seed=nt)
+        got = rolling.rolling_twin(x, 2, 1, 1, np.float64, tile=1, threads=4)
+        np.testing.assert_allclose(got, rolling_reference(x, 2, 1, 1), rtol=1e-12, equal_nan=True)
+    xi = np.arange(60, dtype=np.int16).reshape(12, 5) * 7 - 100
+    got = rolling.rolling_twin(xi, 3, 0, 4, np.float64, tile=5, threads=4)
+    np.testing.assert_allclose(got, rolling_reference(xi, 3, 0, 4), rtol=1e-12, equal_nan=True)
+
+
+def test_rolling_plan():
+    # a 30-day window of float32 fits the ring; a year does not; few points cut the steps into tiles
+    assert rolling.plan(730, 721 * 1440, 29, 0, 4) == (True, 30 * rolling.THREADS * 4, 730)
+    assert rolling.plan(730, 721 * 1440, 364, 0, 4)[:2] == (False, 0)
+    ring, _, tile = rolling.plan(730, 1000, 6, 0, 4)
+    assert ring and 28 <= tile < 730
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("before,after,min_periods", ROLLING_CASES)
+def test_rolling_cuda_c_kernel_matches_its_twin(before, after, min_periods):
+    import cupy
+
+    x = sample(nt=41, npts=300, seed=5)
+    for in_t, out_t in [(np.float32, np.float32), (np.float64, np.float64), (np.int16, np.float64)]:
+        xi = np.nan_to_num(x, nan=-1).astype(in_t) if in_t == np.int16 else x.astype(in_t)
+        for ring in (True, False):
+            for tile in (None, 7):
+                want = rolling.rolling_twin(xi, before, after, min_periods, out_t, tile=tile, ring=ring)
+                got = cupy.empty(xi.shape, dtype=out_t)
+                rolling.launch_raw(cupy.asarray(xi), got, before, after, min_periods, ring=ring, tile=tile or xi.shape[0])
+                np.testing.assert_array_equal(cupy.asnumpy(got), want)
+
+
 # --- group kernels --------------------------------------------------------------------------------
 
 from pipeline.kernels import groups  # noqa: E402
@@ -190,6 +244,100 @@ def test_cuda_group_spells_kernel():
         b, ld, t, tg = spells_reference(x[:, p] > 280.0, labels, 4)
         np.testing.assert_array_equal(cpu["best"][:, p], b)
         assert (cpu["lead"][p], cpu["tail"][p], cpu["tail_group"][p]) == (ld, t, tg)
+
+
+def sequential_group_sums(x, labels, k):
+    """Sums of each group's valid values, added one step after another in time order."""
+    sums, counts = np.zeros((k, x.shape[1])), np.zeros((k, x.shape[1]))
+    for t, g in enumerate(labels):
+        v = x[t].astype(np.float64)
+        sums[g] = np.where(np.isnan(v), sums[g], sums[g] + np.nan_to_num(v))
+        counts[g] += ~np.isnan(v)
+    return sums, counts
+
+
+def awkward_labels(nt, k, seed):
+    """Labels that recur (two "years"), skip a group, and leave the last group empty."""
+    rng = np.random.default_rng(seed)
+    labels = np.sort(rng.integers(0, k - 1, size=nt))
+    labels = np.concatenate([labels[: nt // 2], labels[: nt - nt // 2]])
+    labels[labels == 1] = 0
+    return labels
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_group_sum_twin_of_the_cuda_c_kernel(seed):
+    x = sample(nt=29 + seed, npts=41, seed=seed)
+    labels = awkward_labels(x.shape[0], 5, seed)
+    for mode in (0, 1):
+        got = groups.group_sum(x, labels, 5, threshold=280.0, mode=mode)  # the CPU kernel: the twin
+        prev = groups.group_sum_previous(x, labels, 5, threshold=280.0, mode=mode)
+        np.testing.assert_allclose(got["sum"], prev["sum"], rtol=1e-12)
+        np.testing.assert_array_equal(got["count"], prev["count"])
+    sums, counts = sequential_group_sums(x, labels, 5)
+    got = groups.group_sum(x, labels, 5)
+    np.testing.assert_array_equal(got["sum"], sums)  # each group's values in time order, bit for bit
+    np.testing.assert_array_equal(got["count"], counts)
+    assert (got["sum"][[1, 4]] == 0).all() and (got["count"][[1, 4]] == 0).all()
+    empty = groups.group_sum(x[:0], labels[:0], 3)
+    assert (empty["sum"] == 0).all() and empty["sum"].shape == (3, 41)
+
+
+def test_threshold_for_float32_compares_as_float64():
+    """The kernels compare float32 data with a float32 threshold: the largest float32 not above
+    the float64 one, which decides every float32 value as the float64 comparison does."""
+    rng = np.random.default_rng(0)
+    v = np.concatenate([(rng.standard_normal(5000) * 300).astype(np.float32),
+                        np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45], np.float32)])
+    for threshold in [280.0, 280.1, 0.1, -0.0, 5e-46, 1e40, -1e40, float(np.nextafter(np.float32(3), np.float32(5)))]:
+        t = groups.threshold_for(np.float32, threshold)
+        with np.errstate(over="ignore"):
+            near = np.nextafter(t, np.array([np.inf, -np.inf], np.float32))
+        w = np.concatenate([v, near, [t]])
+        assert t.dtype == np.float32
+        np.testing.assert_array_equal(w > t, w.astype(np.float64) > threshold, err_msg=str(threshold))
+    assert groups.threshold_for(np.float64, 0.1) == 0.1
+
+
+def test_group_order():
+    order, ends = groups.group_order(np.array([2, 0, 2, 1, 0]), 4)
+    assert order.tolist() == [1, 4, 3, 0, 2] and ends.tolist() == [2, 3, 5, 5]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_group_spells_twin_of_the_cuda_c_kernel(seed):
+    x = sample(nt=37, npts=41, seed=seed)
+    x[:, 7] = 400  # one run over the whole block
+    x[::3, 8] = 400  # short runs
+    for labels in (np.sort(awkward_labels(37, 4, seed)), awkward_labels(37, 4, seed)):
+        got = groups.group_spells(x, labels, 4, 280.0)  # the CPU kernel: the twin
+        prev = groups.group_spells_previous(x, labels, 4, 280.0)
+        for name in got:
+            np.testing.assert_array_equal(got[name], prev[name], err_msg=name)
+        for p in range(x.shape[1]):
+            b, ld, t, tg = spells_reference(x[:, p] > 280.0, labels, 4)
+            np.testing.assert_array_equal(got["best"][:, p], b)
+            assert (got["lead"][p], got["tail"][p], got["tail_group"][p]) == (ld, t, tg)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16])
+def test_group_cuda_c_kernels_match_their_twins(dtype):
+    import cupy
+
+    x = sample(nt=43, npts=300, seed=7)
+    x = np.nan_to_num(x, nan=0).astype(dtype) if dtype == np.int16 else x.astype(dtype)
+    for labels in (np.sort(awkward_labels(43, 5, 1)), awkward_labels(43, 5, 2)):
+        for mode in (0, 1):
+            cpu = groups.group_sum(x, labels, 5, threshold=280.0, mode=mode)
+            gpu = groups.group_sum(cupy.asarray(x), labels, 5, threshold=280.0, mode=mode)
+            for f in cpu:
+                np.testing.assert_array_equal(cupy.asnumpy(gpu[f]), cpu[f], err_msg=f)
+        cpu = groups.group_spells(x, labels, 5, 280.0)
+        gpu = groups.group_spells(cupy.asarray(x), labels, 5, 280.0)
+        for f in cpu:
+            np.testing.assert_array_equal(cupy.asnumpy(gpu[f]), cpu[f], err_msg=f)
 
 
 def test_subtract_groups_cpu():
@@ -281,12 +429,102 @@ def test_cuda_group_runs_kernel():
             assert cpu["length"][g, p] == above.size
 
 
+# --- weighted sums: the tiled kernel's twin ------------------------------------------------------------
+
+from pipeline.kernels import weighted  # noqa: E402
+
+
+@pytest.mark.parametrize("rows,npts,threads,unroll", [(1, 4, 32, 1), (3, 37, 32, 2), (5, 2049, 256, 8), (2, 5000, 64, 4)])
+def test_weighted_partials_twin(rows, npts, threads, unroll):
+    x = sample(nt=rows, npts=max(npts, 4), seed=npts)[:, :npts]
+    w = np.linspace(0.1, 1, npts)
+    part = weighted.weighted_partials_twin(x, w, threads, unroll)
+    assert part.shape == (rows, 2, -(-npts // (threads * unroll)))
+    valid = ~np.isnan(x)
+    np.testing.assert_allclose(part[:, 0].sum(-1), np.where(valid, x.astype(np.float64) * w, 0).sum(1), rtol=1e-12)
+    np.testing.assert_allclose(part[:, 1].sum(-1), np.where(valid, w, 0).sum(1), rtol=1e-12)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_weighted_partials_gpu_match_the_twin():
+    import cupy
+
+    for rows, npts in [(1, 5), (33, 2049), (70, 4099)]:
+        x = sample(nt=rows, npts=npts, seed=rows)
+        w = np.linspace(0.1, 1, npts)
+        for dtype in (np.float32, np.float64):
+            got = weighted.weighted_partials_gpu(cupy.asarray(x.astype(dtype)), cupy.asarray(w))
+            np.testing.assert_array_equal(cupy.asnumpy(got), weighted.weighted_partials_twin(x.astype(dtype), w))
+
+
+# --- detrend: the Numba CUDA kernels against the CPU formulas --------------------------------------------
+
+from pipeline.kernels import fields as field_kernels  # noqa: E402
+
+
+def trend_sample():
+    x = sample(nt=23, npts=37, seed=5)
+    x[3:, 6] = np.nan  # at most three valid samples
+    x[1:, 9] = np.nan  # one valid sample: no line through it
+    return x, np.linspace(-1, 1, 23)
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("deg", [0, 1, 2, 3])
+def test_cuda_trend_kernels(deg):
+    from pipeline.kernels.fields_cuda import trend_kernels
+
+    x, u = trend_sample()
+    kernels = trend_kernels(deg)
+    blocks = (2, 32)  # 64 threads for 37 points: a partial block
+    ref = field_kernels.detrend_block(x, u[:, None], axis=0, deg=deg, out_dtype=np.float64)
+    out = np.empty(x.shape)
+    kernels["detrend"][blocks](x, u, out)
+    np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-9, equal_nan=True)
+    assert np.isnan(out[:, 9]).all() == (deg >= 1)
+
+    s, b = np.empty((2 * deg + 1, 37)), np.empty((deg + 1, 37))
+    kernels["sums"][blocks](x, u, s, b)
+    partial = field_kernels.polyfit_chunk_xp(x, np.broadcast_to(u[:, None], x.shape), (0,), deg)
+    for k in range(2 * deg + 1):
+        np.testing.assert_allclose(s[k], partial[f"s{k}"][0], rtol=1e-12)
+    for k in range(deg + 1):
+        np.testing.assert_allclose(b[k], partial[f"t{k}"][0], rtol=1e-12)
+
+    c = field_kernels.polyfit_finalize(partial, 0, deg)
+    out32 = np.empty(x.shape, dtype=np.float32)
+    kernels["subtract"][blocks](x, u, np.ascontiguousarray(c), out32)
+    coefs = [c[k : k + 1] for k in range(deg + 1)]
+    expected = field_kernels.polyval_subtract(x, u[:, None], *coefs, out_dtype=np.float32)
+    np.testing.assert_array_equal(out32, expected)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("axis", [0, 1])
+def test_detrend_gpu_kernels_match_cpu(axis):
+    import cupy
+
+    x, u = trend_sample()
+    x3 = np.moveaxis(x.reshape(23, 37, 1), 0, axis)
+    uu = np.moveaxis(u.reshape(23, 1, 1), 0, axis)
+    for deg in (0, 1, 2):
+        cpu = field_kernels.detrend_block(x3, uu, axis=axis, deg=deg, out_dtype=np.float32)
+        gpu = field_kernels.detrend_block_gpu(cupy.asarray(x3), cupy.asarray(uu), axis=axis, deg=deg, out_dtype=np.float32)
+        np.testing.assert_allclose(cupy.asnumpy(gpu), cpu, rtol=1e-5, atol=1e-4, equal_nan=True)
+        ub = np.broadcast_to(uu, x3.shape)
+        cpu_p = field_kernels.polyfit_chunk_xp(x3, ub, (axis,), deg)
+        gpu_p = field_kernels.polyfit_chunk(cupy.asarray(x3), cupy.asarray(ub), (axis,), deg)
+        for k in cpu_p:
+            np.testing.assert_allclose(cupy.asnumpy(gpu_p[k]), cpu_p[k], rtol=1e-12, err_msg=k)
+
+
 # --- streaming kernels: their CUDA sources compile ---------------------------------------------------
 
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 
-from pipeline.kernels import fields as field_kernels  # noqa: E402
 from pipeline.kernels.streaming import Spec  # noqa: E402
 
 STREAMING = [
@@ -297,6 +535,31 @@ STREAMING = [
     (groups.SUBTRACT_GROUPS, np.float32, np.float32),
     *[(spec, np.float32, np.float32) for spec in field_kernels.SVP.values()],
 ]
+
+RAW_SOURCES = {
+    "rolling_ring_f32": rolling.source(np.float32, np.float32, True),
+    "rolling_reread_f32": rolling.source(np.float32, np.float32, False),
+    "rolling_ring_i16_f64": rolling.source(np.int16, np.float64, True),
+    "group_sum_f32": groups.sum_source(np.float32, 0),
+    "count_above_f64": groups.sum_source(np.float64, 1),
+    "group_spells_sorted_f32": groups.spells_source(np.float32, True),
+    "group_spells_any_f32": groups.spells_source(np.float32, False),
+    "group_spells_any_i16": groups.spells_source(np.int16, False),
+    "weighted_tiled_f32": weighted.tiled_source(np.float32),
+    "weighted_tiled_f64": weighted.tiled_source(np.float64),
+}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not installed")
+@pytest.mark.parametrize("name", sorted(RAW_SOURCES))
+def test_raw_kernel_sources_compile(tmp_path, name):
+    src = tmp_path / f"{name}.cu"
+    src.write_text(RAW_SOURCES[name])
+    r = subprocess.run(
+        ["nvcc", "-c", "-arch=sm_90", "--fmad=false", "-std=c++17", str(src), "-o", str(tmp_path / "k.o")],
+        capture_output=True, text=True,
+    )
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not installed")

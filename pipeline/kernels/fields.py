@@ -1,19 +1,22 @@
 """Kernels of the field ops (:mod:`pipeline.ops.fields`): block means, polynomial trends,
 quantiles along one axis, and saturation vapour pressure.
 
-All but the last are written against the array module of their input (:func:`xp_of`), so the
-same code runs on NumPy and CuPy chunks; saturation vapour pressure is one NumPy expression on
-the CPU and one fused CuPy kernel on the GPU, as in :mod:`pipeline.kernels.elementwise`. Sums
-run in float64 so that float32 data come out within float32 rounding of a float64 reference.
+Block means and quantiles are written against the array module of their input (:func:`xp_of`),
+so the same code runs on NumPy and CuPy chunks; saturation vapour pressure is one NumPy
+expression on the CPU and one fused CuPy kernel on the GPU, as in
+:mod:`pipeline.kernels.elementwise`. Trends are NumPy formulas on the CPU (the twins of the GPU
+kernels) and Numba CUDA kernels, one thread per grid point, on the GPU. Sums run in float64 so
+that float32 data come out within float32 rounding of a float64 reference.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
-from ..backend import xp_of
+from ..backend import is_cupy, xp_of
 from ..reductions import Aggregation, _sum_fields
 from .streaming import Spec
 
@@ -51,7 +54,15 @@ def coarsen_mean(block, factors: dict[int, int], out_dtype):
 
 def polyfit_chunk(x, u, axis, deg: int):
     """Partial sums of the normal equations over one block: S_k = Σ u^k and T_k = Σ u^k x over
-    the valid samples, k = 0..2 deg and 0..deg, with ``axis`` kept at length 1."""
+    the valid samples, k = 0..2 deg and 0..deg, with ``axis`` kept at length 1. (``u`` is the
+    coordinate broadcast to the block; on the GPU a Numba CUDA kernel makes the sums.)"""
+    if is_cupy(x):
+        return polyfit_chunk_gpu(x, u, axis, deg)
+    return polyfit_chunk_xp(x, u, axis, deg)
+
+
+def polyfit_chunk_xp(x, u, axis, deg: int):
+    """:func:`polyfit_chunk` by array formulas (NumPy or CuPy): the CPU kernel, and the previous GPU one."""
     xp = xp_of(x)
     valid = ~xp.isnan(x)
     uk = xp.where(valid, u.astype(ACC, copy=False), 0.0)
@@ -91,13 +102,198 @@ def polyfit(axis: int, deg: int) -> Aggregation:
     )
 
 
-def polyval_subtract(x, u, *coefficients, out_dtype):
-    """x - Σ c_k u^k, by Horner's rule in float64."""
+def polyval_subtract(x, u, *coefficients, out_dtype, axis=None):
+    """x - Σ c_k u^k, by Horner's rule in float64 (``axis``, that of u, is for the GPU kernel)."""
     u = u.astype(ACC, copy=False)
     trend = coefficients[-1]
     for c in coefficients[-2::-1]:
         trend = trend * u + c
     return (x.astype(ACC, copy=False) - trend).astype(out_dtype, copy=False)
+
+
+# --- detrend on the GPU: one thread per grid point ------------------------------------------------
+#
+# The formulas above make a float64 temporary the size of the block per power of u and per product
+# (about ten passes over memory for deg 1). On the GPU, Numba CUDA kernels walk each point's steps
+# instead (a warp reads 32 neighbouring points of one step, coalesced; four steps loaded ahead):
+#
+# - ``sums``: the partial normal equations of a block, S_k and T_k, in one read (chunked axis);
+# - ``subtract``: x - Σ c_k u^k by Horner's rule, one read and one write;
+# - ``detrend``: where the block holds the whole axis, both in one kernel, with the (deg + 1)^2
+#   normal equations solved per point in between (Gaussian elimination with partial pivoting, as
+#   LAPACK's getrf; NaN where fewer than deg + 1 samples are valid). It reads the block twice
+#   (the fit needs every step before the first subtraction) and writes it once.
+
+
+def make_trend_columns(jit, deg: int):
+    """The per-point device functions for polynomials of degree ``deg`` (a compile-time constant,
+    so that the loops over powers unroll and the sums stay in registers), compiled by ``jit``.
+    ``s`` (2 deg + 1), ``b`` (deg + 1) and ``a`` ((deg + 1)^2) are the caller's scratch arrays."""
+    m, n = deg + 1, 2 * deg + 1
+
+    @jit
+    def add(s, b, uu, v):
+        if v == v:
+            pw = 1.0
+            for k in range(n):
+                s[k] += pw
+                if k < m:
+                    b[k] += pw * v
+                pw *= uu
+
+    @jit
+    def sums(x, u, p, s, b):
+        for k in range(n):
+            s[k] = 0.0
+        for k in range(m):
+            b[k] = 0.0
+        nt = x.shape[0]
+        t = 0
+        while t + 4 <= nt:
+            v0, v1, v2, v3 = float(x[t, p]), float(x[t + 1, p]), float(x[t + 2, p]), float(x[t + 3, p])
+            add(s, b, u[t], v0)
+            add(s, b, u[t + 1], v1)
+            add(s, b, u[t + 2], v2)
+            add(s, b, u[t + 3], v3)
+            t += 4
+        while t < nt:
+            add(s, b, u[t], float(x[t, p]))
+            t += 1
+
+    @jit
+    def solve(s, b, a):
+        """Overwrite ``b`` with the coefficients c_0..c_deg, or NaN where fewer than deg + 1
+        samples are valid."""
+        if s[0] < m:
+            for k in range(m):
+                b[k] = math.nan
+            return
+        for i in range(m):
+            for j in range(m):
+                a[i, j] = s[i + j]
+        for c in range(m):
+            piv = c
+            for r in range(c + 1, m):
+                if abs(a[r, c]) > abs(a[piv, c]):
+                    piv = r
+            if piv != c:
+                for j in range(m):
+                    a[c, j], a[piv, j] = a[piv, j], a[c, j]
+                b[c], b[piv] = b[piv], b[c]
+            for r in range(c + 1, m):
+                f = a[r, c] / a[c, c]
+                for j in range(c, m):
+                    a[r, j] -= f * a[c, j]
+                b[r] -= f * b[c]
+        for i in range(m - 1, -1, -1):
+            v = b[i]
+            for j in range(i + 1, m):
+                v -= a[i, j] * b[j]
+            b[i] = v / a[i, i]
+
+    @jit
+    def trend(c, uu):
+        r = c[m - 1]
+        for k in range(m - 2, -1, -1):
+            r = r * uu + c[k]
+        return r
+
+    @jit
+    def subtract(x, u, c, out, p):
+        nt = x.shape[0]
+        t = 0
+        while t + 4 <= nt:
+            v0, v1, v2, v3 = float(x[t, p]), float(x[t + 1, p]), float(x[t + 2, p]), float(x[t + 3, p])
+            out[t, p] = v0 - trend(c, u[t])
+            out[t + 1, p] = v1 - trend(c, u[t + 1])
+            out[t + 2, p] = v2 - trend(c, u[t + 2])
+            out[t + 3, p] = v3 - trend(c, u[t + 3])
+            t += 4
+        while t < nt:
+            out[t, p] = float(x[t, p]) - trend(c, u[t])
+            t += 1
+
+    return sums, solve, subtract
+
+
+THREADS_PER_BLOCK = 256
+
+
+def _to_2d(x, axis: int):
+    import cupy
+
+    moved = cupy.moveaxis(x, axis, 0)
+    return cupy.ascontiguousarray(moved).reshape(moved.shape[0], -1), moved.shape[1:]
+
+
+def _axis_values(u, axis: int, n: int):
+    """The coordinate along ``axis`` of a block of ``u`` (broadcast, or of length 1 elsewhere)."""
+    import cupy
+
+    u = cupy.moveaxis(u, axis, 0)
+    return cupy.ascontiguousarray(u[(slice(None), *(0,) * (u.ndim - 1))], dtype=ACC).reshape(n)
+
+
+def _launch(kernel, npts, *args):
+    import cupy
+    from numba import cuda
+
+    # on CuPy's stream, so ordered with CuPy's work; numba-cuda would otherwise synchronise the
+    # host with the stream each CuPy argument names
+    stream = cuda.external_stream(cupy.cuda.get_current_stream().ptr)
+    args = [cuda.as_cuda_array(a, sync=False) if hasattr(a, "__cuda_array_interface__") else a for a in args]
+    kernel[max(1, -(-npts // THREADS_PER_BLOCK)), THREADS_PER_BLOCK, stream](*args)
+
+
+def polyfit_chunk_gpu(x, u, axis, deg: int):
+    import cupy
+
+    from .fields_cuda import trend_kernels
+
+    axis = axis[0] if isinstance(axis, tuple) else axis
+    x2, rest = _to_2d(x, axis)
+    s = cupy.empty((2 * deg + 1, x2.shape[1]), dtype=ACC)
+    b = cupy.empty((deg + 1, x2.shape[1]), dtype=ACC)
+    _launch(trend_kernels(deg)["sums"], x2.shape[1], x2, _axis_values(u, axis, x2.shape[0]), s, b)
+    kept = lambda v: cupy.expand_dims(v.reshape(rest), axis)  # noqa: E731
+    return {**{f"s{k}": kept(s[k]) for k in range(2 * deg + 1)}, **{f"t{k}": kept(b[k]) for k in range(deg + 1)}}
+
+
+def polyval_subtract_gpu(x, u, *coefficients, out_dtype, axis: int):
+    """:func:`polyval_subtract` by a Numba CUDA kernel."""
+    import cupy
+
+    from .fields_cuda import trend_kernels
+
+    x2, rest = _to_2d(x, axis)
+    npts = x2.shape[1]
+    c = cupy.stack([cupy.moveaxis(ck, axis, 0).reshape(npts) for ck in coefficients]).astype(ACC, copy=False)
+    out = cupy.empty(x2.shape, dtype=out_dtype)
+    _launch(trend_kernels(len(coefficients) - 1)["subtract"], npts, x2, _axis_values(u, axis, x2.shape[0]), c, out)
+    return cupy.moveaxis(out.reshape(x2.shape[:1] + rest), 0, axis)
+
+
+def detrend_block_gpu(x, u, *, axis: int, deg: int, out_dtype):
+    """x minus its least-squares polynomial along ``axis``, which the block holds whole; one
+    Numba CUDA kernel (fit, solve, subtract per point)."""
+    import cupy
+
+    from .fields_cuda import trend_kernels
+
+    x2, rest = _to_2d(x, axis)
+    out = cupy.empty(x2.shape, dtype=out_dtype)
+    _launch(trend_kernels(deg)["detrend"], x2.shape[1], x2, _axis_values(u, axis, x2.shape[0]), out)
+    return cupy.moveaxis(out.reshape(x2.shape[:1] + rest), 0, axis)
+
+
+def detrend_block(x, u, *, axis: int, deg: int, out_dtype):
+    """What :func:`detrend_block_gpu` computes, by the CPU formulas (its twin)."""
+    xp = xp_of(x)
+    u = xp.broadcast_to(u, x.shape)
+    p = polyfit_chunk_xp(x, u, axis, deg)
+    c = polyfit_finalize(p, axis, deg)
+    coefs = [c[tuple(slice(k, k + 1) if i == axis else slice(None) for i in range(x.ndim))] for k in range(deg + 1)]
+    return polyval_subtract(x, u, *coefs, out_dtype=out_dtype)
 
 
 # --- quantile: sort along the axis, interpolate linearly between order statistics ---------------

@@ -1,14 +1,20 @@
 """Reductions by group along the first axis of a 2-D block ``x[t, p]``, one pass, all groups.
 
 ``labels[t]`` in ``0..k-1`` says which group step ``t`` belongs to. Each kernel walks the steps of
-one grid point ``p`` in order and accumulates into per-group rows of its outputs, so one launch
-covers every group present in the block (no task per group), each thread owns one column of the
-outputs (no atomics), and on the GPU a warp reads 32 neighbouring points of one step (coalesced).
+one grid point ``p`` and accumulates into per-group rows of its outputs, so one launch covers
+every group present in the block (no task per group), each thread owns one column of the outputs
+(no atomics), and on the GPU a warp reads 32 neighbouring points of one step (coalesced).
 
 - ``group_sum``: sum and count of the valid values (mode 0), or the count of values above a
   threshold (mode 1, ``x > threshold``, NaN counting as not above).
 - ``group_spells``: for runs of ``x > threshold``, the longest run beginning in each group, and
   the state that joins runs across blocks (see :mod:`pipeline.groupby`).
+
+On the GPU both are CUDA C kernels in the manner of :mod:`pipeline.kernels.streaming` (CuPy
+launches them on its stream, with no host synchronisation): see "GPU kernels" below for what
+they do differently from the previous Numba CUDA loops, which are kept (``*_previous``) for the
+benchmarks. Each CUDA C kernel has a twin, its loop step for step in Numba, which is the CPU
+kernel: CPU and GPU results are the same bit for bit, and the CPU tests check the kernels' logic.
 """
 
 from __future__ import annotations
@@ -130,31 +136,352 @@ def _group_runs_column(x, labels, threshold, length, prefix, current, longest, p
             current[g, p] = 0
 
 
-_FACTORIES = {"sum": make_group_sum_column, "spells": make_group_spells_column}
+# --- GPU kernels ----------------------------------------------------------------------------------
+#
+# The previous loops (above, compiled by ``numba.cuda``) reached 65% (sums) and 47% (spells) of the
+# copy bandwidth on an H200. What held them back, and what these kernels do instead:
+#
+# - spells: at the end of every run the loop read ``best[group, p]`` from global memory to compare
+#   the run with it, a load whose result the next instruction needs; with runs ending on ~5% of
+#   steps, a warp of 32 points meets one on most steps, so the warp waited a memory round trip per
+#   step. Here the best of the group the last runs began in is held in a register and written
+#   only when a run of another group ends (a few times per point): with sorted labels (the bins
+#   of a resampling) once per row, zeros included, on an output that needs no zeroing; otherwise
+#   as a maximum with what is there, the value read at one such write and used at the next. A
+#   step is selects rather than branches, labels come by stretches of equal labels (no load per
+#   step), and float32 data are compared with a float32 threshold (:func:`threshold_for`).
+# - sums: each change of group added the register sum into ``sums[group, p]`` (read, add, write,
+#   on zeroed outputs: three passes over them) and the step's label was compared per element.
+#   Here the steps are visited group by group (``order``: the steps sorted by group, stably;
+#   ``ends[g]``: where group g ends in it), so each output is written once, when its group ends,
+#   with no zeroing; the inner loop is loads and adds, ``U`` loads in flight.
+# - both: launched by CuPy, with no per-launch typing of arguments and no host synchronisation
+#   on each argument's stream (numba-cuda synchronises on the stream a CuPy array names).
+
+# Measured on an H200 (730 x 1038240 float32): 256 threads x 8 loads in flight; sums 77-79% of the
+# copy bandwidth (the previous loop 62-65%), spells 64-73% (the previous loop 38-49%)
+GROUP_THREADS = 256
+GROUP_UNROLL = 8
+
+_SUM_SOURCE = r"""
+typedef {in_t} in_t;
+typedef {cmp_t} cmp_t;
+#define THREADS {threads}
+#define U {unroll}
+#define MODE {mode}
+extern "C" __global__ void __launch_bounds__(THREADS) pipeline_group_sum(
+        const in_t* __restrict__ x, const long long* __restrict__ order, const long long* __restrict__ ends,
+        cmp_t threshold, double* __restrict__ sums, double* __restrict__ counts, long long nt, long long npts, int k) {{
+    const long long p = (long long)blockIdx.x * THREADS + threadIdx.x;
+    if (p >= npts) return;
+    const in_t* xp = x + p;
+    double acc = 0.0, n = 0.0;
+    int g = 0;
+    long long end = k > 0 ? ends[0] : -1;
+    // write out the groups that end at position j of ``order`` (a group with no steps ends where the one before does)
+#define SETTLE(j) while (g < k && end == (j)) {{ sums[g * npts + p] = acc; counts[g * npts + p] = n; acc = 0.0; n = 0.0; \
+                                                if (++g < k) end = ends[g]; }}
+#if MODE == 0
+#define ADD(v) {{ const double d = (double)(v); if (d == d) {{ acc += d; n += 1.0; }} }}
+#else
+#define ADD(v) {{ if ((cmp_t)(v) > threshold) acc += 1.0; }}
+#endif
+    SETTLE(0)
+    long long j = 0;
+    for (; j + U <= nt; j += U) {{
+        in_t v[U];
+#pragma unroll
+        for (int i = 0; i < U; ++i) v[i] = xp[order[j + i] * npts];
+#pragma unroll
+        for (int i = 0; i < U; ++i) {{ ADD(v[i]) SETTLE(j + i + 1) }}
+    }}
+    for (; j < nt; ++j) {{ ADD(xp[order[j] * npts]) SETTLE(j + 1) }}
+}}
+"""
+
+_SPELLS_SOURCE = r"""
+typedef {in_t} in_t;
+typedef {cmp_t} cmp_t;
+#define THREADS {threads}
+#define U {unroll}
+#define SORTED {sorted}
+extern "C" __global__ void __launch_bounds__(THREADS) pipeline_group_spells(
+        const in_t* __restrict__ x, const long long* __restrict__ seg_end, const long long* __restrict__ seg_label,
+        cmp_t threshold, int* __restrict__ best, int* __restrict__ lead, int* __restrict__ tail,
+        int* __restrict__ tail_group, long long nt, long long npts, int k) {{
+    const long long p = (long long)blockIdx.x * THREADS + threadIdx.x;
+    if (p >= npts) return;
+    const in_t* xp = x + p;
+    int run = 0, group = -1, n_lead = 0;
+    bool in_lead = true;
+    // Steps come in stretches of equal labels (stretch si ends before step seg_end[si]); hb, the
+    // best run begun in the current stretch, is written to its row when the stretch ends, by all
+    // threads of a warp at once (coalesced). A run begun in an earlier stretch (at most one per
+    // stretch: the one open at its start) raises its row when it ends: read then, written at the
+    // end of the stretch (pg, pr, pv), so that no thread waits for the read.
+    int si = 0, cur = (int)seg_label[0], hb = 0, pg = -1, pr = 0, pv = 0;
+    long long next = seg_end[0];
+#if SORTED
+    // each row is written once, rows of groups with no steps as 0: no zeroing by the caller
+    int written = 0;
+#define OPEN()
+#define SHUT() {{ for (; written < cur; ++written) best[written * npts + p] = 0; best[cur * npts + p] = hb; written = cur + 1; }}
+#else
+    // a group may come back: its row (zeroed by the caller) is read when a stretch opens and
+    // raised when it ends
+    int hv = 0;
+#define OPEN() {{ hv = best[cur * npts + p]; }}
+#define SHUT() {{ best[cur * npts + p] = max(hv, hb); }}
+#endif
+#define SETTLE() {{ if (pg >= 0) {{ best[pg * npts + p] = max(pv, pr); pg = -1; }} }}
+#define CLOSE(ends) {{ hb = ((ends) && group == cur) ? max(hb, run) : hb; \
+        if ((ends) && group != cur) {{ SETTLE() pg = group; pr = run; pv = best[group * npts + p]; }} }}
+#define STEP(v, tt) {{ \
+        if ((tt) == next) {{ SETTLE() SHUT() hb = 0; ++si; next = seg_end[si]; cur = (int)seg_label[si]; OPEN() }} \
+        const bool above = (cmp_t)(v) > threshold; \
+        group = (above && run == 0) ? cur : group; \
+        CLOSE(!above && run > 0 && !in_lead)  /* a counted run (not the leading one) ends */ \
+        n_lead += (above && in_lead); \
+        run = above ? run + 1 : 0; \
+        in_lead = in_lead && above; }}
+    OPEN()
+    long long t = 0;
+    for (; t + U <= nt; t += U) {{
+        in_t v[U];
+#pragma unroll
+        for (int i = 0; i < U; ++i) v[i] = xp[(t + i) * npts];
+#pragma unroll
+        for (int i = 0; i < U; ++i) STEP(v[i], t + i)
+    }}
+    for (; t < nt; ++t) STEP(xp[t * npts], t)
+    CLOSE(run > 0 && !in_lead)  // the open run counts with its length so far
+    SETTLE()
+    SHUT()
+#if SORTED
+    for (; written < k; ++written) best[written * npts + p] = 0;
+#endif
+    lead[p] = n_lead;
+    tail[p] = run;
+    tail_group[p] = run > 0 ? group : -1;
+}}
+"""
+
+
+def _cmp_type(in_dtype) -> str:
+    """The C type of the comparison with the threshold: float for float32 data (see
+    :func:`threshold_for`), double otherwise."""
+    return "float" if np.dtype(in_dtype) == np.float32 else "double"
+
+
+def threshold_for(in_dtype, threshold: float):
+    """The threshold in the comparison type: for float32 data the largest float32 not above it,
+    so that ``v > t`` in float32 is ``v > threshold`` in float64 for every float32 ``v`` (NaN
+    included), without converting each value to float64."""
+    if _cmp_type(in_dtype) == "double":
+        return np.float64(threshold)
+    with np.errstate(over="ignore"):
+        t = np.float32(threshold)
+    return np.nextafter(t, np.float32(-np.inf)) if float(t) > float(threshold) else t
+
+
+def sum_source(in_dtype, mode: int, threads: int = GROUP_THREADS, unroll: int = GROUP_UNROLL) -> str:
+    from .streaming import C_TYPES
+
+    return _SUM_SOURCE.format(in_t=C_TYPES[np.dtype(in_dtype)], cmp_t=_cmp_type(in_dtype), threads=threads,
+                              unroll=unroll, mode=int(mode))
+
+
+def spells_source(in_dtype, sorted_labels: bool, threads: int = GROUP_THREADS, unroll: int = GROUP_UNROLL) -> str:
+    from .streaming import C_TYPES
+
+    return _SPELLS_SOURCE.format(in_t=C_TYPES[np.dtype(in_dtype)], cmp_t=_cmp_type(in_dtype), threads=threads,
+                                 unroll=unroll, sorted=int(sorted_labels))
+
+
+@functools.cache
+def _raw(kind: str, in_dtype, variant: int, threads: int, unroll: int):
+    """``sum`` (variant: mode) or ``spells`` (variant: labels sorted) compiled by CuPy."""
+    import cupy
+
+    if kind == "sum":
+        return cupy.RawKernel(sum_source(in_dtype, variant, threads, unroll), "pipeline_group_sum", options=("--fmad=false",))
+    return cupy.RawKernel(spells_source(in_dtype, variant, threads, unroll), "pipeline_group_spells", options=("--fmad=false",))
+
+
+def label_segments(labels):
+    """(end, label) of each stretch of equal labels, and whether the labels never decrease."""
+    labels = np.asarray(labels, dtype=np.int64).ravel()
+    if labels.size == 0:
+        return np.zeros(1, np.int64), np.zeros(1, np.int64), True
+    change = np.flatnonzero(np.diff(labels)) + 1
+    ends = np.append(change, labels.size).astype(np.int64)
+    return ends, labels[np.concatenate([[0], change])], bool(np.all(np.diff(labels) >= 0))
+
+
+def group_order(labels, k: int):
+    """The steps sorted by group, stably, and the end of each group ``0..k-1`` in that order."""
+    labels = np.asarray(labels, dtype=np.int64).ravel()
+    order = np.argsort(labels, kind="stable")
+    ends = np.searchsorted(labels[order], np.arange(k), side="right")
+    return order.astype(np.int64), ends.astype(np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _on_device(kind: str, key: bytes, k: int, device: int):
+    """The label arrays a kernel reads, on the GPU: one copy per block's labels and device, so
+    that blocks with the same labels (all the spatial blocks of a time block) pay for it once."""
+    import cupy
+
+    labels = np.frombuffer(key, dtype=np.int64)
+    if kind == "sum":
+        order, ends = group_order(labels, k)
+        return cupy.asarray(np.concatenate([order, ends])), None
+    seg_end, seg_label, sorted_labels = label_segments(labels)
+    return cupy.asarray(np.concatenate([seg_end, seg_label])), sorted_labels
+
+
+def _device_labels(kind: str, labels, k: int):
+    import cupy
+
+    key = np.ascontiguousarray(labels, dtype=np.int64).ravel().tobytes()
+    return _on_device(kind, key, k, cupy.cuda.Device().id)
+
+
+# --- their twins: each thread's loop, step for step, in Numba ---------------------------------------
+
+
+def make_group_sum_twin(jit):
+    @jit
+    def column(x, order, ends, threshold, mode, sums, counts, p):
+        k = ends.shape[0]
+        acc, n, g = 0.0, 0.0, 0
+        end = ends[0] if k > 0 else -1
+        for j in range(x.shape[0] + 1):
+            if j > 0:
+                v = float(x[order[j - 1], p])
+                if mode == 0:
+                    if v == v:
+                        acc += v
+                        n += 1.0
+                elif v > threshold:
+                    acc += 1.0
+            while g < k and end == j:
+                sums[g, p] = acc
+                counts[g, p] = n
+                acc, n = 0.0, 0.0
+                g += 1
+                if g < k:
+                    end = ends[g]
+
+    return column
+
+
+def make_group_spells_twin(jit):
+    """The spells kernel's loop: stretches of equal labels, the register best of the current
+    stretch, the deferred raise of a run begun in an earlier stretch, and the writes of ``best``
+    (once per row with sorted labels; else raised from zero)."""
+
+    @jit
+    def column(x, seg_end, seg_label, threshold, best, lead, tail, tail_group, sorted_labels, p):
+        k, nt = best.shape[0], x.shape[0]
+        run, group, n_lead, in_lead = 0, -1, 0, True
+        si, cur, nxt, hb, pg, pr, pv, hv, written = 0, seg_label[0], seg_end[0], 0, -1, 0, 0, 0, 0
+        if not sorted_labels:
+            hv = best[cur, p]
+        for t in range(nt + 1):
+            if t == nxt or t == nt:  # the stretch ends: settle the deferred raise, write the row
+                if pg >= 0:
+                    best[pg, p] = max(pv, pr)
+                    pg = -1
+                if t == nt:
+                    break
+                if sorted_labels:
+                    while written < cur:
+                        best[written, p] = 0
+                        written += 1
+                    best[cur, p] = hb
+                    written = cur + 1
+                else:
+                    best[cur, p] = max(hv, hb)
+                hb = 0
+                si += 1
+                nxt, cur = seg_end[si], seg_label[si]
+                if not sorted_labels:
+                    hv = best[cur, p]
+            above = x[t, p] > threshold
+            if above and run == 0:
+                group = cur
+            if not above and run > 0 and not in_lead:
+                if group == cur:
+                    hb = max(hb, run)
+                else:
+                    if pg >= 0:
+                        best[pg, p] = max(pv, pr)
+                    pg, pr, pv = group, run, best[group, p]
+            if above and in_lead:
+                n_lead += 1
+            run = run + 1 if above else 0
+            in_lead = in_lead and above
+        if run > 0 and not in_lead:  # the open run counts with its length so far
+            if group == cur:
+                hb = max(hb, run)
+            else:
+                best[group, p] = max(best[group, p], run)
+        if sorted_labels:
+            while written < cur:
+                best[written, p] = 0
+                written += 1
+            best[cur, p] = hb
+            for g in range(cur + 1, k):
+                best[g, p] = 0
+        else:
+            best[cur, p] = max(hv, hb)
+        lead[p] = n_lead
+        tail[p] = run
+        tail_group[p] = group if run > 0 else -1
+
+    return column
+
+
+_FACTORIES = {
+    "sum": make_group_sum_twin, "spells": make_group_spells_twin,
+    "sum_previous": make_group_sum_column, "spells_previous": make_group_spells_column,
+}
 
 
 @functools.cache
 def _cpu(name):
+    """A CPU kernel over all points: ``sum``, ``spells`` (the twins of the CUDA C kernels), their
+    ``*_previous`` loops, or ``runs``."""
     import numba
 
     jit = numba.njit(nogil=True)
     body = _FACTORIES[name](jit) if name in _FACTORIES else jit(_group_runs_column)
 
-    if name == "sum":
+    if name == "sum_previous":
 
         @numba.njit(nogil=True)
-        def group_sum(x, labels, threshold, mode, sums, counts):
+        def five(x, a, b, c, d, e):
             for p in range(x.shape[1]):
-                body(x, labels, threshold, mode, sums, counts, p)
+                body(x, a, b, c, d, e, p)
 
-        return group_sum
+        return five
+
+    if name == "spells":
+
+        @numba.njit(nogil=True)
+        def nine(x, a, b, c, d, e, f, g, h):
+            for p in range(x.shape[1]):
+                body(x, a, b, c, d, e, f, g, h, p)
+
+        return nine
 
     @numba.njit(nogil=True)
-    def over_points(x, labels, threshold, a, b, c, d):
+    def six(x, a, b, c, d, e, f):
         for p in range(x.shape[1]):
-            body(x, labels, threshold, a, b, c, d, p)
+            body(x, a, b, c, d, e, f, p)
 
-    return over_points
+    return six
 
 
 def _launch(kernel, npts, *args):
@@ -162,8 +489,69 @@ def _launch(kernel, npts, *args):
     kernel[blocks, THREADS_PER_BLOCK](*args)
 
 
-def group_sum(x2d, labels, k: int, threshold: float = 0.0, mode: int = 0) -> dict:
-    """Per-group sums and counts of a (steps, points) block; CPU or GPU by the block's type."""
+def _raw_input(x2d):
+    """A C-contiguous CuPy block of a type the CUDA C kernels are compiled for."""
+    import cupy
+
+    from .streaming import C_TYPES
+
+    return cupy.ascontiguousarray(x2d if np.dtype(x2d.dtype) in C_TYPES else x2d.astype(np.float64))
+
+
+def group_sum(x2d, labels, k: int, threshold: float = 0.0, mode: int = 0, *, threads: int = GROUP_THREADS,
+              unroll: int = GROUP_UNROLL) -> dict:
+    """Per-group sums and counts of a (steps, points) block; CPU or GPU by the block's type.
+    (``counts`` stays 0 in mode 1.)"""
+    from ..backend import is_cupy, xp_of
+
+    xp = xp_of(x2d)
+    nt, npts = x2d.shape
+    sums = xp.empty((k, npts), dtype=np.float64)  # every row is written
+    counts = xp.empty((k, npts), dtype=np.float64)
+    if is_cupy(x2d):
+        x2d = _raw_input(x2d)
+        steps, _ = _device_labels("sum", labels, k)  # order, then ends
+        kernel = _raw("sum", np.dtype(x2d.dtype), int(mode != 0), threads, unroll)
+        kernel((max(1, -(-npts // threads)),), (threads,), (
+            x2d, steps[:nt], steps[nt:], threshold_for(x2d.dtype, threshold), sums, counts, np.int64(nt), np.int64(npts),
+            np.int32(k)))
+    else:
+        _cpu("sum")(x2d, *group_order(labels, k), np.float64(threshold), np.int32(mode), sums, counts)
+    return {"sum": sums, "count": counts}
+
+
+def group_spells(x2d, labels, k: int, threshold: float, *, threads: int = GROUP_THREADS,
+                 unroll: int = GROUP_UNROLL) -> dict:
+    """Run-length state of a (steps, points) block: per group the longest run that begins there
+    (leading run excluded), and per point the leading run, the open run and its group."""
+    from ..backend import is_cupy, xp_of
+
+    xp = xp_of(x2d)
+    nt, npts = x2d.shape
+    seg_end, seg_label, sorted_labels = label_segments(labels)
+    # with sorted labels every row of best is written; otherwise rows are raised from zero
+    out = {"best": (xp.empty if sorted_labels else xp.zeros)((k, npts), dtype=np.int32)}
+    state = xp.empty((3, npts), dtype=np.int32)  # every point's are written
+    out.update(lead=state[0], tail=state[1], tail_group=state[2])
+    outs = (out["best"], out["lead"], out["tail"], out["tail_group"])
+    if nt == 0 or k == 0:  # no steps: no runs
+        out["best"][...] = 0
+        state[:2] = 0
+        state[2] = -1
+    elif is_cupy(x2d):
+        x2d = _raw_input(x2d)
+        segs, _ = _device_labels("spells", labels, k)  # ends, then labels, of the stretches
+        kernel = _raw("spells", np.dtype(x2d.dtype), int(sorted_labels), threads, unroll)
+        kernel((max(1, -(-npts // threads)),), (threads,), (
+            x2d, segs[: seg_end.size], segs[seg_end.size :], threshold_for(x2d.dtype, threshold), *outs,
+            np.int64(nt), np.int64(npts), np.int32(k)))
+    else:
+        _cpu("spells")(x2d, seg_end, seg_label, np.float64(threshold), *outs, sorted_labels)
+    return out
+
+
+def group_sum_previous(x2d, labels, k: int, threshold: float = 0.0, mode: int = 0) -> dict:
+    """:func:`group_sum` by the previous loops (Numba CUDA on the GPU), for the benchmarks."""
     from ..backend import is_cupy, xp_of
 
     xp = xp_of(x2d)
@@ -175,13 +563,12 @@ def group_sum(x2d, labels, k: int, threshold: float = 0.0, mode: int = 0) -> dic
 
         _launch(kernel, npts, x2d, xp.asarray(labels), np.float64(threshold), np.int32(mode), sums, counts)
     else:
-        _cpu("sum")(x2d, labels, np.float64(threshold), np.int32(mode), sums, counts)
+        _cpu("sum_previous")(x2d, labels, np.float64(threshold), np.int32(mode), sums, counts)
     return {"sum": sums, "count": counts}
 
 
-def group_spells(x2d, labels, k: int, threshold: float) -> dict:
-    """Run-length state of a (steps, points) block: per group the longest run that begins there
-    (leading run excluded), and per point the leading run, the open run and its group."""
+def group_spells_previous(x2d, labels, k: int, threshold: float) -> dict:
+    """:func:`group_spells` by the previous loops (Numba CUDA on the GPU), for the benchmarks."""
     from ..backend import is_cupy, xp_of
 
     xp = xp_of(x2d)
@@ -194,7 +581,7 @@ def group_spells(x2d, labels, k: int, threshold: float) -> dict:
 
         _launch(kernel, npts, x2d, xp.asarray(labels), *args)
     else:
-        _cpu("spells")(x2d, labels, *args)
+        _cpu("spells_previous")(x2d, labels, *args)
     return out
 
 

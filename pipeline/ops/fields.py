@@ -93,14 +93,17 @@ def _trend_coordinate(x: xr.DataArray, dim: str) -> np.ndarray:
     return (v - (lo + hi) / 2) / half
 
 
-@register(kernels="pipeline.kernels.fields:polyval_subtract")
+@register(
+    kernels={"cpu": "pipeline.kernels.fields:polyval_subtract", "gpu": "pipeline.kernels.fields:polyval_subtract_gpu"}
+)
 def detrend(x: xr.DataArray, dim: str = "time", deg: int = 1) -> xr.DataArray:
     """Remove a least-squares polynomial trend along a dimension from every grid point, NaN-skipping.
 
     As ``x - xr.polyval(x[dim], x.polyfit(dim, deg).polyfit_coefficients)``: one tree
     reduction accumulates the normal equations of each point (sums of u^k and u^k x over its
     valid samples, u the coordinate scaled to [-1, 1]), a batched solve gives the
-    coefficients, and one pass per chunk subtracts the trend.
+    coefficients, and one pass per chunk subtracts the trend. On the GPU, where ``dim`` is one
+    chunk, one kernel per chunk does all three, one thread per grid point.
 
     A point with fewer than ``deg + 1`` valid samples has no unique fit and comes out all NaN
     (xarray's least squares would return a minimum-norm fit there).
@@ -114,6 +117,15 @@ def detrend(x: xr.DataArray, dim: str = "time", deg: int = 1) -> xr.DataArray:
     u = _trend_coordinate(x, dim).reshape([-1 if i == axis else 1 for i in range(x.ndim)])
     u_chunks = tuple(c if i == axis else (1,) for i, c in enumerate(data.chunks))
     u = to_backend(da.from_array(u, chunks=u_chunks), backend)
+    out_dtype = float_dtype(x.dtype)
+    if backend == "gpu" and len(data.chunks[axis]) == 1:
+        from ..kernels.fields import detrend_block_gpu
+
+        result = da.map_blocks(
+            detrend_block_gpu, data, u, axis=axis, deg=deg, out_dtype=out_dtype, dtype=out_dtype,
+            meta=meta(backend, out_dtype, x.ndim),
+        )
+        return _finish(x, result, eager)
     from ..kernels.fields import polyfit  # kernel code is imported on first use, as the registry's
 
     # coefficients c_0..c_deg stacked along dim, as the output of one tree reduction
@@ -121,10 +133,9 @@ def detrend(x: xr.DataArray, dim: str = "time", deg: int = 1) -> xr.DataArray:
         data, polyfit(axis, deg), (axis,), dtype=np.float64, weights=u, keepdims=True, output_size=deg + 1
     )
     coefs = [coefs[tuple(slice(k, k + 1) if i == axis else slice(None) for i in range(x.ndim))] for k in range(deg + 1)]
-    out_dtype = float_dtype(x.dtype)
     kernel = detrend.op.kernel(backend)
     result = da.map_blocks(
-        kernel, data, u, *coefs, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
+        kernel, data, u, *coefs, axis=axis, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
     )
     return _finish(x, result, eager)
 
