@@ -147,10 +147,10 @@ def _bytes_or_fraction(value, total: int) -> int:
 
     if value is None:
         return total
-    if isinstance(value, str):
-        value = parse_bytes(value) if any(c.isalpha() for c in value) else float(value)
+    if isinstance(value, str) and any(c.isalpha() for c in value):
+        return int(parse_bytes(value))  # "16GB", "1B": bytes
     value = float(value)
-    return int(value * total) if value <= 1 else int(value)
+    return int(value * total) if value <= 1 else int(value)  # 0.8: a fraction; 2e9: bytes
 
 
 def device_memory_limit() -> int:

@@ -135,7 +135,7 @@ def detrend(x: xr.DataArray, dim: str = "time", deg: int = 1) -> xr.DataArray:
     coefs = [coefs[tuple(slice(k, k + 1) if i == axis else slice(None) for i in range(x.ndim))] for k in range(deg + 1)]
     kernel = detrend.op.kernel(backend)
     result = da.map_blocks(
-        kernel, data, u, *coefs, axis=axis, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
+        kernel, reductions.second_pass(data, *coefs), u, *coefs, axis=axis, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
     )
     return _finish(x, result, eager)
 

@@ -1,0 +1,72 @@
+"""Out of core: two-pass ops read their input again instead of holding it, with equal results;
+the reader's parallel piecewise file reads return the files' bytes."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+
+import pipeline
+from pipeline import gpu_zarr
+from pipeline.reductions import second_pass
+
+from .conftest import climate_array
+
+
+def _ops():
+    ops = pipeline.ops
+    return {
+        "standardized_anomaly": lambda x: ops.standardized_anomaly(x, dim="time"),
+        "anomaly": lambda x: ops.anomaly(x, freq="month"),
+        "detrend": lambda x: ops.detrend(x, dim="time", deg=1),
+    }
+
+
+@pytest.mark.parametrize("name", list(_ops()))
+def test_out_of_core_two_pass_ops_equal_in_core(name):
+    x = climate_array(shape=(50, 9, 12), chunks={"time": 7})
+    op = _ops()[name]
+    in_core = op(x)
+    with dask.config.set({"pipeline.cpu.memory-limit": "1B"}):  # every input is out of core
+        out_of_core = op(x)
+    # the second pass reads a copy of the input's graph (new keys) that waits for the statistics
+    assert len(dict(out_of_core.data.dask)) > len(dict(in_core.data.dask))
+    np.testing.assert_array_equal(out_of_core.values, in_core.values)
+
+
+def test_second_pass_is_the_input_in_core():
+    x = climate_array(shape=(20, 9, 12), chunks={"time": 7}).data
+    stats = x.mean(axis=0)
+    assert second_pass(x, stats) is x
+    with dask.config.set({"pipeline.cpu.memory-limit": "1B"}):
+        again = second_pass(x, stats)
+    assert again is not x and again.name != x.name
+    np.testing.assert_array_equal(again.compute(), x.compute())
+
+
+def test_read_files_in_parallel_pieces(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_zarr, "PIECE", 1000)  # every file in several pieces
+    rng = np.random.default_rng(0)
+    blobs = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (0, 1, 999, 1000, 1001, 4567)]
+    paths = []
+    for k, b in enumerate(blobs):
+        p = tmp_path / f"f{k}"
+        p.write_bytes(b)
+        paths.append(str(p))
+    sizes = [len(b) for b in blobs]
+    buf = np.zeros(sum(sizes), dtype=np.uint8)
+    starts = gpu_zarr.read_files(paths, sizes, buf)
+    for b, s in zip(blobs, starts):
+        assert buf[s:s + len(b)].tobytes() == b
+
+
+def test_memory_limits_are_bytes_or_fractions():
+    from pipeline.backend import _bytes_or_fraction
+
+    assert _bytes_or_fraction("16GB", 10**12) == 16 * 10**9
+    assert _bytes_or_fraction("1B", 10**12) == 1
+    assert _bytes_or_fraction(0.5, 1000) == 500
+    assert _bytes_or_fraction("0.25", 1000) == 250
+    assert _bytes_or_fraction(2e9, 1000) == 2 * 10**9
+    assert _bytes_or_fraction(None, 1000) == 1000
