@@ -85,9 +85,9 @@ def stages(store: Path, repeat: int) -> dict:
     plans = [gpu_zarr.frames(lay, memoryview(h)) for h in hosts]
 
     def decode():
-        for d, o, (offsets, fsizes, present) in zip(devs, outs, plans):
-            gpu_zarr._decode_frames(d, offsets, fsizes, o, present * lay.inner_nbytes, lay.inner_nbytes)
-        gpu_zarr._stream().synchronize()
+        with gpu_zarr.context():  # synchronizes on exit
+            for d, o, (offsets, fsizes, present) in zip(devs, outs, plans):
+                gpu_zarr._decode_frames(d, offsets, fsizes, o, present * lay.inner_nbytes, lay.inner_nbytes)
 
     read()
     h2d()

@@ -299,15 +299,51 @@ def read_files(paths: list[str], sizes: list[int], buffer: np.ndarray) -> list[i
     return starts
 
 
-class _Thread(threading.local):
-    stream = None
-    codec = None
+class _Context:
+    """A CUDA stream and the nvCOMP codec bound to it, with the objects that in-flight work on the
+    stream still reads. Contexts are pooled for the life of the process and lent to one task at a
+    time: tied to threads instead, they would be destroyed when Dask retires its worker threads,
+    and nvCOMP's codec does not survive destruction on a thread that is being torn down (seen as a
+    crash when a threads scheduler shut down)."""
 
     def __init__(self):
+        import cupy as cp
+
+        self.device = cp.cuda.Device().id
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.codec = None
         self.keep = []
 
 
-_local = _Thread()
+_free: dict[int, list[_Context]] = {}
+_free_lock = threading.Lock()
+_local = threading.local()  # the context lent to the task running on this thread
+
+
+class context:
+    """Lend this thread a pooled :class:`_Context` of the current device for the ``with`` block;
+    the stream is synchronized before the context goes back."""
+
+    def __enter__(self) -> _Context:
+        import cupy as cp
+
+        device = cp.cuda.Device().id
+        with _free_lock:
+            pool = _free.setdefault(device, [])
+            ctx = pool.pop() if pool else None
+        self.ctx = ctx or _Context()
+        self.outer = getattr(_local, "ctx", None)
+        _local.ctx = self.ctx
+        return self.ctx
+
+    def __exit__(self, *exc):
+        try:
+            self.ctx.stream.synchronize()
+        finally:
+            self.ctx.keep.clear()
+            _local.ctx = self.outer
+            with _free_lock:
+                _free.setdefault(self.ctx.device, []).append(self.ctx)
 
 
 @functools.cache
@@ -324,18 +360,15 @@ def nvcomp_available() -> bool:
 
 
 def _stream():
-    import cupy as cp
-
-    if _local.stream is None:
-        _local.stream = cp.cuda.Stream(non_blocking=True)
-    return _local.stream
+    return _local.ctx.stream
 
 
 def _codec():
-    nv = _nvcomp()
-    if _local.codec is None:
-        _local.codec = nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW, cuda_stream=_stream().ptr)
-    return _local.codec
+    ctx = _local.ctx
+    if ctx.codec is None:
+        nv = _nvcomp()
+        ctx.codec = nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW, cuda_stream=ctx.stream.ptr)
+    return ctx.codec
 
 
 def _batch(buffer, offsets, sizes, stream):
@@ -368,7 +401,7 @@ def _decode_frames(src, src_offsets, sizes, dst, dst_offsets, dst_size):
         raise NvcompError(str(e)) from e
     # the batches hold the device arrays of frame pointers and sizes that the decode, still
     # running, reads: they must live until the stream is synchronized
-    _local.keep.append((srcs, outs))
+    _local.ctx.keep.append((srcs, outs))
 
 
 def _copy_frames(src, src_offsets, sizes, dst, dst_offsets):
@@ -392,15 +425,14 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
     paths = [lay.path(c) for c in coords]
     sizes = [os.path.getsize(p) if os.path.exists(p) else 0 for p in paths]
 
-    _local.keep.clear()
     out = cp.empty(shape, dtype=lay.dtype)  # allocated on the default stream: any task may use it
-    stream = _stream()
     host = cupyx.empty_pinned(max(1, sum(sizes)), dtype=np.uint8)
     file_starts = read_files([p for p, s in zip(paths, sizes) if s], [s for s in sizes if s], host)
     it = iter(file_starts)
     file_starts = [next(it) if s else None for s in sizes]
 
-    with stream:
+    with context() as ctx, ctx.stream:
+        stream = ctx.stream
         dev = cp.empty(host.size, dtype=np.uint8)
         dev.set(host, stream=stream)
         # plan: each chunk decodes straight into ``out`` when its place there is one contiguous
@@ -422,9 +454,7 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
             _decode_scratch(lay, scratch, dev, out)
         else:
             _decode_on_host(lay, direct + scratch, out)
-    stream.synchronize()
-    _local.keep.clear()
-    del host
+    del host  # the context's exit synchronized the stream: the copy from it is done
     return out
 
 
@@ -474,7 +504,7 @@ def _decode_on_host(lay: Layout, items, out) -> None:
             out[target] = chunk[tuple(slice(0, sl.stop - sl.start) for sl in target)]
         else:
             target[...] = chunk.reshape(target.shape)
-    _local.keep.append(staged)
+    _local.ctx.keep.append(staged)
 
 
 def _decode_into_place(lay: Layout, direct, dev, out) -> None:
@@ -568,9 +598,8 @@ class StagedSource:
         host = cupyx.empty_pinned(shape, dtype=self.dtype)
         arr.get_basic_selection(region, out=NDBuffer.from_numpy_array(host))
         out = cp.empty(shape, dtype=self.dtype)
-        stream = _stream()
-        out.set(host, stream=stream)
-        stream.synchronize()
+        with context() as ctx:
+            out.set(host, stream=ctx.stream)
         return out
 
 

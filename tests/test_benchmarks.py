@@ -3,16 +3,59 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "ops_bandwidth.py"
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_ops_bandwidth_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("ops_bandwidth", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load("ops_bandwidth")
     out = bench.main(["--backend", "cpu", "--shape", "40,9,16", "--chunk-time", "13", "--repeat", "1", "--json", str(tmp_path / "bw.json")])
     assert {r["op"] for r in out["ops"]} == {name for name, _ in bench.OPS}
     assert all(r["seconds"] > 0 for r in out["ops"] + out["kernels"])
     assert (tmp_path / "bw.json").exists()
+
+
+def run_peers(tmp_path, peers: str) -> dict:
+    bench = load("peers")
+    # At 9 x 16 points the weighted global means are near zero and the float32 xarray peers'
+    # own rounding is about 1e-5 of them: the tolerance is looser here than at full size.
+    argv = ["--sizes", "fit", "--fit-shape", "40,9,16", "--time-chunk", "13", "--repeat", "1", "--peers", peers,
+            "--cpu-workers", "1", "--cpu-threads", "2", "--no-processes", "--gpu-threads", "2", "--rtol", "1e-4",
+            "--workdir", str(tmp_path), "--json", str(tmp_path / "peers.json")]
+    out = bench.main(argv)
+    assert json.loads((tmp_path / "peers.json").read_text())["ok"] == out["ok"]
+    return out
+
+
+def check_runs(out: dict, peers: set[str]) -> None:
+    runs = {(r["flow"], r["peer"]): r for r in out["runs"]}
+    assert set(runs) == {(f, p) for f in ("standardized_anomaly", "monthly_anomaly", "rolling") for p in peers}
+    for r in runs.values():
+        assert "error" not in r, r
+        assert r["seconds"] > 0 and r["agrees"], r
+    assert out["ok"]
+
+
+def test_peers_smoke_cpu(tmp_path):
+    out = run_peers(tmp_path, "cpu-peer,pipeline-cpu")
+    check_runs(out, {"cpu-peer", "pipeline-cpu"})
+    assert out["sizes"]["fit"]["shape"] == (40, 9, 16) and out["sizes"]["fit"]["store_read"]["compressed_bytes"] > 0
+    assert all(r["x_cpu_peer"] > 0 for r in out["runs"])
+
+
+@pytest.mark.gpu
+def test_peers_smoke_gpu(tmp_path):
+    out = run_peers(tmp_path, "cpu-peer,naive-gpu-peer,pipeline-cpu,pipeline-gpu")
+    check_runs(out, {"cpu-peer", "naive-gpu-peer", "pipeline-cpu", "pipeline-gpu"})
+    assert out["ceilings"]["h2d_pinned_GBps"] > 0 and out["machine"]["gpu_name"]

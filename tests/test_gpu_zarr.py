@@ -172,3 +172,40 @@ def test_open_dataset_gpu_equals_cpu_on_both_layouts(tmp_path):
         for v in cpu.data_vars:
             assert gpu[v].dtype == cpu[v].dtype
             np.testing.assert_array_equal(gpu[v].data.compute().get(), cpu[v].values)
+
+
+def test_stream_contexts_are_pooled_not_tied_to_threads(monkeypatch):
+    """Contexts outlive the threads that used them and go back synchronized; nested use works."""
+    import sys
+    import threading
+    import types
+
+    synced = []
+
+    class Stream:
+        def __init__(self, non_blocking=False):
+            self.ptr = id(self)
+
+        def synchronize(self):
+            synced.append(self)
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0), Stream=Stream))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(gpu_zarr, "_free", {})
+    seen = []
+
+    def task():
+        with gpu_zarr.context() as ctx:
+            assert gpu_zarr._stream() is ctx.stream
+            seen.append(ctx)
+
+    for _ in range(3):  # one thread after another: each finds the context the last one gave back
+        t = threading.Thread(target=task)
+        t.start()
+        t.join()
+    assert len({id(c) for c in seen}) == 1 and len(synced) == 3
+    with gpu_zarr.context() as outer:
+        with gpu_zarr.context() as inner:
+            assert inner is not outer and gpu_zarr._stream() is inner.stream
+        assert gpu_zarr._stream() is outer.stream
+    assert len(gpu_zarr._free[0]) == 2
