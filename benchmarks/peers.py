@@ -161,6 +161,8 @@ def peer_session(peer: str, store: Path, budget: int | None, args):
                 pipeline.convert(store, sharded)
             store = sharded
         settings = {"pipeline.gpu.memory-limit": budget} if budget and backend == "gpu" else {}
+        if peer == "pipeline-gpu-sharded":
+            settings["pipeline.gpu.nvcomp"] = True  # the layout exists for nvCOMP
         with dask.config.set(settings):
             yield pipeline.open_dataset(store, backend=backend)["tas"], PIPELINE_FLOWS, pipeline_compute
 

@@ -640,7 +640,7 @@ def open_array(store: str | os.PathLike, name: str, chunks=None, *, nvcomp: bool
     arr = _open_zarr_array(root)
     chunks = da.core.normalize_chunks(chunks if chunks is not None else arr.shards or arr.chunks, arr.shape, dtype=arr.dtype)
     meta = cp.empty((0,) * arr.ndim, dtype=arr.dtype)
-    use_nvcomp = config.get("gpu.nvcomp", True) if nvcomp is None else nvcomp
+    use_nvcomp = config.get("gpu.nvcomp", False) if nvcomp is None else nvcomp
     source = None
     if use_nvcomp and nvcomp_available():
         try:

@@ -3,6 +3,9 @@ machine, through the CPU twin of the decode), and the GPU read equal to zarr's o
 
 from __future__ import annotations
 
+import itertools
+
+import dask
 import numpy as np
 import pytest
 import zarr
@@ -143,7 +146,7 @@ def test_gpu_read_equals_zarr(tmp_path, name, nvcomp):
 @pytest.mark.gpu
 def test_gpu_read_uses_nvcomp_where_it_can(tmp_path):
     store, _ = make(tmp_path, "v3-sharded-contiguous")
-    x = gpu_zarr.open_array(store, "x")
+    x = gpu_zarr.open_array(store, "x", nvcomp=True)
     sources = [v for v in x.dask.values() if isinstance(v, (gpu_zarr.GpuSource, gpu_zarr.StagedSource))]
     assert gpu_zarr.nvcomp_available(), "nvCOMP is not installed (the gpu extra installs it)"
     assert sources and all(isinstance(s, gpu_zarr.GpuSource) for s in sources)
@@ -156,7 +159,7 @@ def test_gpu_read_other_dtypes(tmp_path, dtype):
     import cupy as cp
 
     store, values = make(tmp_path, "v3-sharded-tiles", dtype=dtype)
-    np.testing.assert_array_equal(cp.asnumpy(gpu_zarr.open_array(store, "x").compute()), values)
+    np.testing.assert_array_equal(cp.asnumpy(gpu_zarr.open_array(store, "x", nvcomp=True).compute()), values)
 
 
 @requires_gpu
@@ -167,8 +170,9 @@ def test_open_dataset_gpu_equals_cpu_on_both_layouts(tmp_path):
     src = write_demo(tmp_path / "demo.zarr", "2MB")
     dst = convert(src, tmp_path / "gpu.zarr", inner_bytes="8KB")
     cpu = open_dataset(src, backend="cpu").compute()
-    for store in (src, dst):
-        gpu = open_dataset(store, backend="gpu")
+    for store, nvcomp in itertools.product((src, dst), (True, False)):
+        with dask.config.set({"pipeline.gpu.nvcomp": nvcomp}):
+            gpu = open_dataset(store, backend="gpu")
         for v in cpu.data_vars:
             assert gpu[v].dtype == cpu[v].dtype
             np.testing.assert_array_equal(gpu[v].data.compute().get(), cpu[v].values)
