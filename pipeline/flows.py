@@ -34,6 +34,7 @@ from dask.utils import parse_bytes
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from . import backend as B
+from . import memory
 from . import ops as ops_registry
 from .errors import InputError
 from .io import directory_bytes, open_dataset, write_zarr
@@ -265,6 +266,11 @@ def run_flow(
     t_source = time.perf_counter() - t0
     built = build_flow(flow, backend)
     sink_path = output or flow.sink.path
+    results = built.result.data_vars.values() if isinstance(built.result, xr.Dataset) else [built.result]
+    mem_plan = None
+    if client is None:  # a cluster's workers keep their own limits and spill
+        mem_plan = memory.plan(built.source.data, *(r.data for r in results), backend=built.backend)
+        memory.check(mem_plan, f"{flow._file}: ")
     with task_timer(client) as times:
         write_zarr(built.result, sink_path, mode=flow.sink.mode, name=flow.sink.name, progress=progress)
     by_part = attribute(times, built.parts)
@@ -299,6 +305,7 @@ def run_flow(
         "read": by_part["read"],
         "steps": steps,
         "write": by_part["write"],
+        "memory": {"plan": mem_plan.as_dict() if mem_plan else None, **memory.usage(built.backend)},
     }
     if report:
         Path(report).parent.mkdir(parents=True, exist_ok=True)

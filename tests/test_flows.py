@@ -195,3 +195,33 @@ def test_branches_write_several_variables(demo_dir):
     expected = anom.weighted(np.cos(np.deg2rad(tas.lat))).mean(("lat", "lon"))
     np.testing.assert_allclose(out["global_anom"].values, expected.values, atol=1e-5)
     assert [s["name"] for s in report["steps"]] == ["clim", "anom", "global_anom"]
+
+
+def test_a_plan_over_the_memory_limit_is_refused_before_it_starts(demo_dir):
+    import dask
+
+    from pipeline.errors import InputError
+
+    flow = parse_flow(with_changes(), "f.yaml")
+    with dask.config.set({"pipeline.cpu.memory-limit": "10kB"}), pytest.raises(InputError) as e:
+        run_flow(flow, backend="cpu")
+    msg = str(e.value)
+    assert msg.startswith("f.yaml: ") and "pipeline.cpu.memory-limit" in msg and "smaller chunks" in msg
+    assert not Path("out/t.zarr").exists()
+
+
+def test_out_of_core_flow_equals_in_core_and_reports_memory(demo_dir):
+    import dask
+
+    flow = parse_flow(with_changes(source__chunks={"time": 2}), "f.yaml")  # small blocks, a small plan
+    in_core = run_flow(flow, backend="cpu", output="out/in.zarr")
+    assert in_core["memory"]["plan"]["out_of_core"] is False
+    # a limit between the input's size and twice it: the input is read twice instead of held
+    limit = int(in_core["bytes_read"] * 1.5)
+    with dask.config.set({"pipeline.cpu.memory-limit": limit, "num_workers": 2}):
+        ooc = run_flow(flow, backend="cpu", output="out/ooc.zarr")
+    plan = ooc["memory"]["plan"]
+    assert plan["out_of_core"] is True and plan["peak_bytes"] <= plan["budget_bytes"]
+    assert ooc["memory"]["host_peak_rss_bytes"] > 0
+    a, b = (xr.open_zarr(f"out/{n}.zarr")["tas"].values for n in ("in", "ooc"))
+    np.testing.assert_array_equal(a, b)

@@ -1,0 +1,96 @@
+"""Memory: what a computation will hold, checked against the configured budget before it starts,
+and what it did hold, for the report.
+
+The plan is deliberately simple, and errs high: each of the scheduler's threads holds at most a
+few blocks at a time (its input block, its output, one temporary), and an input larger than half of
+the budget is never held whole, because two-pass ops read it again
+(:func:`pipeline.reductions.second_pass`). A plan over budget is an error that names the setting to
+change, raised before any task runs, rather than an out-of-memory failure an hour in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import dask.array as da
+
+from . import backend as B
+from . import config
+from .errors import InputError
+
+BLOCKS_PER_THREAD = 3
+
+
+@dataclass(frozen=True)
+class Plan:
+    backend: str
+    threads: int
+    block_bytes: int  # the largest block of the input or the result
+    input_bytes: int
+    budget_bytes: int
+    out_of_core: bool
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.threads * self.block_bytes * BLOCKS_PER_THREAD
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "peak_bytes": self.peak_bytes}
+
+
+def largest_block(*arrays: da.Array) -> int:
+    sizes = [math.prod(max(c) if c else 1 for c in a.chunks) * a.dtype.itemsize for a in arrays if isinstance(a, da.Array)]
+    return max(sizes, default=0)
+
+
+def threads_for(backend: str) -> int:
+    import dask
+    from dask.system import CPU_COUNT
+
+    if backend == "gpu":
+        return int(config.get("gpu.threads", 8))
+    return int(dask.config.get("num_workers", None) or CPU_COUNT)
+
+
+def plan(source: da.Array, *results: da.Array, backend: str | None = None) -> Plan:
+    backend = backend or B.backend_of(source)
+    budget = B.memory_budget(backend)
+    return Plan(
+        backend=backend,
+        threads=threads_for(backend),
+        block_bytes=largest_block(source, *results),
+        input_bytes=int(source.nbytes),
+        budget_bytes=int(budget),
+        out_of_core=source.nbytes > budget / 2,
+    )
+
+
+def check(p: Plan, where: str = "") -> None:
+    """Raise InputError when the plan cannot fit its budget."""
+    if p.peak_bytes <= p.budget_bytes:
+        return
+    from dask.utils import format_bytes
+
+    setting = "pipeline.gpu.threads" if p.backend == "gpu" else "dask's num_workers"
+    raise InputError(
+        f"{where}the plan needs about {format_bytes(p.peak_bytes)} of {p.backend.upper()} memory "
+        f"({p.threads} threads x {BLOCKS_PER_THREAD} blocks of up to {format_bytes(p.block_bytes)}) but "
+        f"pipeline.{p.backend}.memory-limit allows {format_bytes(p.budget_bytes)}: raise the limit, "
+        f"lower {setting}, or read smaller chunks (source.chunks)"
+    )
+
+
+def usage(backend: str) -> dict:
+    """What this process holds now: host peak RSS, and on the GPU the bytes of CuPy's pool."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = {"host_peak_rss_bytes": int(peak if sys.platform == "darwin" else peak * 1024)}
+    if backend == "gpu":
+        cp = B.module("gpu")
+        pool = cp.get_default_memory_pool()
+        out["gpu_pool_bytes"] = int(pool.total_bytes())
+        out["gpu_pool_limit_bytes"] = int(pool.get_limit())
+    return out
