@@ -305,7 +305,11 @@ def run_flow(
         "read": by_part["read"],
         "steps": steps,
         "write": by_part["write"],
-        "memory": {"plan": mem_plan.as_dict() if mem_plan else None, **memory.usage(built.backend)},
+        "memory": {
+            "plan": mem_plan.as_dict() if mem_plan else None,
+            **memory.usage(built.backend),
+            **({"workers": memory.cluster_usage(client)} if client is not None else {}),
+        },
     }
     if report:
         Path(report).parent.mkdir(parents=True, exist_ok=True)

@@ -94,3 +94,29 @@ def usage(backend: str) -> dict:
         out["gpu_pool_bytes"] = int(pool.total_bytes())
         out["gpu_pool_limit_bytes"] = int(pool.get_limit())
     return out
+
+
+def _worker_usage(dask_worker) -> dict:
+    """Run on each worker: bytes held, and bytes spilled so far (distributed's SpillBuffer; dask-cuda's
+    device buffers report what they hold on the device and on the host)."""
+    data = dask_worker.data
+    manager = getattr(dask_worker, "memory_manager", dask_worker)
+    out = {"memory_limit_bytes": getattr(manager, "memory_limit", None)}
+    spilled = getattr(data, "spilled_total", None)
+    if spilled is not None:
+        out["spilled_to_disk_bytes"] = int(getattr(spilled, "disk", 0))
+    for name in ("device_buffer", "host_buffer", "disk"):
+        buf = getattr(data, name, None)
+        total = getattr(buf, "total_weight", None) if buf is not None else None
+        if total is not None:
+            out[f"{name}_bytes"] = int(getattr(total, "memory", total) if not isinstance(total, int) else total)
+    return out
+
+
+def cluster_usage(client) -> dict:
+    """Per worker of a distributed cluster: its limit and what it spilled (best effort: the fields a
+    worker's storage exposes)."""
+    try:
+        return client.run(_worker_usage)
+    except Exception as e:  # never fail a finished run over its report
+        return {"error": f"{type(e).__name__}: {e}"}

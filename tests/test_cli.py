@@ -148,6 +148,8 @@ def test_run_on_a_local_cluster_profile(tmp_path):
     rep = json.loads((tmp_path / "rep.json").read_text())
     assert rep["cluster"]["kind"] == "distributed" and rep["cluster"]["workers"] == 2
     assert sum(s["tasks"] for s in rep["steps"]) > 0
+    workers = rep["memory"]["workers"]
+    assert len(workers) == 2 and all(w["memory_limit_bytes"] == 2 * 10**9 and w["spilled_to_disk_bytes"] >= 0 for w in workers.values())
 
 
 def test_sigterm_leaves_no_partial_output(tmp_path):
