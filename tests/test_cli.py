@@ -177,3 +177,20 @@ def test_sigterm_leaves_no_partial_output(tmp_path):
     assert proc.returncode == 1, err
     assert "interrupted" in err
     assert not out.exists() or os.listdir(out) == []
+
+
+def test_convert_command(tmp_path):
+    assert cli("demo", "a.zarr", "--size", "4MB", cwd=tmp_path).returncode == 0  # 38 days
+    r = cli("convert", "a.zarr", "gpu.zarr", "--inner-chunk", "16KB", "--chunks", "time=20", cwd=tmp_path)
+    assert r.returncode == 0 and "wrote" in r.stdout, r.stderr
+    a, b = xr.open_zarr(tmp_path / "a.zarr"), xr.open_zarr(tmp_path / "gpu.zarr")
+    for v in ("tas", "sst", "sst_packed"):
+        np.testing.assert_array_equal(a[v].values, b[v].values)
+    assert b["tas"].encoding["shards"][0] == 20
+    r = cli("convert", "a.zarr", "gpu.zarr", cwd=tmp_path)
+    assert r.returncode == 2 and "already exists" in r.stderr
+    r = cli("convert", "missing.zarr", "x.zarr", cwd=tmp_path)
+    assert r.returncode == 2 and "missing.zarr" in r.stderr
+    r = cli("convert", "a.zarr", "y.zarr", "--chunks", "time:40", cwd=tmp_path)
+    assert r.returncode == 2 and "--chunks" in r.stderr
+    assert not (tmp_path / "x.zarr").exists() and not (tmp_path / "y.zarr").exists()
