@@ -426,6 +426,9 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
     sizes = [os.path.getsize(p) if os.path.exists(p) else 0 for p in paths]
 
     out = cp.empty(shape, dtype=lay.dtype)  # allocated on the default stream: any task may use it
+    # the pool may hand ``out`` memory that kernels queued earlier on the default stream still
+    # read: this stream writes into it only after them
+    ready = cp.cuda.Stream.null.record()
     host = cupyx.empty_pinned(max(1, sum(sizes)), dtype=np.uint8)
     file_starts = read_files([p for p, s in zip(paths, sizes) if s], [s for s in sizes if s], host)
     it = iter(file_starts)
@@ -435,6 +438,7 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
         stream = ctx.stream
         dev = cp.empty(host.size, dtype=np.uint8)
         dev.set(host, stream=stream)
+        stream.wait_event(ready)
         # plan: each chunk decodes straight into ``out`` when its place there is one contiguous
         # run and whole; else into a scratch chunk that one copy puts in place
         direct, scratch = [], []
@@ -598,7 +602,9 @@ class StagedSource:
         host = cupyx.empty_pinned(shape, dtype=self.dtype)
         arr.get_basic_selection(region, out=NDBuffer.from_numpy_array(host))
         out = cp.empty(shape, dtype=self.dtype)
+        ready = cp.cuda.Stream.null.record()  # as in read_block
         with context() as ctx:
+            ctx.stream.wait_event(ready)
             out.set(host, stream=ctx.stream)
         return out
 
