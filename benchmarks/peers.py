@@ -12,7 +12,9 @@ Peers, each timed over the same Zarr store of ``tas`` (float32, daily, chunks of
   out of core the GPU budget is set as ``pipeline.gpu.memory-limit``;
 - ``pipeline-gpu-sharded``: pipeline on the GPU over a copy of the store in the layout that
   ``pipeline convert`` writes (shards of the same chunks, ~1 MB zstd frames inside), converted once,
-  outside the timed region.
+  outside the timed region;
+- ``pipeline-gpu-unlimited`` (out of core only): the sharded run again with no device budget, the
+  run that the budgeted one is compared with.
 
 Flows, each ending in a small result: ``standardized_anomaly`` (z over time, then the cos(lat)
 weighted global mean per step), ``monthly_anomaly`` (monthly climatology map and the weighted
@@ -77,8 +79,8 @@ from pipeline.cluster import ClusterProfile, open_cluster  # noqa: E402
 from pipeline.demo import BYTES_PER_POINT, demo_dataset  # noqa: E402
 from pipeline.io import compute as pipeline_compute  # noqa: E402
 
-PEERS = ("cpu-peer", "naive-gpu-peer", "pipeline-cpu", "pipeline-gpu", "pipeline-gpu-sharded")
-GPU_PEERS = ("naive-gpu-peer", "pipeline-gpu", "pipeline-gpu-sharded")
+PEERS = ("cpu-peer", "naive-gpu-peer", "pipeline-cpu", "pipeline-gpu", "pipeline-gpu-sharded", "pipeline-gpu-unlimited")
+GPU_PEERS = ("naive-gpu-peer", "pipeline-gpu", "pipeline-gpu-sharded", "pipeline-gpu-unlimited")
 FLOWS = ("standardized_anomaly", "monthly_anomaly", "rolling")
 SIZES = {"fit": "1460,721,1440", "ooc": "4380,721,1440"}
 WINDOW = 5
@@ -155,13 +157,15 @@ def peer_session(peer: str, store: Path, budget: int | None, args):
             yield xr.DataArray(data, coords=ref.coords, dims=ref.dims, name="tas", attrs=ref.attrs), XARRAY_FLOWS, dask_compute
     else:
         backend = "gpu" if peer.startswith("pipeline-gpu") else "cpu"
-        if peer == "pipeline-gpu-sharded":  # the same data in the layout `pipeline convert` writes, once
+        sharded_layout = peer in ("pipeline-gpu-sharded", "pipeline-gpu-unlimited")
+        if sharded_layout:  # the same data in the layout `pipeline convert` writes, once
             sharded = store.with_name(store.stem + "_sharded.zarr")
             if not sharded.exists():
                 pipeline.convert(store, sharded)
             store = sharded
-        settings = {"pipeline.gpu.memory-limit": budget} if budget and backend == "gpu" else {}
-        if peer == "pipeline-gpu-sharded":
+        limited = budget and backend == "gpu" and peer != "pipeline-gpu-unlimited"
+        settings = {"pipeline.gpu.memory-limit": budget} if limited else {}
+        if sharded_layout:
             settings["pipeline.gpu.nvcomp"] = True  # the layout exists for nvCOMP
         with dask.config.set(settings):
             yield pipeline.open_dataset(store, backend=backend)["tas"], PIPELINE_FLOWS, pipeline_compute
@@ -309,16 +313,20 @@ def agreement(out: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, bool
     return worst, masks_equal
 
 
-def run_flow(build, compute, repeat: int) -> tuple[list[float], list[np.ndarray]]:
-    """One warm-up, then ``repeat`` timed runs of compute + copy to host; the last results."""
+def run_flow(build, compute, repeat: int, max_seconds: float | None = None) -> tuple[list[float], list[np.ndarray], bool]:
+    """One warm-up, then ``repeat`` timed runs of compute + copy to host; the last results, and
+    whether the warm-up alone was timed (it took over ``max_seconds``: a slow peer gets one run)."""
     times = []
     for i in range(repeat + 1):
         outs = build()
         t = time.perf_counter()
         host = [to_host(r.data) for r in compute(outs)]
+        elapsed = time.perf_counter() - t
         if i:
-            times.append(time.perf_counter() - t)
-    return times, host
+            times.append(elapsed)
+        elif max_seconds is not None and elapsed > max_seconds:
+            return [elapsed], host, True
+    return times, host, False
 
 
 def run_peer(peer, size, store, budget, args, info, runs, references):
@@ -342,13 +350,13 @@ def run_peer(peer, size, store, budget, args, info, runs, references):
                 B.module("gpu").get_default_memory_pool().free_all_blocks()
             rss_reset = in_process and reset_peak_rss()
             try:
-                times, host = run_flow(lambda: flows[flow](tas), compute, args.repeat)
+                times, host, warm_up_only = run_flow(lambda: flows[flow](tas), compute, args.repeat, args.max_seconds)
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {e}"
                 print(f"  {size}/{flow}/{peer}: failed: {row['error']}", flush=True)
                 continue
             med = statistics.median(times)
-            row.update(seconds=med, seconds_all=times, GBps=info["input_bytes"] / med / 1e9,
+            row.update(seconds=med, seconds_all=times, warm_up_only=warm_up_only, GBps=info["input_bytes"] / med / 1e9,
                        floor_seconds=floor, fraction_of_floor=floor / med)
             if peer.startswith("pipeline-gpu"):
                 row["gpu_pool_bytes"] = int(B.module("gpu").get_default_memory_pool().total_bytes())
@@ -369,6 +377,9 @@ def add_speedups(runs: list[dict]) -> None:
         for key, peer in (("x_cpu_peer", "cpu-peer"), ("x_naive_gpu", "naive-gpu-peer")):
             other = medians.get((r["size"], r["flow"], peer))
             r[key] = other / r["seconds"] if other and r.get("seconds") else None
+        unlimited = medians.get((r["size"], r["flow"], "pipeline-gpu-unlimited"))
+        if r["peer"] == "pipeline-gpu-sharded" and unlimited and r.get("seconds"):
+            r["x_slower_than_unlimited"] = r["seconds"] / unlimited
 
 
 def print_table(runs: list[dict]) -> None:
@@ -379,9 +390,15 @@ def print_table(runs: list[dict]) -> None:
     print("\n" + head + "\n" + "-" * len(head))
     for r in runs:
         agrees = "ERROR" if "error" in r else ("yes" if r["agrees"] else f"NO ({r['rel_error']:.1e})")
-        print(f"{r['size']:5s} {r['flow']:21s} {r['peer']:20s} {num(r.get('seconds'), '9.3f')} {num(r.get('GBps'), '7.2f')} "
+        star = "*" if r.get("warm_up_only") else " "
+        print(f"{r['size']:5s} {r['flow']:21s} {r['peer']:20s} {num(r.get('seconds'), '8.3f')}{star} {num(r.get('GBps'), '7.2f')} "
               f"{num(r.get('x_cpu_peer'), '7.2f')} {num(r.get('x_naive_gpu'), '8.2f')} "
               f"{num(r.get('fraction_of_floor') and 100 * r['fraction_of_floor'], '5.0f')}%  {agrees}")
+    if any(r.get("warm_up_only") for r in runs):
+        print("* the warm-up alone, over --max-seconds")
+    for r in runs:
+        if r.get("x_slower_than_unlimited"):
+            print(f"{r['size']}/{r['flow']}: under the device budget {r['x_slower_than_unlimited']:.2f}x the time with no limit")
 
 
 def parse_args(argv):
@@ -390,6 +407,8 @@ def parse_args(argv):
     p.add_argument("--flows", default=",".join(FLOWS), help=f"subset of {','.join(FLOWS)}")
     p.add_argument("--peers", default=",".join(PEERS), help=f"subset of {','.join(PEERS)}")
     p.add_argument("--repeat", type=int, default=3, help="timed runs per peer and flow, after one warm-up")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="a flow whose warm-up takes longer than this is timed by its warm-up alone (marked * in the table)")
     p.add_argument("--fit-shape", default=SIZES["fit"], help="time,lat,lon of the in-memory size")
     p.add_argument("--ooc-shape", default=SIZES["ooc"], help="time,lat,lon of the out-of-core size")
     p.add_argument("--time-chunk", type=int, default=73, help="time steps per stored chunk")
@@ -447,7 +466,10 @@ def main(argv: list[str] | None = None) -> dict:
               f"{sr['GBps_compressed']:.2f} GB/s compressed = {sr['GBps_uncompressed']:.2f} GB/s uncompressed", flush=True)
         references = {}
         for peer in peers:
+            if peer == "pipeline-gpu-unlimited" and not limit:
+                continue  # the same run as pipeline-gpu-sharded
             run_peer(peer, size, store, limit, args, sinfo, result["runs"], references)
+            write_json(args.json, result)  # what has run so far, should a later peer not finish
     add_speedups(result["runs"])
     print_table(result["runs"])
     failed = [r for r in result["runs"] if "error" in r or not r["agrees"]]
@@ -456,10 +478,14 @@ def main(argv: list[str] | None = None) -> dict:
         why = r.get("error") or (f"rel error {r['rel_error']:.2e} (tolerance {args.rtol:.0e}), NaN masks "
                                  f"{'equal' if r['nan_masks_equal'] else 'differ'}, vs {r['reference']}")
         print(f"FAILED {r['size']}/{r['flow']}/{r['peer']}: {why}")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    write_json(args.json, result)
     return result
+
+
+def write_json(path: str | None, result: dict) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=2, default=str))
 
 
 if __name__ == "__main__":

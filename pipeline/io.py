@@ -246,7 +246,7 @@ def write_zarr(
         raise InputError(f"{path}: already exists (mode 'fail')")
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = final.parent / f".{final.name}.partial-{uuid.uuid4().hex[:12]}"
-    threads = gpu_threads(obj)
+    threads = compute_threads(obj)
     ds = to_host_dataset(obj, name)
     try:
         with warnings.catch_warnings():
@@ -278,21 +278,24 @@ def _remove(path: Path, settle: float = 3.0) -> None:
             quiet_since = time.monotonic()
 
 
-def gpu_threads(obj) -> int | None:
-    """Threads for computing ``obj`` in this process: ``pipeline.gpu.threads`` when its data is on
-    the GPU (a few threads keep a GPU busy; each holds its blocks in device memory, and chunk files
-    are read by pipeline's own I/O pool), None (dask's default) otherwise."""
+def compute_threads(obj) -> int | None:
+    """Threads for computing ``obj`` in this process, from :func:`pipeline.memory.threads_for`:
+    ``pipeline.gpu.threads`` when its data is on the GPU (a few threads keep a GPU busy, and chunk
+    files are read by pipeline's own I/O pool), dask's default otherwise; fewer where that many
+    threads, each holding a few blocks, would exceed the backend's memory limit."""
+    from . import memory
+
     if isinstance(obj, xr.DataArray):
         arrays = [obj.data]
     elif isinstance(obj, xr.Dataset):
         arrays = [v.data for v in obj.variables.values()]
     else:
         arrays = [obj]
-    if any(isinstance(a, da.Array) and B.backend_of(a) == "gpu" for a in arrays):
-        from . import config
-
-        return int(config.get("gpu.threads", 8))
-    return None
+    arrays = [a for a in arrays if isinstance(a, da.Array)]
+    if not arrays:
+        return None
+    backend = "gpu" if any(B.backend_of(a) == "gpu" for a in arrays) else "cpu"
+    return memory.threads_for(backend, memory.graph_block_bytes(*arrays))
 
 
 def compute(obj, progress: bool = False, threads: int | None = None):
@@ -334,7 +337,7 @@ def compute(obj, progress: bool = False, threads: int | None = None):
     from dask.system import CPU_COUNT
 
     if threads is None:
-        threads = gpu_threads(obj)
+        threads = compute_threads(obj)
     pool = ThreadPoolExecutor(threads or dask.config.get("num_workers", None) or CPU_COUNT)
     try:
         bar = contextlib.nullcontext()

@@ -44,22 +44,50 @@ def largest_block(*arrays: da.Array) -> int:
     return max(sizes, default=0)
 
 
-def threads_for(backend: str) -> int:
+def graph_block_bytes(*arrays: da.Array) -> int:
+    """The largest block of any array in the graphs of ``arrays``: their inputs and intermediates
+    too, as dask records them on each layer, not only the (often tiny) results. Broadcasts are
+    left out: their blocks are views of a smaller array."""
+    import numpy as np
+
+    best = largest_block(*arrays)
+    for a in arrays:
+        for name, layer in getattr(a.__dask_graph__(), "layers", {}).items():
+            if str(name).startswith("broadcast_to-"):
+                continue
+            ann = getattr(layer, "collection_annotations", None) or {}
+            size, dtype = ann.get("chunksize"), ann.get("dtype")
+            try:
+                best = max(best, math.prod(size) * np.dtype(dtype).itemsize)
+            except TypeError:  # a layer that is not an array's
+                continue
+    return best
+
+
+def threads_for(backend: str, block_bytes: int = 0) -> int:
+    """Threads for a computation of ``block_bytes`` blocks: the configured number
+    (``pipeline.gpu.threads``, or dask's ``num_workers`` / one per core), fewer when that many
+    threads would hold more than the backend's memory budget, at least one."""
     import dask
     from dask.system import CPU_COUNT
 
     if backend == "gpu":
-        return int(config.get("gpu.threads", 8))
-    return int(dask.config.get("num_workers", None) or CPU_COUNT)
+        threads = int(config.get("gpu.threads", 8))
+    else:
+        threads = int(dask.config.get("num_workers", None) or CPU_COUNT)
+    if block_bytes:
+        threads = min(threads, int(B.memory_budget(backend) // (BLOCKS_PER_THREAD * block_bytes)))
+    return max(1, threads)
 
 
 def plan(source: da.Array, *results: da.Array, backend: str | None = None) -> Plan:
     backend = backend or B.backend_of(source)
     budget = B.memory_budget(backend)
+    block = max(largest_block(source, *results), graph_block_bytes(*results))
     return Plan(
         backend=backend,
-        threads=threads_for(backend),
-        block_bytes=largest_block(source, *results),
+        threads=threads_for(backend, block),
+        block_bytes=block,
         input_bytes=int(source.nbytes),
         budget_bytes=int(budget),
         out_of_core=source.nbytes > budget / 2,

@@ -70,3 +70,22 @@ def test_memory_limits_are_bytes_or_fractions():
     assert _bytes_or_fraction("0.25", 1000) == 250
     assert _bytes_or_fraction(2e9, 1000) == 2 * 10**9
     assert _bytes_or_fraction(None, 1000) == 1000
+
+
+def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit():
+    import dask.array as da
+
+    from pipeline import memory
+    from pipeline.io import compute_threads
+
+    x = da.ones((40, 100, 100), chunks=(10, 100, 100), dtype="f4")  # 400 kB blocks
+    total = ((x - x.mean(axis=0)) ** 2).sum(axis=(1, 2))  # a tiny result of large blocks
+    assert memory.graph_block_bytes(total) == 400_000
+    with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": 8 * 3 * 400_000}):
+        assert compute_threads(total) == 8
+    with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": 2 * 3 * 400_000 + 1}):
+        assert compute_threads(total) == 2
+        assert memory.plan(x, total).threads == 2
+    with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": "1B"}):
+        assert compute_threads(total) == 1  # never none: the plan check refuses what cannot fit
+    np.testing.assert_allclose(pipeline.compute(total), np.zeros(40))
