@@ -43,17 +43,19 @@ def median_time(fn, repeat, values=None):
     return statistics.median(times)
 
 
-def make_store(workdir: Path, shape, store: str | None = None) -> tuple[Path, Path]:
-    """The plain store (the one ``peers.py`` generates and reuses, or ``store``) and its GPU layout."""
+def make_store(workdir: Path, shape, store: str | None = None, inner: str = "1MB") -> tuple[Path, Path]:
+    """The plain store (the one ``peers.py`` generates and reuses, or ``store``) and its GPU layout
+    with frames of about ``inner``."""
     import xarray as xr
 
     from peers import ensure_store
     from pipeline.io import convert
 
     plain = Path(store) if store else ensure_store(workdir, tuple(shape), 73, 0)[0]
-    fast = plain.with_name(plain.stem + "_sharded.zarr")  # the name peers.py gives it
+    suffix = "" if inner == "1MB" else f"_{inner}"
+    fast = plain.with_name(plain.stem + f"_sharded{suffix}.zarr")  # the name peers.py gives the 1MB one
     if not fast.exists():
-        convert(plain, fast)
+        convert(plain, fast, inner_bytes=inner)
     xr.open_zarr(plain)  # metadata readable
     return plain, fast
 
@@ -81,7 +83,12 @@ def stages(store: Path, repeat: int) -> dict:
             d.set(h)
         cp.cuda.Device().synchronize()
 
-    plans = [gpu_zarr.frames(lay, memoryview(h)) for h in hosts]
+    for p, h in zip(files, hosts):  # the bytes read are the file's
+        ref = np.fromfile(p, dtype=np.uint8)
+        if not np.array_equal(ref, h):
+            bad = np.flatnonzero(ref != h)
+            raise AssertionError(f"{p}: {bad.size} bytes read wrong, first at {bad[0]} of {ref.size}")
+    plans = [gpu_zarr.frames(lay, h) for h in hosts]
 
     def decode():
         with gpu_zarr.context():  # synchronizes on exit
@@ -104,7 +111,7 @@ def stages(store: Path, repeat: int) -> dict:
     }
 
 
-def paths(store: Path, repeat: int, which=("naive", "staged", "gpu")) -> dict:
+def paths(store: Path, repeat: int, which=("naive", "staged", "gpu"), threads=()) -> dict:
     import cupy as cp
     import xarray as xr
 
@@ -131,9 +138,37 @@ def paths(store: Path, repeat: int, which=("naive", "staged", "gpu")) -> dict:
         got = []
         out[f"{name}_s"] = median_time(fn, repeat, got)
         values[name] = got[0]
+    import dask
+
+    for n in threads:  # the nvCOMP path with other numbers of Dask threads
+        with dask.config.set({"pipeline.gpu.threads": n}):
+            got = []
+            out[f"gpu_threads{n}_s"] = median_time(ours(True), repeat, got)
+            values[f"gpu_threads{n}"] = got[0]
     ref = next(iter(values.values()))
     out["agree"] = all(abs(v - ref) <= 1e-9 * abs(ref) for v in values.values())
     return out
+
+
+def flow_parts(store: Path, repeat: int) -> dict:
+    """The standardized-anomaly flow of ``peers.py`` in growing parts, on the nvCOMP path: where
+    the time goes past the read."""
+    import dask
+
+    import pipeline
+    from peers import pl_monthly_anomaly, pl_standardized_anomaly
+    from pipeline.io import compute
+    from pipeline.reductions import nanmean_std
+
+    with dask.config.set({"pipeline.gpu.nvcomp": True}):
+        x = pipeline.open_dataset(store, backend="gpu")["tas"]
+        parts = {
+            "read_sum": lambda: compute(x.data.sum(dtype=np.float64)),
+            "moments": lambda: compute(list(nanmean_std(x.data, 0))),
+            "standardized_anomaly": lambda: compute(list(pl_standardized_anomaly(x))),
+            "monthly_anomaly": lambda: compute(list(pl_monthly_anomaly(x))),
+        }
+        return {f"{k}_s": median_time(fn, repeat) for k, fn in parts.items()}
 
 
 def main(argv=None) -> dict:
@@ -143,27 +178,41 @@ def main(argv=None) -> dict:
     ap.add_argument("--store", help="an existing store with a tas variable (default: generate one of --shape)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--paths", default="naive,staged,gpu", help="whole read paths to time")
+    ap.add_argument("--inner-chunks", default="1MB", help="frame sizes of the GPU layouts to compare")
+    ap.add_argument("--threads", default="", help="also time the nvCOMP path with these numbers of Dask threads")
+    ap.add_argument("--parts", action="store_true", help="also time the standardized-anomaly flow in parts")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     shape = tuple(int(s) for s in args.shape.split(","))
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    plain, fast = make_store(workdir, shape, args.store)
+    inners = args.inner_chunks.split(",")
+    stores = {}
+    for inner in inners:
+        plain, stores[f"sharded_{inner}"] = make_store(workdir, shape, args.store, inner)
     import xarray as xr
 
     shape = xr.open_zarr(plain)["tas"].shape
     nbytes = int(np.prod(shape)) * 4
     result = {"shape": shape, "bytes": nbytes, "prepare_s": time.perf_counter() - t}
     print(f"stores ready in {result['prepare_s']:.1f} s", flush=True)
-    for label, store in (("plain", plain), ("sharded", fast)):
-        r = stages(store, args.repeat)
-        print(f"{label} stages: {r}", flush=True)
-        r.update(paths(store, args.repeat, args.paths.split(",")))
+    threads = [int(n) for n in args.threads.split(",") if n]
+    for label, store in (("plain", plain), *stores.items()):
+        try:
+            r = stages(store, args.repeat)
+            print(f"{label} stages: {r}", flush=True)
+            r.update(paths(store, args.repeat, args.paths.split(","), threads if label != "plain" else ()))
+            if args.parts and label != "plain":
+                r.update(flow_parts(store, args.repeat))
+        except Exception as e:  # report it, and go on with the other layouts
+            print(f"{label}: FAILED {type(e).__name__}: {e}", flush=True)
+            result[label] = {"error": f"{type(e).__name__}: {e}"}
+            continue
         result[label] = r
         print(f"{label}: {r['compressed_bytes'] / 1e9:.2f} GB compressed in {r['frames']} frames")
-        for k in ("files_s", "h2d_s", "decode_s", "naive_s", "staged_s", "gpu_s"):
-            print(f"  {k[:-2]:>7}: {r[k]:.3f} s  {nbytes / r[k] / 1e9:7.1f} GB/s (uncompressed)")
+        for k in [k for k in r if k.endswith("_s")]:
+            print(f"  {k[:-2]:>14}: {r[k]:.3f} s  {nbytes / r[k] / 1e9:7.1f} GB/s (uncompressed)")
         print(f"  results agree: {r['agree']}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

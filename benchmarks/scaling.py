@@ -7,6 +7,9 @@ standardized-anomaly global mean (and the others with ``--flows``). Medians of `
 after a warm-up; the store stays in the page cache.
 
     python benchmarks/scaling.py --store data/bench/tas.zarr --gpus 1,2,4 --json scaling.json
+
+Without ``--store``, the demo store of ``--shape`` that ``peers.py`` generates is made (or reused)
+under ``--workdir`` and converted once to the GPU layout, which is what is timed.
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--store", required=True)
+    ap.add_argument("--store", help="a store with a tas variable (default: generate one of --shape)")
+    ap.add_argument("--shape", default="4380,721,1440", help="time,lat,lon of the generated store")
+    ap.add_argument("--workdir", default="data/bench")
     ap.add_argument("--gpus", default="1,2,4")
     ap.add_argument("--flows", default="standardized_anomaly")
     ap.add_argument("--repeat", type=int, default=3)
@@ -74,11 +79,23 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     import xarray as xr
 
+    if not args.store:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from peers import ensure_store
+
+        import pipeline
+
+        plain = ensure_store(Path(args.workdir), tuple(int(n) for n in args.shape.split(",")), 73, 0)[0]
+        sharded = plain.with_name(plain.stem + "_sharded.zarr")  # the name peers.py gives it
+        if not sharded.exists():
+            pipeline.convert(plain, sharded)
+        args.store = str(sharded)
     nbytes = xr.open_zarr(args.store)["tas"].nbytes
     names = args.flows.split(",")
     counts = [int(n) for n in args.gpus.split(",")]
     results = {n: run(args.store, n, names, args.repeat, args.threads, args.memory_limit) for n in counts}
     table = {"store": args.store, "bytes": nbytes, "results": results}
+    print(f"store {args.store}: {nbytes / 1e9:.1f} GB of tas")
     base = results[counts[0]]
     print(f"{'flow':<22}" + "".join(f"{n:>4} GPU s  speed-up" for n in counts))
     for name in names:

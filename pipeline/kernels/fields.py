@@ -235,14 +235,9 @@ def _axis_values(u, axis: int, n: int):
 
 
 def _launch(kernel, npts, *args):
-    import cupy
-    from numba import cuda
+    from ._numba_cuda import launch
 
-    # on CuPy's stream, so ordered with CuPy's work; numba-cuda would otherwise synchronise the
-    # host with the stream each CuPy argument names
-    stream = cuda.external_stream(cupy.cuda.get_current_stream().ptr)
-    args = [cuda.as_cuda_array(a, sync=False) if hasattr(a, "__cuda_array_interface__") else a for a in args]
-    kernel[max(1, -(-npts // THREADS_PER_BLOCK)), THREADS_PER_BLOCK, stream](*args)
+    launch(kernel, npts, THREADS_PER_BLOCK, *args)
 
 
 def polyfit_chunk_gpu(x, u, axis, deg: int):

@@ -485,8 +485,9 @@ def _cpu(name):
 
 
 def _launch(kernel, npts, *args):
-    blocks = max(1, (npts + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK)
-    kernel[blocks, THREADS_PER_BLOCK](*args)
+    from ._numba_cuda import launch
+
+    launch(kernel, npts, THREADS_PER_BLOCK, *args)
 
 
 def _raw_input(x2d):

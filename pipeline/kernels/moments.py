@@ -61,10 +61,10 @@ def make_moments_column(jit):
 
 
 def launch_gpu(x2d, n, mean, m2):
+    from ._numba_cuda import launch
     from .moments_cuda import moments
 
-    blocks = max(1, (x2d.shape[1] + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK)
-    moments[blocks, THREADS_PER_BLOCK](x2d, n, mean, m2)
+    launch(moments, x2d.shape[1], THREADS_PER_BLOCK, x2d, n, mean, m2)
 
 
 def moments_gpu(block, axis: int) -> dict:
