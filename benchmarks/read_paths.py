@@ -83,19 +83,18 @@ def stages(store: Path, repeat: int) -> dict:
             d.set(h)
         cp.cuda.Device().synchronize()
 
-    for p, h in zip(files, hosts):  # the bytes read are the file's
-        ref = np.fromfile(p, dtype=np.uint8)
-        if not np.array_equal(ref, h):
-            bad = np.flatnonzero(ref != h)
-            raise AssertionError(f"{p}: {bad.size} bytes read wrong, first at {bad[0]} of {ref.size}")
-    plans = [gpu_zarr.frames(lay, h) for h in hosts]
-
     def decode():
         with gpu_zarr.context():  # synchronizes on exit
             for d, o, (offsets, fsizes, present) in zip(devs, outs, plans):
                 gpu_zarr._decode_frames(d, offsets, fsizes, o, present * lay.inner_nbytes, lay.inner_nbytes)
 
     read()
+    for p, h in zip(files, hosts):  # the bytes read are the file's
+        ref = np.fromfile(p, dtype=np.uint8)
+        if not np.array_equal(ref, h):
+            bad = np.flatnonzero(ref != h)
+            raise AssertionError(f"{p}: {bad.size} bytes read wrong, first at {bad[0]} of {ref.size}")
+    plans = [gpu_zarr.frames(lay, h) for h in hosts]
     h2d()
     frames = sum(len(p[0]) for p in plans)
     if max(int(s.max()) for _, s, _ in plans) > gpu_zarr.NVCOMP_MAX_FRAME:  # pipeline decodes these on the CPU

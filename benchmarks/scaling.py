@@ -93,7 +93,15 @@ def main(argv=None) -> dict:
     nbytes = xr.open_zarr(args.store)["tas"].nbytes
     names = args.flows.split(",")
     counts = [int(n) for n in args.gpus.split(",")]
-    results = {n: run(args.store, n, names, args.repeat, args.threads, args.memory_limit) for n in counts}
+    results = {}
+    for n in counts:
+        try:
+            results[n] = run(args.store, n, names, args.repeat, args.threads, args.memory_limit)
+        except Exception as e:  # report it, and go on with the other counts
+            print(f"{n} GPU(s): FAILED {type(e).__name__}: {e}", flush=True)
+    counts = [n for n in counts if n in results]
+    if not counts:
+        raise SystemExit("no GPU count ran")
     table = {"store": args.store, "bytes": nbytes, "results": results}
     print(f"store {args.store}: {nbytes / 1e9:.1f} GB of tas")
     base = results[counts[0]]

@@ -425,20 +425,24 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
     paths = [lay.path(c) for c in coords]
     sizes = [os.path.getsize(p) if os.path.exists(p) else 0 for p in paths]
 
-    out = cp.empty(shape, dtype=lay.dtype)  # allocated on the default stream: any task may use it
-    # the pool may hand ``out`` memory that kernels queued earlier on the default stream still
-    # read: this stream writes into it only after them
-    ready = cp.cuda.Stream.null.record()
     host = cupyx.empty_pinned(max(1, sum(sizes)), dtype=np.uint8)
     file_starts = read_files([p for p, s in zip(paths, sizes) if s], [s for s in sizes if s], host)
     it = iter(file_starts)
     file_starts = [next(it) if s else None for s in sizes]
 
+    # Both device buffers come from the pool's default-stream arena, as every task's arrays do:
+    # CuPy keeps freed memory per stream, and buffers allocated on the pooled streams would fragment
+    # a capped pool (seen as out-of-memory under a 4 GB limit with a third of it in use). The pool
+    # may hand them memory that kernels queued earlier on the default stream still read, so this
+    # block's stream writes into them only after those kernels.
+    out = cp.empty(shape, dtype=lay.dtype)
+    dev = cp.empty(host.size, dtype=np.uint8)
+    ready = cp.cuda.Stream.null.record()
+
     with context() as ctx, ctx.stream:
         stream = ctx.stream
-        dev = cp.empty(host.size, dtype=np.uint8)
-        dev.set(host, stream=stream)
         stream.wait_event(ready)
+        dev.set(host, stream=stream)
         # plan: each chunk decodes straight into ``out`` when its place there is one contiguous
         # run and whole; else into a scratch chunk that one copy puts in place
         direct, scratch = [], []

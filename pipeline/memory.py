@@ -19,7 +19,10 @@ from . import backend as B
 from . import config
 from .errors import InputError
 
-BLOCKS_PER_THREAD = 3
+# a thread's reading task holds its block and the block's compressed bytes, the op that follows one
+# output block, and partial results wait for their tree; measured under a 4 GB GPU limit, three
+# blocks a thread ran out of memory
+BLOCKS_PER_THREAD = 4
 
 
 @dataclass(frozen=True)

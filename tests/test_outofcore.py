@@ -81,9 +81,10 @@ def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit():
     x = da.ones((40, 100, 100), chunks=(10, 100, 100), dtype="f4")  # 400 kB blocks
     total = ((x - x.mean(axis=0)) ** 2).sum(axis=(1, 2))  # a tiny result of large blocks
     assert memory.graph_block_bytes(total) == 400_000
-    with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": 8 * 3 * 400_000}):
+    per_thread = memory.BLOCKS_PER_THREAD * 400_000
+    with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": 8 * per_thread}):
         assert compute_threads(total) == 8
-    with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": 2 * 3 * 400_000 + 1}):
+    with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": 2 * per_thread + 1}):
         assert compute_threads(total) == 2
         assert memory.plan(x, total).threads == 2
     with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": "1B"}):
