@@ -41,7 +41,7 @@ def flows(tas):
 def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, memory_limit: str | None) -> dict:
     import dask
     from dask_cuda import LocalCUDACluster
-    from distributed import Client
+    from distributed import Client, get_task_stream
 
     import pipeline
 
@@ -50,19 +50,54 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
     out = {}
     with dask.config.set(settings), LocalCUDACluster(CUDA_VISIBLE_DEVICES=visible, threads_per_worker=threads) as cluster, Client(cluster) as client:
         client.run(dask.config.set, settings)  # workers read the same settings
+        out["workers"] = workers(client)
         tas = pipeline.open_dataset(store, backend="gpu")["tas"]
         for name in names:
             build = flows(tas)[name]
             result = pipeline.to_numpy(pipeline.compute(build()))  # warm-up
             times = []
-            for _ in range(repeat):
-                t = time.perf_counter()
-                value = pipeline.to_numpy(pipeline.compute(build()))
-                times.append(time.perf_counter() - t)
-            out[name] = {"seconds": statistics.median(times), "all": times, "checksum": float(np.nansum(np.asarray(value, dtype=np.float64)))}
-            print(f"{n_gpus} GPU(s) {name}: {out[name]['seconds']:.3f} s", flush=True)
+            for i in range(repeat):
+                with get_task_stream() as stream:
+                    t = time.perf_counter()
+                    value = pipeline.to_numpy(pipeline.compute(build()))
+                    times.append(time.perf_counter() - t)
+            out[name] = {"seconds": statistics.median(times), "all": times, "checksum": float(np.nansum(np.asarray(value, dtype=np.float64))),
+                         "last_run": task_summary(stream.data)}
+            print(f"{n_gpus} GPU(s) {name}: {out[name]['seconds']:.3f} s; last run per worker: {out[name]['last_run']}", flush=True)
             del result
     return out
+
+
+def workers(client) -> dict:
+    """What each worker runs with: CPU cores it may use, host memory limit, its GPU."""
+
+    def probe():
+        import os
+
+        return {"cpus": len(os.sched_getaffinity(0)), "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    info = client.run(probe)
+    for addr, w in client.scheduler_info()["workers"].items():
+        info[addr]["memory_limit"] = w.get("memory_limit")
+    print(f"workers: {info}", flush=True)
+    return info
+
+
+def task_summary(records: list[dict]) -> dict:
+    """Per worker: tasks, seconds computing, seconds moving data in from other workers, bytes of
+    the task outputs it made."""
+    out = {}
+    for r in records:
+        w = out.setdefault(r.get("worker", "?"), {"tasks": 0, "compute_s": 0.0, "transfer_s": 0.0, "output_bytes": 0})
+        w["tasks"] += 1
+        for s in r.get("startstops", ()):
+            if s["action"] == "compute":
+                w["compute_s"] += s["stop"] - s["start"]
+            elif s["action"] == "transfer":
+                w["transfer_s"] += s["stop"] - s["start"]
+        nbytes = r.get("nbytes", 0)
+        w["output_bytes"] += sum(nbytes.values()) if isinstance(nbytes, dict) else int(nbytes or 0)
+    return {k: {**v, "compute_s": round(v["compute_s"], 3), "transfer_s": round(v["transfer_s"], 3)} for k, v in out.items()}
 
 
 def main(argv=None) -> dict:
