@@ -87,16 +87,23 @@ def reduce(
     *,
     dtype,
     weights: da.Array | None = None,
+    weights_const: np.ndarray | None = None,
     keepdims: bool = False,
     split_every: int | None = None,
     output_size: int = 1,
 ) -> da.Array:
-    """Reduce ``x`` over ``axis`` with the blueprint ``agg``; the result keeps ``x``'s backend."""
+    """Reduce ``x`` over ``axis`` with the blueprint ``agg``; the result keeps ``x``'s backend.
+
+    Weights come as a Dask array chunked as ``x`` (``weights``), or as one small NumPy array that
+    broadcasts to every block of ``x`` (``weights_const``), moved to the block's backend in the task.
+    """
     axis = tuple(sorted(a % x.ndim for a in axis))
 
     def chunk(block, weights_block=None, axis=None, keepdims=True, computing_meta=False):
         if computing_meta:
             return block
+        if weights_const is not None:
+            weights_block = xp_of(block).broadcast_to(xp_of(block).asarray(weights_const), block.shape)
         return agg.chunk(block, weights_block, axis)
 
     def combine(parts, axis=None, keepdims=True, computing_meta=False):

@@ -90,3 +90,43 @@ def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit():
     with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": "1B"}):
         assert compute_threads(total) == 1  # never none: the plan check refuses what cannot fit
     np.testing.assert_allclose(pipeline.compute(total), np.zeros(40))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("flow", ["standardized_anomaly", "monthly_anomaly"])
+def test_a_flow_holds_a_few_blocks_not_its_input(tmp_path, flow, threads):
+    """The largest set of results Dask's scheduler holds at once, in blocks of the input: a few
+    per thread. Weights that were a Dask array of their own once made it hold the whole input."""
+    import threading
+
+    from dask.callbacks import Callback
+    from dask.sizeof import sizeof
+
+    x = climate_array(shape=(1460, 4, 8), chunks={"time": 73})
+    x.to_dataset().to_zarr(tmp_path / "s.zarr")
+    tas = pipeline.open_dataset(tmp_path / "s.zarr", backend="cpu")["tas"]
+    block = tas.data.blocks[0].nbytes
+
+    class Held(Callback):
+        peak = 0
+        lock = threading.Lock()
+
+        def _posttask(self, key, result, dsk, state, id):
+            with self.lock:
+                Held.peak = max(Held.peak, sum(sizeof(v) for v in state["cache"].values()))
+
+    ops = pipeline.ops
+
+    def build():
+        if flow == "standardized_anomaly":
+            return ops.weighted_mean(ops.standardized_anomaly(tas, dim="time"), dims=["lat", "lon"])
+        return ops.weighted_mean(ops.anomaly(tas, freq="month"), dims=["lat", "lon"])
+
+    in_core = pipeline.compute(build())
+    with dask.config.set({"pipeline.cpu.memory-limit": int(tas.nbytes // 4)}):  # out of core
+        with Held():
+            got = pipeline.compute(build(), threads=threads)
+    assert tas.data.numblocks[0] == 20
+    # monthly: each block's partial sums of 12 months, float64, are 2/3 of a block
+    assert Held.peak <= (3 * threads + 3) * block, f"held {Held.peak / block:.1f} blocks"
+    np.testing.assert_allclose(np.asarray(got), np.asarray(in_core), rtol=1e-6)

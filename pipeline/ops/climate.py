@@ -141,10 +141,22 @@ def weighted_mean(
     w_full = xr.DataArray(w_host, dims=w.dims).transpose(*[d for d in x.dims if d in w.dims])
     shape = tuple(x.sizes[d] if d in w.dims else 1 for d in x.dims)
     w_np = w_full.values.reshape(shape)
-    chunks = tuple(c if d in w.dims else (1,) for d, c in zip(x.dims, data.chunks))
-    w_da = to_backend(da.from_array(w_np, chunks=chunks), backend_of(data))
     out_dtype = float_dtype(x.dtype)
-    result = reductions.reduce(data, reductions.weighted_mean, axes, dtype=out_dtype, weights=w_da)
+    if all(len(c) == 1 for c, n in zip(data.chunks, shape) if n > 1):
+        # the weights vary only along axes that x does not split (the usual case: chunks along
+        # time): every block takes the same small array, broadcast inside the task. As a Dask
+        # array of their own, the weights would be a second root of the graph that Dask's
+        # ordering can leave for late, holding every data block until then (seen with one or two
+        # threads: the whole input held).
+        result = reductions.reduce(data, reductions.weighted_mean, axes, dtype=out_dtype, weights_const=w_np)
+    else:
+        chunks = tuple(c if d in w.dims else (1,) for d, c in zip(x.dims, data.chunks))
+        w_da = to_backend(da.from_array(w_np, chunks=chunks), backend_of(data))
+        # broadcast to x's blocks here, block by block, so that each weights block is a view with
+        # zero strides; left to dask's reduction, the weights are rechunked into a float64 array
+        # the size of each data block
+        w_da = da.broadcast_to(w_da, data.shape, chunks=data.chunks)
+        result = reductions.reduce(data, reductions.weighted_mean, axes, dtype=out_dtype, weights=w_da)
     keep = [d for d in x.dims if d not in dims]
     coords = {k: v for k, v in x.coords.items() if not set(v.dims) & set(dims)}
     out = _finish(x, result, eager, dims=keep, coords=coords, name=x.name, attrs=dict(x.attrs))
