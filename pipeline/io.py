@@ -325,7 +325,7 @@ def compute(obj, progress: bool = False, threads: int | None = None):
                 from distributed import progress as show_progress
 
                 show_progress(future)
-            return future.result()
+            return client.gather(future)  # one future, or a list of them for a list of collections
         except BaseException:
             client.cancel(future)
             _wait_idle(client)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.cluster import ClusterProfile, load_profile, open_cluster, profile_from_args
@@ -68,3 +69,47 @@ def test_attach_to_a_running_scheduler_leaves_it_running(tmp_path):
         with open_cluster(ClusterProfile(kind="scheduler", address=running.scheduler_address)) as client:
             assert client.submit(lambda: 1).result() == 1
         assert running.status.name == "running"
+
+
+def test_compute_on_a_cluster_takes_one_collection_or_a_list():
+    import dask.array as da
+    from distributed import Client, LocalCluster
+
+    import pipeline
+
+    x = da.arange(12, chunks=5)
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, Client(cluster):
+        assert int(pipeline.compute(x.sum())) == 66
+        total, biggest = pipeline.compute([x.sum(), x.max()])
+        assert (int(total), int(biggest)) == (66, 11)
+
+
+def test_weighted_flow_on_two_workers_moves_partials_not_blocks(tmp_path):
+    """Only small partial results cross between workers. Weights once built as a Dask array the
+    size of the data made the scheduler move data blocks to them: twice the input crossed."""
+    from dask.utils import key_split
+    from distributed import Client, LocalCluster
+
+    import pipeline
+
+    from .conftest import climate_array
+
+    x = climate_array(shape=(1460, 12, 16), chunks={"time": 73})
+    x.to_dataset().to_zarr(tmp_path / "s.zarr")
+    ops = pipeline.ops
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, Client(cluster) as client:
+        tas = pipeline.open_dataset(tmp_path / "s.zarr", backend="cpu")["tas"]
+        block = tas.data.blocks[0].nbytes
+        flow = lambda: ops.weighted_mean(ops.standardized_anomaly(tas, dim="time"), dims=["lat", "lon"])  # noqa: E731
+        expected = pipeline.compute(flow())
+        client.run(lambda dask_worker: dask_worker.transfer_incoming_log.clear())
+        got = pipeline.compute(flow())
+
+        def moved(dask_worker):
+            return [(key_split(k), nb) for t in dask_worker.transfer_incoming_log for k, nb in t["keys"].items()]
+
+        crossed = [item for per_worker in client.run(moved).values() for item in per_worker]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected))
+    data_keys = [name for name, _ in crossed if name.startswith(("open_dataset", "cf_decode"))]
+    assert not data_keys, f"data blocks crossed between workers: {crossed}"
+    assert sum(nb for _, nb in crossed) < 3 * block
