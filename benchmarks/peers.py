@@ -14,7 +14,9 @@ Peers, each timed over the same Zarr store of ``tas`` (float32, daily, chunks of
   ``pipeline convert`` writes (shards of the same chunks, ~1 MB zstd frames inside), converted once,
   outside the timed region;
 - ``pipeline-gpu-unlimited`` (out of core only): the sharded run again with no device budget, the
-  run that the budgeted one is compared with.
+  run that the budgeted one is compared with;
+- ``pipeline-gpu-raw`` (only when named in ``--peers``): pipeline on the GPU over an uncompressed
+  copy (``pipeline convert --compression none``): a third more bytes to read, nothing to decode.
 
 Flows, each ending in a small result: ``standardized_anomaly`` (z over time, then the cos(lat)
 weighted global mean per step), ``monthly_anomaly`` (monthly climatology map and the weighted
@@ -80,7 +82,8 @@ from pipeline.demo import BYTES_PER_POINT, demo_dataset  # noqa: E402
 from pipeline.io import compute as pipeline_compute  # noqa: E402
 
 PEERS = ("cpu-peer", "naive-gpu-peer", "pipeline-cpu", "pipeline-gpu", "pipeline-gpu-sharded", "pipeline-gpu-unlimited")
-GPU_PEERS = ("naive-gpu-peer", "pipeline-gpu", "pipeline-gpu-sharded", "pipeline-gpu-unlimited")
+OPTIONAL_PEERS = ("pipeline-gpu-raw",)  # run only when named in --peers
+GPU_PEERS = ("naive-gpu-peer", "pipeline-gpu", "pipeline-gpu-sharded", "pipeline-gpu-unlimited", "pipeline-gpu-raw")
 FLOWS = ("standardized_anomaly", "monthly_anomaly", "rolling")
 SIZES = {"fit": "1460,721,1440", "ooc": "4380,721,1440"}
 WINDOW = 5
@@ -163,6 +166,11 @@ def peer_session(peer: str, store: Path, budget: int | None, args):
             if not sharded.exists():
                 pipeline.convert(store, sharded)
             store = sharded
+        elif peer == "pipeline-gpu-raw":
+            raw = store.with_name(store.stem + "_raw.zarr")
+            if not raw.exists():
+                pipeline.convert(store, raw, compression="none")
+            store = raw
         limited = budget and backend == "gpu" and peer != "pipeline-gpu-unlimited"
         settings = {"pipeline.gpu.memory-limit": budget} if limited else {}
         if sharded_layout:
@@ -405,7 +413,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="fit,ooc", help="fit and/or ooc (default both)")
     p.add_argument("--flows", default=",".join(FLOWS), help=f"subset of {','.join(FLOWS)}")
-    p.add_argument("--peers", default=",".join(PEERS), help=f"subset of {','.join(PEERS)}")
+    p.add_argument("--peers", default=",".join(PEERS), help=f"subset of {','.join(PEERS + OPTIONAL_PEERS)}")
     p.add_argument("--repeat", type=int, default=3, help="timed runs per peer and flow, after one warm-up")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="a flow whose warm-up takes longer than this is timed by its warm-up alone (marked * in the table)")
@@ -422,7 +430,7 @@ def parse_args(argv):
     p.add_argument("--rtol", type=float, default=1e-5, help="largest relative L2 error that counts as agreement")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
-    for name, allowed in (("sizes", tuple(SIZES)), ("flows", FLOWS), ("peers", PEERS)):
+    for name, allowed in (("sizes", tuple(SIZES)), ("flows", FLOWS), ("peers", PEERS + OPTIONAL_PEERS)):
         chosen = [s for s in getattr(args, name).split(",") if s]
         bad = [s for s in chosen if s not in allowed]
         if bad or not chosen:

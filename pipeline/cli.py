@@ -140,7 +140,10 @@ def cmd_convert(args) -> int:
 
             raise InputError(f"--chunks: expected DIM=SIZE[,DIM=SIZE...], got {args.chunks!r}") from None
     t = time.perf_counter()
-    path = convert(args.src, args.dst, inner_bytes=args.inner_chunk, chunks=chunks, mode="overwrite" if args.overwrite else "fail", progress=_progress(args))
+    path = convert(
+        args.src, args.dst, inner_bytes=args.inner_chunk, chunks=chunks, compression=args.compression,
+        mode="overwrite" if args.overwrite else "fail", progress=_progress(args),
+    )
     print(f"wrote {path} ({directory_bytes(path) / 1e9:.3f} GB stored) in {time.perf_counter() - t:.1f} s")
     return EXIT_OK
 
@@ -192,6 +195,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("dst", help="the new Zarr store")
     c.add_argument("--inner-chunk", default="1MB", help="bytes of one compressed frame inside a shard (default 1MB)")
     c.add_argument("--chunks", help="shard shape as DIM=SIZE,... (default: the source's chunks)")
+    c.add_argument("--compression", choices=("zstd", "none"), default="zstd",
+                   help="zstd frames that nvCOMP decodes (default), or none: one uncompressed chunk per block")
     c.add_argument("--overwrite", action="store_true")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_convert)

@@ -401,24 +401,33 @@ def convert(
     *,
     inner_bytes: int | str = "1MB",
     chunks: Mapping[str, int] | None = None,
+    compression: str = "zstd",
     mode: str = "overwrite",
     progress: bool = False,
 ) -> Path:
-    """Copy a Zarr store or NetCDF file into a sharded Zarr v3 store that the GPU reads fastest.
+    """Copy a Zarr store or NetCDF file into a Zarr v3 store that the GPU reads fastest.
 
-    Each shard holds one Dask block of the source (its chunks, or ``chunks``); inside, values are
-    zstd frames of about ``inner_bytes``, each a contiguous run of the shard, which nvCOMP decodes
-    many at a time straight into place. Values, attributes and CF encodings are copied unchanged
-    (packed integers stay packed), and any Zarr v3 reader opens the result.
+    With ``compression="zstd"`` (the default) each shard holds one Dask block of the source (its
+    chunks, or ``chunks``); inside, values are zstd frames of about ``inner_bytes``, each a
+    contiguous run of the shard, which nvCOMP decodes many at a time straight into place. With
+    ``compression="none"`` each chunk is one such block, uncompressed: nothing to decode, a third
+    more bytes to read (for stores read from memory or fast disks, where decoding is the slowest
+    step). Values, attributes and CF encodings are copied unchanged (packed integers stay packed),
+    and any Zarr v3 reader opens the result.
     """
     from dask.utils import parse_bytes
 
+    if compression not in ("zstd", "none"):
+        raise InputError(f"compression must be 'zstd' or 'none', got {compression!r}")
     target = parse_bytes(inner_bytes) if isinstance(inner_bytes, str) else int(inner_bytes)
     ds = open_dataset(src, backend="cpu", chunks=chunks, decode_cf=False)
     encoding = {}
     for name, var in ds.data_vars.items():
         shard = tuple(c[0] for c in var.data.chunks)
-        enc = {"shards": shard, "chunks": inner_chunk(shard, var.dtype.itemsize, target)}
+        if compression == "none":
+            enc = {"chunks": shard, "compressors": None}
+        else:
+            enc = {"shards": shard, "chunks": inner_chunk(shard, var.dtype.itemsize, target)}
         fill = var.attrs.pop("_FillValue", var.encoding.get("_FillValue"))
         if fill is not None:
             enc["_FillValue"] = fill

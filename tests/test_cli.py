@@ -187,6 +187,12 @@ def test_convert_command(tmp_path):
     for v in ("tas", "sst", "sst_packed"):
         np.testing.assert_array_equal(a[v].values, b[v].values)
     assert b["tas"].encoding["shards"][0] == 20
+    r = cli("convert", "a.zarr", "raw.zarr", "--chunks", "time=20", "--compression", "none", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    raw = xr.open_zarr(tmp_path / "raw.zarr")
+    for v in ("tas", "sst", "sst_packed"):
+        np.testing.assert_array_equal(a[v].values, raw[v].values)
+    assert raw["tas"].encoding["chunks"][0] == 20 and not raw["tas"].encoding.get("compressors")
     r = cli("convert", "a.zarr", "gpu.zarr", cwd=tmp_path)
     assert r.returncode == 2 and "already exists" in r.stderr
     r = cli("convert", "missing.zarr", "x.zarr", cwd=tmp_path)

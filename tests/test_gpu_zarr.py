@@ -12,6 +12,7 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
 
 from pipeline import gpu_zarr
+from pipeline.errors import InputError
 from pipeline.io import convert, inner_chunk, open_dataset
 
 from .conftest import requires_gpu
@@ -120,6 +121,20 @@ def test_convert_keeps_values_and_shards(tmp_path):
     lay = gpu_zarr.layout(dst / "tas")
     assert lay.sharded and lay.contiguous_inner and lay.inner_nbytes <= 8192
     assert b["tas"].data.chunks == a["tas"].data.chunks  # one block per shard, not per inner chunk
+
+
+def test_convert_uncompressed_is_one_plain_chunk_per_block(tmp_path):
+    from pipeline.demo import write_demo
+
+    src = write_demo(tmp_path / "demo.zarr", "2MB")
+    dst = convert(src, tmp_path / "raw.zarr", compression="none", chunks={"time": 10})
+    lay = gpu_zarr.layout(dst / "tas")
+    assert (lay.codec, lay.sharded, lay.chunk[0]) == ("none", False, 10)
+    a = open_dataset(src, backend="cpu")["tas"].values
+    blob = (dst / "tas" / "c" / "0" / "0" / "0").read_bytes()
+    np.testing.assert_array_equal(gpu_zarr.decode_chunk_host(lay, blob), a[:10])
+    with pytest.raises(InputError, match="compression must be"):
+        convert(src, tmp_path / "bad.zarr", compression="lz4")
 
 
 # --- on the GPU ----------------------------------------------------------------------------------
