@@ -87,6 +87,7 @@ def test_compute_on_a_cluster_takes_one_collection_or_a_list():
 def test_weighted_flow_on_two_workers_moves_partials_not_blocks(tmp_path):
     """Only small partial results cross between workers. Weights once built as a Dask array the
     size of the data made the scheduler move data blocks to them: twice the input crossed."""
+    import dask
     from dask.utils import key_split
     from distributed import Client, LocalCluster
 
@@ -97,7 +98,11 @@ def test_weighted_flow_on_two_workers_moves_partials_not_blocks(tmp_path):
     x = climate_array(shape=(1460, 12, 16), chunks={"time": 73})
     x.to_dataset().to_zarr(tmp_path / "s.zarr")
     ops = pipeline.ops
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, Client(cluster) as client:
+    # the scheduler weighs moving a block against waiting for a busy worker; with these tiny blocks
+    # moving looks free unless its bandwidth estimate is as low, for them, as it is for GPU blocks
+    # of hundreds of MB at its default (100 MB/s)
+    slow = dask.config.set({"distributed.scheduler.bandwidth": 100_000})
+    with slow, LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, Client(cluster) as client:
         tas = pipeline.open_dataset(tmp_path / "s.zarr", backend="cpu")["tas"]
         block = tas.data.blocks[0].nbytes
         flow = lambda: ops.weighted_mean(ops.standardized_anomaly(tas, dim="time"), dims=["lat", "lon"])  # noqa: E731
