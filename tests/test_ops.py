@@ -166,3 +166,19 @@ def test_any_chunking_equals_eager_numpy(nt, tchunk, ychunk, window, center, nan
         expected = (r - r.mean("time")) / r.std("time")
     assert_close(pipeline.ops.standardized_anomaly(xc), expected, atol=1e-5)
     assert_close(pipeline.ops.weighted_mean(xc), r.weighted(np.cos(np.deg2rad(r.lat))).mean(("lat", "lon")))
+
+
+def test_weighted_means_with_different_weights_computed_together_stay_apart():
+    # weights that travel with each task are part of the task's identity: two weighted means of
+    # the same data must not share keys
+    import dask
+
+    x = climate_array(shape=(40, 6, 8), chunks={"time": 7})
+    w1 = xr.DataArray(np.linspace(1, 2, 6), dims="lat")
+    w2 = xr.DataArray(np.linspace(3, 1, 6), dims="lat")
+    a, b = (pipeline.ops.weighted_mean(x, dims=["lat", "lon"], weights=w) for w in (w1, w2))
+    assert a.data.name != b.data.name
+    got_a, got_b = dask.compute(a, b)
+    for got, w in ((got_a, w1), (got_b, w2)):
+        ref = x.astype(np.float64).weighted(w).mean(["lat", "lon"])
+        np.testing.assert_allclose(got.values, ref.values, rtol=1e-6)
