@@ -203,6 +203,18 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _hint(e: Exception) -> str:
+    """What to change after a failure whose cause the user controls."""
+    if type(e).__name__ == "OutOfMemoryError" and type(e).__module__.startswith("cupy"):
+        return (
+            "\n  the GPU ran out of memory: lower pipeline.gpu.threads, read smaller blocks "
+            "(pipeline convert --chunks time=N, or source.chunks in the flow), or raise pipeline.gpu.memory-limit"
+        )
+    if isinstance(e, MemoryError):
+        return "\n  the host ran out of memory: lower dask's num_workers or read smaller blocks (source.chunks)"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from .backend import BackendError
@@ -221,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
 
         traceback.print_exc()
-        _err(f"run failed: {type(e).__name__}: {e}")
+        _err(f"run failed: {type(e).__name__}: {e}{_hint(e)}")
         return EXIT_FAILURE
     finally:
         signal.signal(signal.SIGTERM, previous)

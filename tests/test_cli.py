@@ -200,3 +200,24 @@ def test_convert_command(tmp_path):
     r = cli("convert", "a.zarr", "y.zarr", "--chunks", "time:40", cwd=tmp_path)
     assert r.returncode == 2 and "--chunks" in r.stderr
     assert not (tmp_path / "x.zarr").exists() and not (tmp_path / "y.zarr").exists()
+
+
+def test_a_failure_out_of_memory_says_what_to_change(monkeypatch, capsys):
+    import argparse
+
+    from pipeline import cli as cli_module
+
+    OutOfMemoryError = type("OutOfMemoryError", (MemoryError,), {"__module__": "cupy.cuda.memory"})
+
+    def fail(args):
+        raise OutOfMemoryError("Out of memory allocating 303,166,464 bytes")
+
+    class Parser:
+        def parse_args(self, argv):
+            return argparse.Namespace(func=fail)
+
+    monkeypatch.setattr(cli_module, "parser", Parser)
+    assert cli_module.main(["run", "f.yaml"]) == cli_module.EXIT_FAILURE
+    err = capsys.readouterr().err
+    assert "Out of memory allocating" in err and "pipeline.gpu.threads" in err and "pipeline.gpu.memory-limit" in err
+    assert "num_workers" in cli_module._hint(MemoryError()) and cli_module._hint(ValueError("x")) == ""
