@@ -278,6 +278,23 @@ def _remove(path: Path, settle: float = 3.0) -> None:
             quiet_since = time.monotonic()
 
 
+def _arrays_of(obj):
+    """The arrays of ``obj``: a DataArray, a Dataset, an array, or a list, tuple or dict of them
+    (what ``dask.compute`` accepts)."""
+    if isinstance(obj, xr.DataArray):
+        yield obj.data
+    elif isinstance(obj, xr.Dataset):
+        yield from (v.data for v in obj.variables.values())
+    elif isinstance(obj, (list, tuple, set)):
+        for item in obj:
+            yield from _arrays_of(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _arrays_of(item)
+    else:
+        yield obj
+
+
 def compute_threads(obj) -> int | None:
     """Threads for computing ``obj`` in this process, from :func:`pipeline.memory.threads_for`:
     ``pipeline.gpu.threads`` when its data is on the GPU (a few threads keep a GPU busy, and chunk
@@ -285,13 +302,7 @@ def compute_threads(obj) -> int | None:
     threads, each holding a few blocks, would exceed the backend's memory limit."""
     from . import memory
 
-    if isinstance(obj, xr.DataArray):
-        arrays = [obj.data]
-    elif isinstance(obj, xr.Dataset):
-        arrays = [v.data for v in obj.variables.values()]
-    else:
-        arrays = [obj]
-    arrays = [a for a in arrays if isinstance(a, da.Array)]
+    arrays = [a for a in _arrays_of(obj) if isinstance(a, da.Array)]
     if not arrays:
         return None
     backend = "gpu" if any(B.backend_of(a) == "gpu" for a in arrays) else "cpu"
