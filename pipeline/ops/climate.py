@@ -17,6 +17,7 @@ import xarray as xr
 from .. import reductions
 from ..backend import backend_of, meta, to_backend, to_numpy
 from ..errors import InputError
+from ..overlap import map_halo
 from .registry import register
 
 
@@ -176,7 +177,8 @@ def rolling_mean(
 
     The window ends at each label (``center=False``) or is centred on it; a result needs at
     least ``min_periods`` valid values (default: the whole window). Windows cross chunk
-    boundaries through ``map_overlap``: each chunk gets the neighbouring rows it needs as halo.
+    boundaries through :func:`pipeline.overlap.map_halo`: each chunk gets the neighbouring rows
+    it needs as halo, copied, so that out of core no chunk is held for its neighbour's sake.
     """
     if not isinstance(window, (int, np.integer)) or window < 1:
         raise InputError(f"window must be a positive integer, got {window!r}")
@@ -190,13 +192,11 @@ def rolling_mean(
     out_dtype = float_dtype(x.dtype)
     backend = backend_of(data)
     kernel = rolling_mean.op.kernel(backend)
-    depth = {i: (before, after) if i == axis else 0 for i in range(x.ndim)}
-    result = data.map_overlap(
+    result = map_halo(
         kernel,
-        depth=depth,
-        boundary="none",
-        trim=True,
-        axis=axis,
+        data,
+        axis,
+        (before, after),
         before=before,
         after=after,
         min_periods=int(min_periods),
