@@ -356,6 +356,7 @@ def run_peer(peer, size, store, budget, args, info, runs, references):
             runs.append(row)
             if peer.startswith("pipeline-gpu"):
                 B.module("gpu").get_default_memory_pool().free_all_blocks()
+                B.device_memory_peak(reset=True)
             rss_reset = in_process and reset_peak_rss()
             try:
                 times, host, warm_up_only = run_flow(lambda: flows[flow](tas), compute, args.repeat, args.max_seconds)
@@ -368,6 +369,7 @@ def run_peer(peer, size, store, budget, args, info, runs, references):
                        floor_seconds=floor, fraction_of_floor=floor / med)
             if peer.startswith("pipeline-gpu"):
                 row["gpu_pool_bytes"] = int(B.module("gpu").get_default_memory_pool().total_bytes())
+                row["gpu_pool_peak_bytes"] = B.device_memory_peak()
             if in_process:
                 row["host_peak_rss_bytes"] = peak_rss()
                 row["host_peak_rss_scope"] = "this flow" if rss_reset else "process lifetime"
@@ -375,6 +377,7 @@ def run_peer(peer, size, store, budget, args, info, runs, references):
             err, masks = agreement(host, ref)
             row.update(reference=ref_peer, rel_error=err, nan_masks_equal=masks, agrees=err < args.rtol and masks)
             print(f"  {size}/{flow}/{peer}: {med:.3f} s, {row['GBps']:.2f} GB/s"
+                  + (f", GPU pool peak {format_bytes(row['gpu_pool_peak_bytes'])}" if "gpu_pool_peak_bytes" in row else "")
                   + ("" if ref_peer == peer else f", vs {ref_peer}: rel error {err:.1e}, NaN masks {'equal' if masks else 'DIFFER'}"),
                   flush=True)
 

@@ -160,6 +160,47 @@ def device_memory_limit() -> int:
     return _bytes_or_fraction(config.get("gpu.memory-limit", None), total)
 
 
+def use_device_memory_limit() -> None:
+    """Cap CuPy's memory pool on the current GPU at ``pipeline.gpu.memory-limit`` (once per
+    process and value), and count the most it holds (:func:`device_memory_peak`)."""
+    _set_device_memory_limit(config.get("gpu.memory-limit", None), module("gpu").cuda.runtime.getDevice())
+
+
+@functools.cache
+def _set_device_memory_limit(setting, device: int) -> None:
+    cp = module("gpu")
+    pool = cp.get_default_memory_pool()
+    pool.set_limit(size=device_memory_limit())
+    if cp.cuda.get_allocator() == pool.malloc:  # not where another allocator (RMM's) is in use
+        cp.cuda.set_allocator(_counting_malloc(pool))
+
+
+def _counting_malloc(pool):
+    """``pool.malloc`` that records the most bytes the pool has held (in use and cached for reuse),
+    which is what the GPU gives this process; CuPy keeps no such peak itself."""
+
+    def malloc(size: int):
+        mem = pool.malloc(size)
+        held = pool.total_bytes()
+        if held > _device_peak[0]:  # threads racing here can under-count a peak by one block
+            _device_peak[0] = held
+        return mem
+
+    return malloc
+
+
+_device_peak = [0]
+
+
+def device_memory_peak(reset: bool = False) -> int:
+    """The most bytes CuPy's pool has held on the GPU (in use and cached) since the last reset, as
+    seen by pipeline's allocator (0 before :func:`use_device_memory_limit` installed it)."""
+    peak = _device_peak[0]
+    if reset:
+        _device_peak[0] = 0
+    return peak
+
+
 def memory_budget(backend: Backend) -> int:
     """Bytes a computation on ``backend`` may keep in memory: the device memory limit on the
     GPU, ``pipeline.cpu.memory-limit`` of the host's memory on the CPU."""

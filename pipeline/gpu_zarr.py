@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from . import config
+from .backend import use_device_memory_limit
 
 MISSING = np.uint64(2**64 - 1)
 # nvCOMP decodes a zstd frame on few threads: its speed comes from many frames at once. Measured
@@ -548,20 +549,6 @@ def _decode_scratch(lay: Layout, scratch, dev, out) -> None:
 # --- Dask arrays ----------------------------------------------------------------------------------
 
 
-def _pool_limit() -> None:
-    """Cap CuPy's device memory pool at ``pipeline.gpu.memory-limit`` (once per process)."""
-    _set_pool_limit(config.get("gpu.memory-limit", None))
-
-
-@functools.cache
-def _set_pool_limit(limit) -> None:
-    from .backend import device_memory_limit
-
-    import cupy as cp
-
-    cp.get_default_memory_pool().set_limit(size=device_memory_limit())
-
-
 @dataclass(frozen=True)
 class GpuSource:
     """A Zarr array as a source for ``dask.array.from_array``: ``source[region]`` is a CuPy array
@@ -573,7 +560,7 @@ class GpuSource:
     dtype: np.dtype
 
     def __getitem__(self, region):
-        _pool_limit()
+        use_device_memory_limit()
         try:
             return read_block(self.lay, region)
         except NvcompError as e:  # a frame nvCOMP refuses: zarr decodes this block instead
@@ -600,7 +587,7 @@ class StagedSource:
         import cupyx
         from zarr.core.buffer.cpu import NDBuffer
 
-        _pool_limit()
+        use_device_memory_limit()
         arr = _open_zarr_array(self.root)
         shape = tuple(s.stop - s.start for s in region)
         host = cupyx.empty_pinned(shape, dtype=self.dtype)

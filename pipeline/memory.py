@@ -113,7 +113,8 @@ def check(p: Plan, where: str = "") -> None:
 
 
 def usage(backend: str) -> dict:
-    """What this process holds now: host peak RSS, and on the GPU the bytes of CuPy's pool."""
+    """What this process holds now: host peak RSS, and on the GPU the bytes of CuPy's pool (now, and
+    at most since :func:`pipeline.backend.device_memory_peak` was last reset)."""
     import resource
     import sys
 
@@ -123,6 +124,7 @@ def usage(backend: str) -> dict:
         cp = B.module("gpu")
         pool = cp.get_default_memory_pool()
         out["gpu_pool_bytes"] = int(pool.total_bytes())
+        out["gpu_pool_peak_bytes"] = B.device_memory_peak()
         out["gpu_pool_limit_bytes"] = int(pool.get_limit())
     return out
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import dask
 import numpy as np
 import pytest
+import xarray as xr
 
 import pipeline
 from pipeline import gpu_zarr
 from pipeline.reductions import second_pass
 
-from .conftest import climate_array
+from .conftest import climate_array, requires_gpu
 
 
 def _ops():
@@ -72,6 +73,51 @@ def test_memory_limits_are_bytes_or_fractions():
     assert _bytes_or_fraction(None, 1000) == 1000
 
 
+def test_the_device_memory_peak_counts_what_the_pool_held():
+    from pipeline import backend
+
+    class Pool:  # CuPy's pool as far as the count goes: freed blocks stay held, for reuse
+        held = 0
+
+        def malloc(self, size):
+            self.held += size
+            return size
+
+        def total_bytes(self):
+            return self.held
+
+    backend.device_memory_peak(reset=True)
+    malloc = backend._counting_malloc(Pool())
+    assert [malloc(n) for n in (30, 50)] == [30, 50]
+    assert backend.device_memory_peak(reset=True) == 80 and backend.device_memory_peak() == 0
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_the_device_memory_limit_caps_the_pool_and_counts_its_peak():
+    import cupy as cp
+
+    from pipeline import backend
+
+    pool = cp.get_default_memory_pool()
+    before_limit, before_allocator = pool.get_limit(), cp.cuda.get_allocator()
+    try:
+        with dask.config.set({"pipeline.gpu.memory-limit": "1GB"}):
+            backend.use_device_memory_limit()
+        assert pool.get_limit() == 10**9
+        pool.free_all_blocks()
+        backend.device_memory_peak(reset=True)
+        x = cp.ones(300_000_000 // 4, dtype="f4")
+        assert backend.device_memory_peak() >= 300_000_000
+        del x
+        with pytest.raises(cp.cuda.memory.OutOfMemoryError):
+            cp.empty(1_100_000_000 // 4, dtype="f4")
+    finally:
+        pool.set_limit(size=before_limit)
+        cp.cuda.set_allocator(before_allocator)
+        backend._set_device_memory_limit.cache_clear()
+
+
 def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit():
     import dask.array as da
 
@@ -87,20 +133,45 @@ def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit():
     with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": 2 * per_thread + 1}):
         assert compute_threads(total) == 2
         assert memory.plan(x, total).threads == 2
+        # several results at once (as dask.compute takes them): the largest block of any
+        for several in ([total, x.sum()], (total,), {"a": total}, [xr.DataArray(total), xr.Dataset({"v": ("t", total)})]):
+            assert compute_threads(several) == 2, several
     with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": "1B"}):
         assert compute_threads(total) == 1  # never none: the plan check refuses what cannot fit
     np.testing.assert_allclose(pipeline.compute(total), np.zeros(40))
 
 
+def _buffers_bytes(values) -> int:
+    """Bytes of the memory behind ``values`` (arrays, dicts of them), each buffer counted once: a
+    view counts as the whole array it is a view of, which it keeps alive."""
+    seen = {}
+
+    def visit(v):
+        if isinstance(v, dict):
+            for item in v.values():
+                visit(item)
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                visit(item)
+        elif isinstance(v, np.ndarray):
+            base = v
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            seen[id(base)] = base.nbytes
+
+    visit(list(values))
+    return sum(seen.values())
+
+
 @pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("flow", ["standardized_anomaly", "monthly_anomaly"])
+@pytest.mark.parametrize("flow", ["standardized_anomaly", "monthly_anomaly", "rolling"])
 def test_a_flow_holds_a_few_blocks_not_its_input(tmp_path, flow, threads):
     """The largest set of results Dask's scheduler holds at once, in blocks of the input: a few
-    per thread. Weights that were a Dask array of their own once made it hold the whole input."""
+    per thread. Weights that were a Dask array of their own once made it hold the whole input,
+    and rolling windows' halos, as views, their neighbouring blocks."""
     import threading
 
     from dask.callbacks import Callback
-    from dask.sizeof import sizeof
 
     x = climate_array(shape=(1460, 4, 8), chunks={"time": 73})
     x.to_dataset().to_zarr(tmp_path / "s.zarr")
@@ -113,13 +184,15 @@ def test_a_flow_holds_a_few_blocks_not_its_input(tmp_path, flow, threads):
 
         def _posttask(self, key, result, dsk, state, id):
             with self.lock:
-                Held.peak = max(Held.peak, sum(sizeof(v) for v in state["cache"].values()))
+                Held.peak = max(Held.peak, _buffers_bytes(state["cache"].values()))
 
     ops = pipeline.ops
 
     def build():
         if flow == "standardized_anomaly":
             return ops.weighted_mean(ops.standardized_anomaly(tas, dim="time"), dims=["lat", "lon"])
+        if flow == "rolling":
+            return ops.rolling_mean(tas, window=5, dim="time", center=True).max("time")
         return ops.weighted_mean(ops.anomaly(tas, freq="month"), dims=["lat", "lon"])
 
     in_core = pipeline.compute(build())
@@ -130,3 +203,27 @@ def test_a_flow_holds_a_few_blocks_not_its_input(tmp_path, flow, threads):
     # monthly: each block's partial sums of 12 months, float64, are 2/3 of a block
     assert Held.peak <= (3 * threads + 3) * block, f"held {Held.peak / block:.1f} blocks"
     np.testing.assert_allclose(np.asarray(got), np.asarray(in_core), rtol=1e-6)
+
+
+@pytest.mark.parametrize("depth", [(2, 1), (4, 0), (0, 3), (0, 0)])
+@pytest.mark.parametrize("chunks", [7, 1, 50, (20, 1, 29), (3, 4, 43)])
+def test_map_halo_equals_map_overlap(chunks, depth):
+    """Blocks with copied halos give map_overlap's results (boundary "none"), blocks shorter than
+    the halo included."""
+    import dask.array as da
+
+    from pipeline.overlap import map_halo
+
+    before, after = depth
+
+    def window_sums(x, axis):  # sum over [t - before, t + after], cut at the block's ends
+        xm = np.moveaxis(x, axis, 0)
+        return np.moveaxis(np.stack([xm[max(0, t - before):t + after + 1].sum(0) for t in range(len(xm))]), 0, axis)
+
+    a = np.random.default_rng(1).random((3, 50, 4))
+    x = da.from_array(a, chunks={0: 2, 1: chunks, 2: 4})
+    got = map_halo(window_sums, x, 1, depth, dtype=a.dtype, meta=np.empty((0, 0, 0)))
+    ref = x.map_overlap(window_sums, depth={1: depth}, boundary="none", trim=True, axis=1)
+    np.testing.assert_allclose(got.compute(), window_sums(a, 1))
+    np.testing.assert_allclose(got.compute(), ref.compute())
+    assert got.chunks[0] == x.chunks[0] and got.chunks[2] == x.chunks[2]
