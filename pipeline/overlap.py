@@ -6,7 +6,8 @@ rows are copied out of each block by small tasks of their own. Dask's ``map_over
 as slices, which are views: each view keeps its whole parent block in memory until the
 neighbour that needs it has run. Measured on the GPU, a rolling mean over 303 MB blocks with three
 threads under a 4 GB device budget held 1.5 GB of such views, and ran out of memory. Here a
-block is released as soon as its own task and its two halo copies have run.
+block is released as soon as its own task and its two halo copies have run. Nor is a block
+copied into a larger one with its halos: the few rows that a halo changes are computed apart.
 """
 
 from __future__ import annotations
@@ -18,20 +19,39 @@ import dask.array as da
 from .backend import xp_of
 
 
+def _rows(axis: int, ndim: int, start: int, stop: int) -> tuple:
+    return tuple(slice(start, stop) if i == axis else slice(None) for i in range(ndim))
+
+
 def _take(block, axis: int, rows: slice):
     """A copy of ``rows`` of ``block`` along ``axis`` (a copy, so that ``block`` can be freed)."""
-    index = tuple(rows if i == axis else slice(None) for i in range(block.ndim))
-    return block[index].copy()
+    return block[tuple(rows if i == axis else slice(None) for i in range(block.ndim))].copy()
 
 
-def _with_halo(block, ahead, behind, *, fn: Callable, axis: int, last: int, block_id=None, **kwargs):
-    k = block_id[axis]
-    parts = [ahead if k > 0 else None, block, behind if k < last else None]
-    parts = [p for p in parts if p is not None]
-    x = xp_of(block).concatenate(parts, axis=axis) if len(parts) > 1 else block
-    out = fn(x, axis=axis, **kwargs)
-    start = ahead.shape[axis] if k > 0 and ahead is not None else 0
-    return out[tuple(slice(start, start + block.shape[axis]) if i == axis else slice(None) for i in range(block.ndim))]
+def _with_halo(block, ahead, behind, *, fn: Callable, axis: int, depth: tuple[int, int], last: int, block_id=None, **kwargs):
+    """``fn`` over ``block`` as if its halos were attached, without attaching them: ``fn`` runs on
+    the block alone, and its first ``before`` and last ``after`` rows, the only ones a halo
+    changes, are computed again from a few rows of the block with the halo. So a task holds its
+    block and the result, not a third array of both with the halo; and the block is not copied."""
+    before, after = depth
+    k, n = block_id[axis], block.shape[axis]
+    ahead = ahead if k > 0 and before else None
+    behind = behind if k < last and after else None
+    xp = xp_of(block)
+    if n < before + after and (ahead is not None or behind is not None):  # a short block: attached
+        parts = [p for p in (ahead, block, behind) if p is not None]
+        start = ahead.shape[axis] if ahead is not None else 0
+        return fn(xp.concatenate(parts, axis=axis), axis=axis, **kwargs)[_rows(axis, block.ndim, start, start + n)]
+    out = fn(block, axis=axis, **kwargs)
+    span = before + after
+    if ahead is not None:  # rows 0 .. before - 1 see the halo ahead; rows up to span - 1 serve them
+        a = ahead.shape[axis]
+        head = fn(xp.concatenate([ahead, block[_rows(axis, block.ndim, 0, span)]], axis=axis), axis=axis, **kwargs)
+        out[_rows(axis, block.ndim, 0, before)] = head[_rows(axis, block.ndim, a, a + before)]
+    if behind is not None:  # rows n - after .. n - 1 see the halo behind
+        tail = fn(xp.concatenate([block[_rows(axis, block.ndim, n - span, n)], behind], axis=axis), axis=axis, **kwargs)
+        out[_rows(axis, block.ndim, n - after, n)] = tail[_rows(axis, block.ndim, span - after, span)]
+    return out
 
 
 def _blocks(x: da.Array, axis: int, ks) -> list[da.Array]:
@@ -41,8 +61,11 @@ def _blocks(x: da.Array, axis: int, ks) -> list[da.Array]:
 def map_halo(fn: Callable, data: da.Array, axis: int, depth: tuple[int, int], *, dtype, meta, **kwargs) -> da.Array:
     """``fn(x, axis=axis, **kwargs)`` on each block of ``data`` extended by ``depth[0]`` rows of the
     preceding data and ``depth[1]`` rows of the following data along ``axis`` (fewer at the ends of
-    the array, as map_overlap's ``boundary="none"``), trimmed back to the block; ``fn`` keeps the
-    shape of its input. Blocks shorter than the halo are first merged, as map_overlap does."""
+    the array, as map_overlap's ``boundary="none"``), trimmed back to the block.
+
+    ``fn`` keeps the shape of its input, and its row ``t`` depends only on rows ``t - depth[0]``
+    to ``t + depth[1]`` (rows past the ends of its input counting as missing), as a moving window
+    does. Blocks shorter than the halo are first merged, as map_overlap does."""
     from dask.array.overlap import ensure_minimum_chunksize
 
     axis = axis % data.ndim
@@ -65,5 +88,5 @@ def map_halo(fn: Callable, data: da.Array, axis: int, depth: tuple[int, int], *,
         halos[side] = da.concatenate(_blocks(cut, axis, order), axis=axis)
     return da.map_blocks(
         _with_halo, data, *halos, dtype=dtype, meta=meta,
-        token=getattr(fn, "__name__", "map-halo"), fn=fn, axis=axis, last=n - 1, **kwargs,
+        token=getattr(fn, "__name__", "map-halo"), fn=fn, axis=axis, depth=(before, after), last=n - 1, **kwargs,
     )
