@@ -38,7 +38,8 @@ def flows(tas):
     }
 
 
-def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, memory_limit: str | None) -> dict:
+def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, memory_limit: str | None,
+        stealing: bool = True) -> dict:
     import dask
     from dask_cuda import LocalCUDACluster
     from distributed import Client, get_task_stream
@@ -47,6 +48,8 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
 
     visible = ",".join(str(i) for i in range(n_gpus))
     settings = {"pipeline.gpu.memory-limit": memory_limit} if memory_limit else {}
+    if not stealing:  # read by the scheduler when the cluster starts
+        settings["distributed.scheduler.work-stealing"] = False
     out = {}
     with dask.config.set(settings), LocalCUDACluster(CUDA_VISIBLE_DEVICES=visible, threads_per_worker=threads) as cluster, Client(cluster) as client:
         client.run(dask.config.set, settings)  # workers read the same settings
@@ -110,6 +113,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--memory-limit", default=None, help="pipeline.gpu.memory-limit on each GPU")
+    ap.add_argument("--no-work-stealing", action="store_true",
+                    help="the scheduler keeps tasks where it placed them (no moving of blocks to idle workers)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import xarray as xr
@@ -131,7 +136,7 @@ def main(argv=None) -> dict:
     results = {}
     for n in counts:
         try:
-            results[n] = run(args.store, n, names, args.repeat, args.threads, args.memory_limit)
+            results[n] = run(args.store, n, names, args.repeat, args.threads, args.memory_limit, stealing=not args.no_work_stealing)
         except Exception as e:  # report it, and go on with the other counts
             print(f"{n} GPU(s): FAILED {type(e).__name__}: {e}", flush=True)
     counts = [n for n in counts if n in results]
