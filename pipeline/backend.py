@@ -167,7 +167,7 @@ def use_device_memory_limit() -> None:
 
 
 @functools.cache
-def _set_device_memory_limit(setting, device: int) -> None:
+def _set_device_memory_limit(setting, device: int) -> None:  # setting: the cache key only
     cp = module("gpu")
     pool = cp.get_default_memory_pool()
     pool.set_limit(size=device_memory_limit())

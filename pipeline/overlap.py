@@ -19,13 +19,14 @@ import dask.array as da
 from .backend import xp_of
 
 
-def _rows(axis: int, ndim: int, start: int, stop: int) -> tuple:
+def _rows(axis: int, ndim: int, start: int | None, stop: int | None) -> tuple:
     return tuple(slice(start, stop) if i == axis else slice(None) for i in range(ndim))
 
 
-def _take(block, axis: int, rows: slice):
-    """A copy of ``rows`` of ``block`` along ``axis`` (a copy, so that ``block`` can be freed)."""
-    return block[tuple(rows if i == axis else slice(None) for i in range(block.ndim))].copy()
+def _take(block, axis: int, start: int | None, stop: int | None):
+    """A copy of rows ``start:stop`` of ``block`` along ``axis`` (a copy, so that ``block`` can be
+    freed)."""
+    return block[_rows(axis, block.ndim, start, stop)].copy()
 
 
 def _with_halo(block, ahead, behind, *, fn: Callable, axis: int, depth: tuple[int, int], last: int, block_id=None, **kwargs):
@@ -55,7 +56,7 @@ def _with_halo(block, ahead, behind, *, fn: Callable, axis: int, depth: tuple[in
 
 
 def _blocks(x: da.Array, axis: int, ks) -> list[da.Array]:
-    return [x.blocks[tuple(slice(k, k + 1) if i == axis else slice(None) for i in range(x.ndim))] for k in ks]
+    return [x.blocks[_rows(axis, x.ndim, k, k + 1)] for k in ks]
 
 
 def map_halo(fn: Callable, data: da.Array, axis: int, depth: tuple[int, int], *, dtype, meta, **kwargs) -> da.Array:
@@ -78,9 +79,9 @@ def map_halo(fn: Callable, data: da.Array, axis: int, depth: tuple[int, int], *,
     for side, rows in enumerate((before, after)):
         if not rows or n == 1:
             continue
-        sl = slice(-rows, None) if side == 0 else slice(0, rows)
+        start, stop = (-rows, None) if side == 0 else (0, rows)
         chunks = tuple(tuple(min(rows, c) for c in cs) if i == axis else cs for i, cs in enumerate(data.chunks))
-        cut = data.map_blocks(_take, axis, sl, chunks=chunks, dtype=data.dtype, meta=data._meta,
+        cut = data.map_blocks(_take, axis, start, stop, chunks=chunks, dtype=data.dtype, meta=data._meta,
                               token=f"halo-{('ahead', 'behind')[side]}")
         # block k gets the rows of block k - 1 ahead of it and of block k + 1 behind it; the ends
         # get a neighbour's rows as a stand-in that _with_halo leaves out
