@@ -145,7 +145,8 @@ def kernel_cases(x, backend):
         ("detrend (deg 1, whole axis)", lambda: detrend(data, u, axis=0, deg=1, out_dtype=f32), 2 * n),
     ]
     if backend == "gpu":  # the kernels these replace, for comparison: <name>_previous
-        from pipeline.kernels import weighted
+        from pipeline.kernels import detrend as detrend_tile
+        from pipeline.kernels import moments, weighted
 
         cases += [  # the weights taken as _weighted_chunk takes them, for the same work around the kernel
             ("weighted sums_previous", lambda: weighted.weighted_sums_gpu_previous(x2, w[0].reshape(-1)), n + 16 * nt),
@@ -154,7 +155,18 @@ def kernel_cases(x, backend):
             ("group spells_previous", lambda: groups.group_spells_previous(x2, labels, 12, 290.0), n + 15 * npts * 4),
             ("group spells_previous (years)", lambda: groups.group_spells_previous(x2, years, nyears, 290.0), n + (nyears + 3) * npts * 4),
             ("detrend_previous (formulas)", lambda: fields.detrend_block(data, u, axis=0, deg=1, out_dtype=f32), 2 * n),
+            ("detrend_previous (Numba, reads twice)", lambda: fields.detrend_block_gpu_previous(data, u, axis=0, deg=1, out_dtype=f32), 2 * n),
+            ("moments_previous (Numba)", lambda: moments.moments_gpu_previous(data, 0), n + 3 * small),
         ]
+        # the other shapes of the one-read kernels, for choosing their defaults: [threads x points a thread]
+        # for moments, [points a tile, threads] for detrend
+        u1 = xp.linspace(-1.0, 1.0, nt)
+        out2 = xp.empty(x2.shape, dtype=f32)
+        for threads, unroll in ((256, 2), (128, 8), (256, 4)):
+            cases.append((f"moments [{threads} x {unroll}]", lambda t=threads, k=unroll: moments.moments_raw(x2, threads=t, unroll=k), n + 3 * small))
+        for points, threads in ((16, 256), (16, 128), (8, 256), (32, 128)):
+            cases.append((f"detrend [{points} points, {threads}]",
+                          lambda p=points, t=threads: detrend_tile.detrend_tile(x2, u1, out2, 1, points=p, threads=t), 2 * n))
     return cases
 
 

@@ -5,8 +5,9 @@ Block means and quantiles are written against the array module of their input (:
 so the same code runs on NumPy and CuPy chunks; saturation vapour pressure is one NumPy
 expression on the CPU and one fused CuPy kernel on the GPU, as in
 :mod:`pipeline.kernels.elementwise`. Trends are NumPy formulas on the CPU (the twins of the GPU
-kernels) and Numba CUDA kernels, one thread per grid point, on the GPU. Sums run in float64 so
-that float32 data come out within float32 rounding of a float64 reference.
+kernels); on the GPU, Numba CUDA kernels, one thread per grid point, and a CUDA C kernel that
+detrends a block holding the whole axis in one read (:mod:`pipeline.kernels.detrend`). Sums run
+in float64 so that float32 data come out within float32 rounding of a float64 reference.
 """
 
 from __future__ import annotations
@@ -269,8 +270,23 @@ def polyval_subtract_gpu(x, u, *coefficients, out_dtype, axis: int):
 
 
 def detrend_block_gpu(x, u, *, axis: int, deg: int, out_dtype):
-    """x minus its least-squares polynomial along ``axis``, which the block holds whole; one
-    Numba CUDA kernel (fit, solve, subtract per point)."""
+    """x minus its least-squares polynomial along ``axis``, which the block holds whole: the CUDA C
+    tile kernel of :mod:`pipeline.kernels.detrend`, which reads the block once, where a tile of
+    its series fits in shared memory; otherwise one Numba CUDA kernel (fit, solve, subtract per
+    point), which reads it twice."""
+    import cupy
+
+    from .detrend import detrend_tile
+
+    x2, rest = _to_2d(x, axis)
+    out = cupy.empty(x2.shape, dtype=out_dtype)
+    if not detrend_tile(x2, _axis_values(u, axis, x2.shape[0]), out, deg):
+        return detrend_block_gpu_previous(x, u, axis=axis, deg=deg, out_dtype=out_dtype)
+    return cupy.moveaxis(out.reshape(x2.shape[:1] + rest), 0, axis)
+
+
+def detrend_block_gpu_previous(x, u, *, axis: int, deg: int, out_dtype):
+    """:func:`detrend_block_gpu` by the Numba CUDA kernel alone (fit, solve, subtract per point)."""
     import cupy
 
     from .fields_cuda import trend_kernels

@@ -1,11 +1,20 @@
 """Count, mean and sum of squared deviations along the first axis of ``x[t, p]``, in one pass.
 
-On the GPU one thread walks one grid point's steps, so a block of data is read once (CuPy's NaN-skipping reductions would read it once per statistic and once more for the
-deviations). On the CPU the two-pass NumPy formula of :mod:`pipeline.reductions` is used: NumPy's
-reductions are vectorized along the points and need no compilation.
+On the GPU each thread walks a few grid points' steps, so a block of data is read once (CuPy's
+NaN-skipping reductions would read it once per statistic and once more for the deviations). On
+the CPU the two-pass NumPy formula of :mod:`pipeline.reductions` is used: NumPy's reductions are
+vectorized along the points and need no compilation.
+
+The GPU kernel is CUDA C, in the manner of :mod:`pipeline.kernels.streaming`; the Numba CUDA
+kernel it replaced (``moments_cuda``, one thread per point, four steps loaded ahead) is kept for
+the benchmarks and the CUDA simulator, and its per-point loop, compiled for the CPU by Numba, is
+the CUDA C kernel's twin: within a tile of steps both do the same float64 operations in the same
+order, so they agree bit for bit.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -61,14 +70,184 @@ def make_moments_column(jit):
 
 
 def launch_gpu(x2d, n, mean, m2):
+    """The Numba CUDA kernel (the previous GPU kernel; also what the CUDA simulator runs)."""
     from ._numba_cuda import launch
     from .moments_cuda import moments
 
     launch(moments, x2d.shape[1], THREADS_PER_BLOCK, x2d, n, mean, m2)
 
 
+# --- GPU kernel: CUDA C, U points a thread ------------------------------------------------------------
+#
+# The Numba kernel gives each thread one point and four loads in flight, and measured 56-70% of
+# the copy bandwidth on an H200 (benchmarks/ops_bandwidth.py), the spread being its tail: one
+# thread per point, all steps, 1M points make 4 uneven waves. Here a thread keeps U points, one
+# load of each in flight while the previous step is summed (as pipeline.kernels.weighted's tiled
+# kernel, 87%), and the steps are cut into tiles, merged afterwards, only where the points alone
+# are too few to fill the GPU.
+
+THREADS = 128
+UNROLL = 4  # points per thread, loads in flight per thread
+
+_SOURCE = r"""
+typedef {in_t} in_t;
+#define THREADS {threads}
+#define U {unroll}
+extern "C" __global__ void __launch_bounds__(THREADS) pipeline_moments(
+        const in_t* __restrict__ x, double* __restrict__ out, long long nrows, long long npts, long long tile) {{
+    // block (slice, tile): points slice * THREADS * U + i * THREADS + threadIdx.x, i < U (coalesced
+    // for each i), steps tile * tile .. + tile; out[tile][0 | 1 | 2][point] = n, mean, m2
+    const long long base = (long long)blockIdx.x * THREADS * U + threadIdx.x;
+    const long long r0 = (long long)blockIdx.y * tile;
+    const long long r1 = min(nrows, r0 + tile);
+    bool in[U];
+    long long cnt[U];
+    double sh[U], s1[U], s2[U];
+    in_t cur[U], nxt[U];
+    const in_t* row = x + r0 * npts + base;
+#pragma unroll
+    for (int i = 0; i < U; ++i) {{
+        in[i] = base + i * THREADS < npts;
+        cnt[i] = 0; sh[i] = 0.0; s1[i] = 0.0; s2[i] = 0.0;
+        cur[i] = (in[i] && r0 < r1) ? row[i * THREADS] : (in_t)0;
+    }}
+    for (long long r = r0; r < r1; ++r) {{
+        row += npts;
+#pragma unroll
+        for (int i = 0; i < U; ++i) nxt[i] = (in[i] && r + 1 < r1) ? row[i * THREADS] : (in_t)0;
+#pragma unroll
+        for (int i = 0; i < U; ++i) {{
+            const double v = (double)cur[i];
+            if (v == v) {{
+                if (cnt[i] == 0) sh[i] = v;
+                const double d = v - sh[i];
+                cnt[i] += 1;
+                s1[i] += d;
+                s2[i] += d * d;
+            }}
+            cur[i] = nxt[i];
+        }}
+    }}
+    double* o = out + (long long)blockIdx.y * 3 * npts;
+#pragma unroll
+    for (int i = 0; i < U; ++i) {{
+        if (!in[i]) continue;
+        const long long p = base + i * THREADS;
+        o[p] = (double)cnt[i];
+        if (cnt[i] > 0) {{
+            const double c = (double)cnt[i];
+            const double m2 = s2[i] - s1[i] * s1[i] / c;
+            o[npts + p] = sh[i] + s1[i] / c;
+            o[2 * npts + p] = (0.0 > m2) ? 0.0 : m2;  /* as Python's max(m2, 0.0) */
+        }} else {{
+            o[npts + p] = 0.0;
+            o[2 * npts + p] = 0.0;
+        }}
+    }}
+}}
+"""
+
+
+def source(in_dtype, threads: int = THREADS, unroll: int = UNROLL) -> str:
+    """The CUDA source of the kernel (the tests compile it with nvcc too)."""
+    from .streaming import C_TYPES
+
+    return _SOURCE.format(in_t=C_TYPES[np.dtype(in_dtype)], threads=threads, unroll=unroll)
+
+
+@functools.cache
+def _raw_kernel(in_dtype, threads: int, unroll: int):
+    import cupy
+
+    return cupy.RawKernel(source(in_dtype, threads, unroll), "pipeline_moments", options=("--fmad=false",))
+
+
+def plan(nt: int, npts: int, sms: int = 132, threads: int = THREADS, unroll: int = UNROLL) -> int:
+    """Steps per tile: all of them, unless the points alone make fewer than 8 blocks per
+    multiprocessor; then tiles of at least 64 steps, enough of them to make 8."""
+    point_blocks = max(1, -(-npts // (threads * unroll)))
+    tiles = 1
+    if point_blocks < 8 * sms:
+        tiles = max(1, min(-(-8 * sms // point_blocks), nt // 64))
+    return max(1, -(-nt // tiles))
+
+
+def merge_tiles(parts, xp):
+    """(n, mean, m2) of the tiles of ``parts`` (tiles, 3, points), merged by Chan's formula (as
+    :func:`pipeline.reductions._moments_combine`, in the same order on NumPy and CuPy)."""
+    n_i, mean_i, m2_i = parts[:, 0], parts[:, 1], parts[:, 2]
+    if parts.shape[0] == 1:
+        return n_i[0], mean_i[0], m2_i[0]
+    n = n_i[0].copy()
+    for k in range(1, parts.shape[0]):
+        n = n + n_i[k]
+    safe = xp.where(n > 0, n, 1.0)
+    s = n_i[0] * mean_i[0]
+    for k in range(1, parts.shape[0]):
+        s = s + n_i[k] * mean_i[k]
+    mean = s / safe
+    m2 = m2_i[0] + n_i[0] * (mean_i[0] - mean) ** 2
+    for k in range(1, parts.shape[0]):
+        m2 = m2 + (m2_i[k] + n_i[k] * (mean_i[k] - mean) ** 2)
+    return n, mean, m2
+
+
+def moments_raw(x2d, *, tile: int | None = None, threads: int = THREADS, unroll: int = UNROLL):
+    """(n, mean, m2), float64 arrays of length ``points``, of a C-contiguous (steps, points) CuPy
+    array, by the CUDA C kernel; ``tile`` (steps per tile) defaults to :func:`plan`'s choice."""
+    import cupy
+
+    from .streaming import _sm_count
+
+    nt, npts = x2d.shape
+    tile = plan(nt, npts, _sm_count(), threads, unroll) if tile is None else max(1, int(tile))
+    tiles = max(1, -(-nt // tile))
+    parts = cupy.empty((tiles, 3, npts), dtype=np.float64)
+    if npts:
+        grid = (max(1, -(-npts // (threads * unroll))), tiles)
+        _raw_kernel(np.dtype(x2d.dtype), threads, unroll)(grid, (threads,), (x2d, parts, np.int64(nt), np.int64(npts), np.int64(tile)))
+    return merge_tiles(parts, cupy)
+
+
+@functools.cache
+def _twin_columns():
+    import numba
+
+    column = make_moments_column(numba.njit)
+
+    @numba.njit
+    def columns(x, n, mean, m2):
+        for p in range(x.shape[1]):
+            column(x, n, mean, m2, p)
+
+    return columns
+
+
+def moments_twin(x2d, *, tile: int):
+    """What :func:`moments_raw` computes with tiles of ``tile`` steps, on the CPU: the per-point
+    loop (Numba) over each tile, then the same merge."""
+    nt, npts = x2d.shape
+    tiles = max(1, -(-nt // tile))
+    parts = np.empty((tiles, 3, npts))
+    columns = _twin_columns()
+    for k in range(tiles):
+        columns(np.ascontiguousarray(x2d[k * tile : (k + 1) * tile]), parts[k, 0], parts[k, 1], parts[k, 2])
+    return merge_tiles(parts, np)
+
+
 def moments_gpu(block, axis: int) -> dict:
     """{n, mean, m2} of a CuPy block over ``axis`` (kept with length 1), float64."""
+    import cupy
+
+    moved = cupy.moveaxis(block, axis, 0)
+    rest = moved.shape[1:]
+    x2 = cupy.ascontiguousarray(moved).reshape(moved.shape[0], -1)
+    n, mean, m2 = moments_raw(x2)
+    return {k: cupy.expand_dims(v.reshape(rest), axis) for k, v in {"n": n, "mean": mean, "m2": m2}.items()}
+
+
+def moments_gpu_previous(block, axis: int) -> dict:
+    """:func:`moments_gpu` by the Numba CUDA kernel it replaced (for the benchmarks)."""
     import cupy
 
     moved = cupy.moveaxis(block, axis, 0)

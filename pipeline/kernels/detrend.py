@@ -1,0 +1,297 @@
+"""Detrending a block that holds the whole axis, on the GPU, reading it once: CUDA C.
+
+The Numba CUDA kernel of :mod:`pipeline.kernels.fields` (one thread per grid point: fit, solve,
+subtract) reads each point's series twice, as the fit needs every step before the first
+subtraction; on an H200 it reached 48% of the copy bandwidth (benchmarks/ops_bandwidth.py,
+counting one read and one write). A tile kept in shared memory was tried with synchronous loads
+and reached 38%: each block loaded, reduced, solved and wrote one phase after another, and its
+loads were few at a time.
+
+This kernel keeps a tile of ``P`` neighbouring points over all the steps in shared memory, filled
+by asynchronous copies (``cp.async``: every load of the tile in flight at once, the registers not
+involved), then:
+
+1. thread (q, g) sums the normal equations of point q over steps g, g + G, ... (G = THREADS / P
+   groups of steps), from shared memory;
+2. the groups' sums are added in order g = 0, 1, ..., and one thread per point solves the
+   (deg + 1)^2 system (Gaussian elimination with partial pivoting, as the Numba kernel);
+3. thread (q, g) writes x - trend over its steps, again from shared memory.
+
+Several blocks share a multiprocessor, so one block's copies overlap another's arithmetic and
+writes. Each row of a tile is ``P`` consecutive points: whole 32-byte sectors, 16-byte copies
+where the addresses allow. Blocks whose series do not fit (``plan`` returns 0) use the Numba
+kernel. The twin (:func:`detrend_tile_twin`, Numba on the CPU) does the same float64 operations
+in the same order; without fused multiply-adds (``--fmad=false``) the two agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+THREADS = 256
+TILE_BYTES = 100 * 1024  # a tile's shared memory at most: two blocks fit a multiprocessor (228 KB)
+
+_SOURCE = r"""
+typedef {in_t} in_t;
+typedef {out_t} out_t;
+#define P {points}
+#define THREADS {threads}
+#define G (THREADS / P)
+#define M {m}
+#define N (2 * M - 1)
+#define VEC (16 / (int)sizeof(in_t))
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {{ return (unsigned)__cvta_generic_to_shared(p); }}
+
+__device__ __forceinline__ void copy16(in_t* dst, const in_t* src) {{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem_addr(dst)), "l"(src) : "memory");
+}}
+
+__device__ __forceinline__ void copy1(in_t* dst, const in_t* src) {{
+    if (sizeof(in_t) == 8)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" :: "r"(smem_addr(dst)), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(smem_addr(dst)), "l"(src) : "memory");
+}}
+
+__device__ __forceinline__ double trend(const double* c, double uu) {{
+    double r = c[M - 1];
+#pragma unroll
+    for (int k = M - 2; k >= 0; --k) r = r * uu + c[k];
+    return r;
+}}
+
+extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
+        const in_t* __restrict__ x, const double* __restrict__ u, out_t* __restrict__ out, int nt, long long npts,
+        int vectors) {{
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    in_t* tile = (in_t*)smem_raw;  // tile[t * P + q] = x[t, p0 + q]
+    __shared__ double red[G][N + M][P];
+    __shared__ double coef[M][P];
+    const long long p0 = (long long)blockIdx.x * P;
+    const int np = (int)min((long long)P, npts - p0);
+
+    // 1. the tile, by asynchronous copies
+    if (vectors && np == P) {{
+        const int per_row = P / VEC;
+        for (int k = threadIdx.x; k < nt * per_row; k += THREADS) {{
+            const int t = k / per_row, j = (k - t * per_row) * VEC;
+            copy16(tile + t * P + j, x + (long long)t * npts + p0 + j);
+        }}
+    }} else {{
+        for (int k = threadIdx.x; k < nt * P; k += THREADS) {{
+            const int t = k / P, j = k - t * P;
+            if (j < np) copy1(tile + k, x + (long long)t * npts + p0 + j);
+        }}
+    }}
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+
+    // 2. the normal equations of point q over the steps of group g
+    const int q = threadIdx.x % P, g = threadIdx.x / P;
+    double s[N], b[M];
+#pragma unroll
+    for (int k = 0; k < N; ++k) s[k] = 0.0;
+#pragma unroll
+    for (int k = 0; k < M; ++k) b[k] = 0.0;
+    if (q < np) {{
+        for (int t = g; t < nt; t += G) {{
+            const double v = (double)tile[t * P + q];
+            if (v == v) {{
+                const double uu = u[t];
+                double pw = 1.0;
+#pragma unroll
+                for (int k = 0; k < N; ++k) {{
+                    s[k] += pw;
+                    if (k < M) b[k] += pw * v;
+                    pw *= uu;
+                }}
+            }}
+        }}
+    }}
+#pragma unroll
+    for (int k = 0; k < N; ++k) red[g][k][q] = s[k];
+#pragma unroll
+    for (int k = 0; k < M; ++k) red[g][N + k][q] = b[k];
+    __syncthreads();
+
+    // 3. the groups in order, then the solve, one thread per point
+    if (threadIdx.x < np) {{
+        const int r = threadIdx.x;
+        double S[N], c[M], a[M][M];
+#pragma unroll
+        for (int k = 0; k < N; ++k) {{
+            double acc = 0.0;
+            for (int h = 0; h < G; ++h) acc += red[h][k][r];
+            S[k] = acc;
+        }}
+#pragma unroll
+        for (int k = 0; k < M; ++k) {{
+            double acc = 0.0;
+            for (int h = 0; h < G; ++h) acc += red[h][N + k][r];
+            c[k] = acc;
+        }}
+        if (S[0] < M) {{
+#pragma unroll
+            for (int k = 0; k < M; ++k) c[k] = __longlong_as_double(0x7ff8000000000000LL);  /* NaN */
+        }} else {{
+#pragma unroll
+            for (int i = 0; i < M; ++i)
+#pragma unroll
+                for (int j = 0; j < M; ++j) a[i][j] = S[i + j];
+#pragma unroll
+            for (int cc = 0; cc < M; ++cc) {{
+                int piv = cc;
+#pragma unroll
+                for (int rr = cc + 1; rr < M; ++rr)
+                    if (fabs(a[rr][cc]) > fabs(a[piv][cc])) piv = rr;
+                if (piv != cc) {{
+#pragma unroll
+                    for (int j = 0; j < M; ++j) {{ const double tmp = a[cc][j]; a[cc][j] = a[piv][j]; a[piv][j] = tmp; }}
+                    const double tmp = c[cc]; c[cc] = c[piv]; c[piv] = tmp;
+                }}
+#pragma unroll
+                for (int rr = cc + 1; rr < M; ++rr) {{
+                    const double f = a[rr][cc] / a[cc][cc];
+#pragma unroll
+                    for (int j = cc; j < M; ++j) a[rr][j] -= f * a[cc][j];
+                    c[rr] -= f * c[cc];
+                }}
+            }}
+#pragma unroll
+            for (int i = M - 1; i >= 0; --i) {{
+                double v = c[i];
+#pragma unroll
+                for (int j = i + 1; j < M; ++j) v -= a[i][j] * c[j];
+                c[i] = v / a[i][i];
+            }}
+        }}
+#pragma unroll
+        for (int k = 0; k < M; ++k) coef[k][r] = c[k];
+    }}
+    __syncthreads();
+
+    // 4. x - trend, from the tile
+    if (q < np) {{
+        double c[M];
+#pragma unroll
+        for (int k = 0; k < M; ++k) c[k] = coef[k][q];
+        out_t* o = out + p0 + q;
+        for (int t = g; t < nt; t += G) o[(long long)t * npts] = (out_t)((double)tile[t * P + q] - trend(c, u[t]));
+    }}
+}}
+"""
+
+
+def source(in_dtype, out_dtype, deg: int, points: int = 32, threads: int = THREADS) -> str:
+    """The CUDA source of the kernel (the tests compile it with nvcc too)."""
+    from .streaming import C_TYPES
+
+    return _SOURCE.format(
+        in_t=C_TYPES[np.dtype(in_dtype)], out_t=C_TYPES[np.dtype(out_dtype)], points=points, threads=threads, m=deg + 1,
+    )
+
+
+@functools.cache
+def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int):
+    import cupy
+
+    src = source(in_dtype, out_dtype, deg, points, threads)
+    return cupy.RawKernel(src, "pipeline_detrend_tile", options=("--fmad=false", "-std=c++17"))
+
+
+def plan(nt: int, itemsize: int, dtype_ok: bool = True) -> int:
+    """Points per tile: the widest of 32, 16 and 8 whose series fit in ``TILE_BYTES``, or 0 (the
+    block does not fit: the Numba kernel reads it twice instead)."""
+    if not dtype_ok or nt < 1:
+        return 0
+    for points in (32, 16, 8):
+        if nt * points * itemsize <= TILE_BYTES:
+            return points
+    return 0
+
+
+def supported(dtype) -> bool:
+    return np.dtype(dtype) in (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, threads: int = THREADS) -> bool:
+    """Detrend the C-contiguous (steps, points) CuPy array ``x2d`` into ``out2d`` by the tile
+    kernel (``u1d`` the float64 coordinate of the steps); False, doing nothing, where
+    :func:`plan` says the series do not fit."""
+    nt, npts = x2d.shape
+    points = plan(nt, x2d.dtype.itemsize, supported(x2d.dtype)) if points is None else points
+    if not points:
+        return False
+    if npts == 0:
+        return True
+    kernel = _raw_kernel(np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads)
+    smem = nt * points * x2d.dtype.itemsize
+    if smem > 48 * 1024:  # above the default, a kernel must ask for its shared memory
+        kernel.max_dynamic_shared_size_bytes = smem
+    # 16-byte copies need 16-byte aligned rows: the array's start and its row length
+    vectors = int(x2d.data.ptr % 16 == 0 and (npts * x2d.dtype.itemsize) % 16 == 0)
+    grid = (-(-npts // points),)
+    kernel(grid, (threads,), (x2d, u1d, out2d, np.int32(nt), np.int64(npts), np.int32(vectors)), shared_mem=smem)
+    return True
+
+
+# --- the same algorithm on the CPU: the twin of the CUDA C kernel -------------------------------------
+
+
+@functools.cache
+def _twin(deg: int, groups: int):
+    import numba
+
+    from .fields import make_trend_columns
+
+    m, n = deg + 1, 2 * deg + 1
+    _, solve, _ = make_trend_columns(numba.njit, deg)
+
+    @numba.njit
+    def run(x, u, out):
+        nt, npts = x.shape
+        red = np.zeros((groups, n + m))
+        s = np.zeros(n)
+        b = np.zeros(m)
+        a = np.zeros((m, m))
+        for p in range(npts):
+            for g in range(groups):
+                for k in range(n + m):
+                    red[g, k] = 0.0
+                for t in range(g, nt, groups):
+                    v = float(x[t, p])
+                    if v == v:
+                        pw = 1.0
+                        for k in range(n):
+                            red[g, k] += pw
+                            if k < m:
+                                red[g, n + k] += pw * v
+                            pw *= u[t]
+            for k in range(n):
+                acc = 0.0
+                for g in range(groups):
+                    acc += red[g, k]
+                s[k] = acc
+            for k in range(m):
+                acc = 0.0
+                for g in range(groups):
+                    acc += red[g, n + k]
+                b[k] = acc
+            solve(s, b, a)
+            for t in range(nt):
+                r = b[m - 1]
+                for k in range(m - 2, -1, -1):
+                    r = r * u[t] + b[k]
+                out[t, p] = float(x[t, p]) - r
+
+    return run
+
+
+def detrend_tile_twin(x2d, u1d, deg: int, out_dtype, *, points: int, threads: int = THREADS):
+    """What :func:`detrend_tile` computes, on the CPU, in the kernel's order of operations."""
+    out = np.empty(x2d.shape, dtype=out_dtype)
+    _twin(deg, threads // points)(np.ascontiguousarray(x2d), np.ascontiguousarray(u1d, dtype=np.float64), out)
+    return out

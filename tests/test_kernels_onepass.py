@@ -1,0 +1,166 @@
+"""The CUDA C moments and detrend kernels: their twins (CPU, every run) against the reference
+formulas, their sources compiled (where nvcc is installed), and on a GPU the kernels against
+their twins, bit for bit."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from pipeline.kernels import detrend, fields, moments
+from pipeline.reductions import _moments_chunk
+
+from .conftest import requires_gpu
+
+
+def sample(nt, npts, seed=0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((nt, npts)) * 4 + 285 + np.linspace(0, 3, nt)[:, None]).astype(dtype)
+    x[rng.random(x.shape) < 0.15] = np.nan
+    x[:, 3] = np.nan  # no valid value
+    x[2:, 5] = np.nan  # two valid values
+    x[1:, 6] = np.nan  # one
+    return x
+
+
+# --- moments --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tile", [131, 64, 40, 7, 1])
+def test_moments_twin_matches_two_pass_formula(tile):
+    x = sample(131, 77)
+    ref = _moments_chunk(x, None, (0,))
+    n, mean, m2 = moments.moments_twin(x, tile=tile)
+    np.testing.assert_array_equal(n, ref["n"][0])
+    np.testing.assert_allclose(mean, ref["mean"][0], rtol=1e-13)
+    np.testing.assert_allclose(m2, ref["m2"][0], rtol=1e-10, atol=1e-9)
+    assert n[3] == 0 and mean[3] == 0 and m2[3] == 0
+    assert n[6] == 1 and m2[6] == 0
+
+
+def test_moments_plan_tiles_only_when_points_are_few():
+    assert moments.plan(730, 721 * 1440, sms=132) == 730
+    tile = moments.plan(730, 3000, sms=132)
+    assert 64 <= tile < 730
+    assert moments.plan(50, 10, sms=132) == 50  # never under 64 steps a tile
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,tile", [((131, 77), None), ((131, 77), 40), ((730, 1037), None), ((5, 3), None), ((300, 4100), 64)])
+def test_moments_kernel_equals_its_twin(dtype, shape, tile):
+    import cupy
+
+    x = sample(*shape, dtype=dtype)
+    chosen = moments.plan(*shape, sms=cupy.cuda.Device().attributes["MultiProcessorCount"]) if tile is None else tile
+    got = moments.moments_raw(cupy.asarray(x), tile=tile)
+    want = moments.moments_twin(x, tile=chosen)
+    for g, w in zip(got, want):
+        assert isinstance(g, cupy.ndarray)
+        np.testing.assert_array_equal(cupy.asnumpy(g), w)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("threads,unroll", [(128, 4), (256, 2), (128, 8)])
+def test_moments_kernel_variants_agree(threads, unroll):
+    import cupy
+
+    x = cupy.asarray(sample(97, 3001))
+    ref = moments.moments_raw(x, tile=97)
+    got = moments.moments_raw(x, tile=97, threads=threads, unroll=unroll)
+    for g, w in zip(got, ref):
+        np.testing.assert_array_equal(cupy.asnumpy(g), cupy.asnumpy(w))
+
+
+# --- detrend --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("deg", [0, 1, 2, 3])
+@pytest.mark.parametrize("points", [32, 16, 8])
+def test_detrend_twin_matches_formulas(deg, points):
+    x = sample(97, 45, seed=2)
+    u = np.linspace(-1, 1, 97)
+    ref = fields.detrend_block(x, u[:, None], axis=0, deg=deg, out_dtype=np.float64)
+    got = detrend.detrend_tile_twin(x, u, deg, np.float64, points=points)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    # the normal equations of degree 3 lose a few digits; still far inside float32 rounding of 285
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-9 if deg < 3 else 1e-4, equal_nan=True)
+    assert np.isnan(got[:, 6]).all() == (deg >= 1)
+    assert np.isnan(got[:, 5]).all() == (deg >= 2)
+
+
+def test_detrend_plan():
+    assert detrend.plan(730, 4) == 32
+    assert detrend.plan(730, 8) == 16
+    assert detrend.plan(3000, 4) == 8
+    assert detrend.plan(4380, 4) == 0  # the Numba kernel, reading twice
+    assert detrend.plan(730, 2, dtype_ok=detrend.supported(np.int16)) == 0
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("in_t,out_t", [(np.float32, np.float32), (np.float64, np.float64), (np.float32, np.float64)])
+@pytest.mark.parametrize("deg", [0, 1, 2, 3])
+@pytest.mark.parametrize("points,threads", [(32, 256), (16, 256), (8, 256), (16, 128)])
+def test_detrend_kernel_equals_its_twin(in_t, out_t, deg, points, threads):
+    import cupy
+
+    nt, npts = 97, 101  # a partial tile at the end; rows of 101 values: no 16-byte copies
+    x = sample(nt, npts, seed=3, dtype=in_t)
+    u = np.linspace(-1, 1, nt)
+    want = detrend.detrend_tile_twin(x, u, deg, out_t, points=points, threads=threads)
+    for cut in (npts, 96):  # 96 points: rows of whole 16-byte pieces
+        xg = cupy.asarray(x[:, :cut])
+        out = cupy.empty(xg.shape, dtype=out_t)
+        assert detrend.detrend_tile(xg, cupy.asarray(u), out, deg, points=points, threads=threads)
+        np.testing.assert_array_equal(cupy.asnumpy(out), want[:, :cut] if cut == npts else
+                                      detrend.detrend_tile_twin(x[:, :cut], u, deg, out_t, points=points, threads=threads))
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_detrend_block_gpu_takes_the_tile_kernel_or_falls_back():
+    import cupy
+
+    u = np.linspace(-1, 1, 200)[:, None, None]
+    x = sample(200, 60, seed=4).reshape(200, 6, 10)
+    for block in (x, np.moveaxis(x, 0, 2)):  # axis 0, and the time axis last
+        axis = 0 if block is x else 2
+        uu = np.moveaxis(u, 0, axis)
+        got = fields.detrend_block_gpu(cupy.asarray(block), cupy.asarray(uu), axis=axis, deg=1, out_dtype=np.float32)
+        assert isinstance(got, cupy.ndarray)
+        ref = fields.detrend_block(block, uu, axis=axis, deg=1, out_dtype=np.float32)
+        np.testing.assert_allclose(cupy.asnumpy(got), ref, rtol=1e-6, atol=1e-5, equal_nan=True)
+    long = sample(4000, 40, seed=5)  # too long for a tile: the Numba kernel
+    ul = np.linspace(-1, 1, 4000)[:, None]
+    got = fields.detrend_block_gpu(cupy.asarray(long), cupy.asarray(ul), axis=0, deg=1, out_dtype=np.float32)
+    np.testing.assert_allclose(cupy.asnumpy(got), fields.detrend_block(long, ul, axis=0, deg=1, out_dtype=np.float32),
+                               rtol=1e-6, atol=1e-5, equal_nan=True)
+
+
+# --- the CUDA sources compile ---------------------------------------------------------------------
+
+SOURCES = {
+    "moments_f32": moments.source(np.float32),
+    "moments_f64_256x2": moments.source(np.float64, 256, 2),
+    "detrend_f32_deg1_p32": detrend.source(np.float32, np.float32, 1, 32),
+    "detrend_f64_deg2_p16": detrend.source(np.float64, np.float64, 2, 16),
+    "detrend_f32_f64_deg0_p8": detrend.source(np.float32, np.float64, 0, 8, 128),
+}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not installed")
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_sources_compile(tmp_path, name):
+    src = tmp_path / f"{name}.cu"
+    src.write_text(SOURCES[name])
+    r = subprocess.run(
+        ["nvcc", "-c", "-arch=sm_90", "--fmad=false", "-std=c++17", str(src), "-o", str(tmp_path / "k.o")],
+        capture_output=True, text=True,
+    )
+    assert r.returncode == 0, r.stderr
