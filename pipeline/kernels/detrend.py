@@ -31,7 +31,9 @@ import functools
 import numpy as np
 
 THREADS = 256
-TILE_BYTES = 100 * 1024  # a tile's shared memory at most: two blocks fit a multiprocessor (228 KB)
+TILE_BYTES = 100 * 1024  # a block's tile buffers at most: two blocks fit a multiprocessor (228 KB)
+# (points a tile, stages) in order of preference: two stages double-buffer the tile
+SHAPES = ((16, 2), (8, 2), (16, 1), (8, 1))
 
 _SOURCE = r"""
 typedef {in_t} in_t;
@@ -42,6 +44,7 @@ typedef {out_t} out_t;
 #define M {m}
 #define N (2 * M - 1)
 #define VEC (16 / (int)sizeof(in_t))
+#define STAGES {stages}
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {{ return (unsigned)__cvta_generic_to_shared(p); }}
 
@@ -63,17 +66,9 @@ __device__ __forceinline__ double trend(const double* c, double uu) {{
     return r;
 }}
 
-extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
-        const in_t* __restrict__ x, const double* __restrict__ u, out_t* __restrict__ out, int nt, long long npts,
-        int vectors) {{
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    in_t* tile = (in_t*)smem_raw;  // tile[t * P + q] = x[t, p0 + q]
-    __shared__ double red[G][N + M][P];
-    __shared__ double coef[M][P];
-    const long long p0 = (long long)blockIdx.x * P;
-    const int np = (int)min((long long)P, npts - p0);
-
-    // 1. the tile, by asynchronous copies
+__device__ __forceinline__ void load_tile(in_t* tile, const in_t* __restrict__ x, int nt, long long npts, long long p0,
+                                          int np, int vectors) {{
+    // row t of the tile is x[t, p0 .. p0 + np), by asynchronous copies
     if (vectors && np == P) {{
         const int per_row = P / VEC;
         for (int k = threadIdx.x; k < nt * per_row; k += THREADS) {{
@@ -86,154 +81,215 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
             if (j < np) copy1(tile + k, x + (long long)t * npts + p0 + j);
         }}
     }}
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    __syncthreads();
+}}
 
-    // 2. the normal equations of point q over the steps of group g
+extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
+        const in_t* __restrict__ x, const double* __restrict__ u, out_t* __restrict__ out, int nt, long long npts,
+        int vectors) {{
+    // tiles blockIdx.x, blockIdx.x + gridDim.x, ...; with STAGES 2 the next tile's copies are in
+    // flight while this one is summed, solved and written
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __shared__ double red[G][N + M][P];
+    __shared__ double coef[M][P];
+    const long long ntiles = (npts + P - 1) / P;
     const int q = threadIdx.x % P, g = threadIdx.x / P;
-    double s[N], b[M];
-#pragma unroll
-    for (int k = 0; k < N; ++k) s[k] = 0.0;
-#pragma unroll
-    for (int k = 0; k < M; ++k) b[k] = 0.0;
-    if (q < np) {{
-        for (int t = g; t < nt; t += G) {{
-            const double v = (double)tile[t * P + q];
-            if (v == v) {{
-                const double uu = u[t];
-                double pw = 1.0;
-#pragma unroll
-                for (int k = 0; k < N; ++k) {{
-                    s[k] += pw;
-                    if (k < M) b[k] += pw * v;
-                    pw *= uu;
-                }}
-            }}
-        }}
-    }}
-#pragma unroll
-    for (int k = 0; k < N; ++k) red[g][k][q] = s[k];
-#pragma unroll
-    for (int k = 0; k < M; ++k) red[g][N + k][q] = b[k];
-    __syncthreads();
+    long long tid = blockIdx.x;
+    if (tid < ntiles) load_tile((in_t*)smem_raw, x, nt, npts, tid * P, (int)min((long long)P, npts - tid * P), vectors);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    for (int i = 0; tid < ntiles; ++i, tid += gridDim.x) {{
+        in_t* tile = (in_t*)smem_raw + (STAGES == 2 ? (i & 1) * nt * P : 0);
+        const long long p0 = tid * P;
+        const int np = (int)min((long long)P, npts - p0);
+#if STAGES == 2
+        const long long next = tid + gridDim.x;
+        if (next < ntiles)
+            load_tile((in_t*)smem_raw + ((i + 1) & 1) * nt * P, x, nt, npts, next * P,
+                      (int)min((long long)P, npts - next * P), vectors);
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // all but the newest group: this tile
+#else
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+        __syncthreads();
 
-    // 3. the groups in order, then the solve, one thread per point
-    if (threadIdx.x < np) {{
-        const int r = threadIdx.x;
-        double S[N], c[M], a[M][M];
+        // the normal equations of point q over the steps of group g
+        double s[N], b[M];
 #pragma unroll
-        for (int k = 0; k < N; ++k) {{
-            double acc = 0.0;
-            for (int h = 0; h < G; ++h) acc += red[h][k][r];
-            S[k] = acc;
-        }}
+        for (int k = 0; k < N; ++k) s[k] = 0.0;
 #pragma unroll
-        for (int k = 0; k < M; ++k) {{
-            double acc = 0.0;
-            for (int h = 0; h < G; ++h) acc += red[h][N + k][r];
-            c[k] = acc;
-        }}
-        if (S[0] < M) {{
+        for (int k = 0; k < M; ++k) b[k] = 0.0;
+        if (q < np) {{
+            for (int t = g; t < nt; t += G) {{
+                const double v = (double)tile[t * P + q];
+                if (v == v) {{
+                    const double uu = u[t];
+                    double pw = 1.0;
 #pragma unroll
-            for (int k = 0; k < M; ++k) c[k] = __longlong_as_double(0x7ff8000000000000LL);  /* NaN */
-        }} else {{
-#pragma unroll
-            for (int i = 0; i < M; ++i)
-#pragma unroll
-                for (int j = 0; j < M; ++j) a[i][j] = S[i + j];
-#pragma unroll
-            for (int cc = 0; cc < M; ++cc) {{
-                int piv = cc;
-#pragma unroll
-                for (int rr = cc + 1; rr < M; ++rr)
-                    if (fabs(a[rr][cc]) > fabs(a[piv][cc])) piv = rr;
-                if (piv != cc) {{
-#pragma unroll
-                    for (int j = 0; j < M; ++j) {{ const double tmp = a[cc][j]; a[cc][j] = a[piv][j]; a[piv][j] = tmp; }}
-                    const double tmp = c[cc]; c[cc] = c[piv]; c[piv] = tmp;
-                }}
-#pragma unroll
-                for (int rr = cc + 1; rr < M; ++rr) {{
-                    const double f = a[rr][cc] / a[cc][cc];
-#pragma unroll
-                    for (int j = cc; j < M; ++j) a[rr][j] -= f * a[cc][j];
-                    c[rr] -= f * c[cc];
+                    for (int k = 0; k < N; ++k) {{
+                        s[k] += pw;
+                        if (k < M) b[k] += pw * v;
+                        pw *= uu;
+                    }}
                 }}
             }}
-#pragma unroll
-            for (int i = M - 1; i >= 0; --i) {{
-                double v = c[i];
-#pragma unroll
-                for (int j = i + 1; j < M; ++j) v -= a[i][j] * c[j];
-                c[i] = v / a[i][i];
-            }}
         }}
 #pragma unroll
-        for (int k = 0; k < M; ++k) coef[k][r] = c[k];
-    }}
-    __syncthreads();
+        for (int k = 0; k < N; ++k) red[g][k][q] = s[k];
+#pragma unroll
+        for (int k = 0; k < M; ++k) red[g][N + k][q] = b[k];
+        __syncthreads();
 
-    // 4. x - trend, from the tile
-    if (q < np) {{
-        double c[M];
+        // the groups in order, then the solve, one thread per point
+        if (threadIdx.x < np) {{
+            const int r = threadIdx.x;
+            double S[N], c[M], a[M][M];
 #pragma unroll
-        for (int k = 0; k < M; ++k) c[k] = coef[k][q];
-        out_t* o = out + p0 + q;
-        for (int t = g; t < nt; t += G) o[(long long)t * npts] = (out_t)((double)tile[t * P + q] - trend(c, u[t]));
+            for (int k = 0; k < N; ++k) {{
+                double acc = 0.0;
+                for (int h = 0; h < G; ++h) acc += red[h][k][r];
+                S[k] = acc;
+            }}
+#pragma unroll
+            for (int k = 0; k < M; ++k) {{
+                double acc = 0.0;
+                for (int h = 0; h < G; ++h) acc += red[h][N + k][r];
+                c[k] = acc;
+            }}
+            if (S[0] < M) {{
+#pragma unroll
+                for (int k = 0; k < M; ++k) c[k] = __longlong_as_double(0x7ff8000000000000LL);  /* NaN */
+            }} else {{
+#pragma unroll
+                for (int ii = 0; ii < M; ++ii)
+#pragma unroll
+                    for (int j = 0; j < M; ++j) a[ii][j] = S[ii + j];
+#pragma unroll
+                for (int cc = 0; cc < M; ++cc) {{
+                    int piv = cc;
+#pragma unroll
+                    for (int rr = cc + 1; rr < M; ++rr)
+                        if (fabs(a[rr][cc]) > fabs(a[piv][cc])) piv = rr;
+                    if (piv != cc) {{
+#pragma unroll
+                        for (int j = 0; j < M; ++j) {{ const double tmp = a[cc][j]; a[cc][j] = a[piv][j]; a[piv][j] = tmp; }}
+                        const double tmp = c[cc]; c[cc] = c[piv]; c[piv] = tmp;
+                    }}
+#pragma unroll
+                    for (int rr = cc + 1; rr < M; ++rr) {{
+                        const double f = a[rr][cc] / a[cc][cc];
+#pragma unroll
+                        for (int j = cc; j < M; ++j) a[rr][j] -= f * a[cc][j];
+                        c[rr] -= f * c[cc];
+                    }}
+                }}
+#pragma unroll
+                for (int ii = M - 1; ii >= 0; --ii) {{
+                    double v = c[ii];
+#pragma unroll
+                    for (int j = ii + 1; j < M; ++j) v -= a[ii][j] * c[j];
+                    c[ii] = v / a[ii][ii];
+                }}
+            }}
+#pragma unroll
+            for (int k = 0; k < M; ++k) coef[k][r] = c[k];
+        }}
+        __syncthreads();
+
+        // x - trend, from the tile
+        if (q < np) {{
+            double c[M];
+#pragma unroll
+            for (int k = 0; k < M; ++k) c[k] = coef[k][q];
+            out_t* o = out + p0 + q;
+            for (int t = g; t < nt; t += G) o[(long long)t * npts] = (out_t)((double)tile[t * P + q] - trend(c, u[t]));
+        }}
+        __syncthreads();  // the tile, red and coef are free for the next round
     }}
 }}
 """
 
 
-def source(in_dtype, out_dtype, deg: int, points: int = 32, threads: int = THREADS) -> str:
+def source(in_dtype, out_dtype, deg: int, points: int = 16, threads: int = THREADS, stages: int = 2) -> str:
     """The CUDA source of the kernel (the tests compile it with nvcc too)."""
     from .streaming import C_TYPES
 
     return _SOURCE.format(
-        in_t=C_TYPES[np.dtype(in_dtype)], out_t=C_TYPES[np.dtype(out_dtype)], points=points, threads=threads, m=deg + 1,
+        in_t=C_TYPES[np.dtype(in_dtype)], out_t=C_TYPES[np.dtype(out_dtype)], points=points, threads=threads,
+        m=deg + 1, stages=stages,
     )
 
 
 @functools.cache
-def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int):
+def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int, stages: int):
     import cupy
 
-    src = source(in_dtype, out_dtype, deg, points, threads)
+    src = source(in_dtype, out_dtype, deg, points, threads, stages)
     return cupy.RawKernel(src, "pipeline_detrend_tile", options=("--fmad=false", "-std=c++17"))
 
 
-def plan(nt: int, itemsize: int, dtype_ok: bool = True) -> int:
-    """Points per tile: the widest of 32, 16 and 8 whose series fit in ``TILE_BYTES``, or 0 (the
-    block does not fit: the Numba kernel reads it twice instead)."""
-    if not dtype_ok or nt < 1:
-        return 0
-    for points in (32, 16, 8):
-        if nt * points * itemsize <= TILE_BYTES:
-            return points
-    return 0
+def plan(nt: int, itemsize: int, dtype_ok: bool = True) -> tuple[int, int]:
+    """(points per tile, stages): the first of ``SHAPES`` whose buffers fit in ``TILE_BYTES``, or
+    (0, 0) where none does (the block's series are too long: the Numba kernel reads it twice)."""
+    if dtype_ok and nt >= 1:
+        for points, stages in SHAPES:
+            if stages * nt * points * itemsize <= TILE_BYTES:
+                return points, stages
+    return 0, 0
 
 
 def supported(dtype) -> bool:
     return np.dtype(dtype) in (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, threads: int = THREADS) -> bool:
+SMEM_PER_SM = 228 * 1024  # shared memory of a multiprocessor (compute capability 8.0 to 10.x), 1 KB a block reserved
+
+
+def blocks_per_sm(nt: int, itemsize: int, deg: int, points: int, threads: int, stages: int) -> int:
+    """Blocks of the kernel that fit a multiprocessor at once (threads and shared memory)."""
+    m, n = deg + 1, 2 * deg + 1
+    static = threads * (n + m) * 8 + m * points * 8
+    smem = stages * nt * points * itemsize + static + 1024
+    return max(1, min(2048 // threads, SMEM_PER_SM // smem))
+
+
+def resident_blocks(kernel, threads: int, smem: int, estimate: int) -> int:
+    """Blocks a multiprocessor runs at once, by CUDA's occupancy calculator, else ``estimate``."""
+    try:
+        from cupy.cuda import driver
+
+        return max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, smem)))
+    except Exception:  # an older CuPy without the call
+        return estimate
+
+
+def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, threads: int = THREADS,
+                 stages: int | None = None) -> bool:
     """Detrend the C-contiguous (steps, points) CuPy array ``x2d`` into ``out2d`` by the tile
     kernel (``u1d`` the float64 coordinate of the steps); False, doing nothing, where
-    :func:`plan` says the series do not fit."""
+    :func:`plan` says the series do not fit. ``points`` and ``stages`` default to the plan's."""
+    from .streaming import _sm_count
+
     nt, npts = x2d.shape
-    points = plan(nt, x2d.dtype.itemsize, supported(x2d.dtype)) if points is None else points
+    planned, planned_stages = plan(nt, x2d.dtype.itemsize, supported(x2d.dtype))
+    points = planned if points is None else points
+    stages = (planned_stages or 1) if stages is None else stages
     if not points:
         return False
     if npts == 0:
         return True
-    kernel = _raw_kernel(np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads)
-    smem = nt * points * x2d.dtype.itemsize
-    if smem > 48 * 1024:  # above the default, a kernel must ask for its shared memory
-        kernel.max_dynamic_shared_size_bytes = smem
+    kernel = _raw_kernel(np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads, stages)
+    smem = stages * nt * points * x2d.dtype.itemsize
+    # with its static arrays a block may need more than the default 48 KB: ask for it each time
+    kernel.max_dynamic_shared_size_bytes = smem
     # 16-byte copies need 16-byte aligned rows: the array's start and its row length
     vectors = int(x2d.data.ptr % 16 == 0 and (npts * x2d.dtype.itemsize) % 16 == 0)
-    grid = (-(-npts // points),)
+    tiles = -(-npts // points)
+    # as many blocks as run at once, each looping over tiles (so that its next tile is copied
+    # while it works on this one)
+    # (more would wait for a first block to end, and then end late: each block takes every
+    # grid-th tile)
+    resident = resident_blocks(kernel, threads, smem, blocks_per_sm(nt, x2d.dtype.itemsize, deg, points, threads, stages))
+    grid = (min(tiles, resident * _sm_count()),)
     kernel(grid, (threads,), (x2d, u1d, out2d, np.int32(nt), np.int64(npts), np.int32(vectors)), shared_mem=smem)
     return True
 
