@@ -95,22 +95,23 @@ def test_detrend_twin_matches_formulas(deg, points):
 
 
 def test_detrend_plan():
-    assert detrend.plan(730, 4) == (16, 2)
-    assert detrend.plan(730, 8) == (8, 2)
-    assert detrend.plan(1500, 4) == (8, 2)
-    assert detrend.plan(3000, 4) == (8, 1)
-    assert detrend.plan(4380, 4) == (0, 0)  # the Numba kernel, reading twice
-    assert detrend.plan(730, 2, dtype_ok=detrend.supported(np.int16)) == (0, 0)
-    assert detrend.blocks_per_sm(730, 4, 1, 16, 256, 2) == 2
-    assert detrend.blocks_per_sm(10, 4, 1, 16, 256, 2) == 8  # bound by threads
+    assert detrend.plan(730, 4) == 16
+    assert detrend.plan(730, 8) == 8
+    assert detrend.plan(1460, 4) == 8
+    assert detrend.plan(2000, 4) == 8
+    assert detrend.plan(3200, 4) == 8
+    assert detrend.plan(4380, 4) == 0  # the Numba kernel, reading twice
+    assert detrend.plan(730, 2, dtype_ok=detrend.supported(np.int16)) == 0
+    assert detrend.blocks_per_sm(730, 4, 1, 16, 256) == 4
+    assert detrend.blocks_per_sm(10, 4, 1, 16, 256) == 8  # bound by threads
 
 
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize("in_t,out_t", [(np.float32, np.float32), (np.float64, np.float64), (np.float32, np.float64)])
 @pytest.mark.parametrize("deg", [0, 1, 2, 3])
-@pytest.mark.parametrize("points,threads,stages", [(32, 256, 1), (16, 256, 2), (8, 256, 2), (16, 128, 1), (8, 64, 2)])
-def test_detrend_kernel_equals_its_twin(in_t, out_t, deg, points, threads, stages):
+@pytest.mark.parametrize("points,threads", [(32, 256), (16, 256), (8, 256), (16, 128), (8, 64)])
+def test_detrend_kernel_equals_its_twin(in_t, out_t, deg, points, threads):
     import cupy
 
     nt, npts = 97, 101  # a partial tile at the end; rows of 101 values: no 16-byte copies
@@ -120,23 +121,23 @@ def test_detrend_kernel_equals_its_twin(in_t, out_t, deg, points, threads, stage
     for cut in (npts, 96):  # 96 points: rows of whole 16-byte pieces
         xg = cupy.asarray(x[:, :cut])
         out = cupy.empty(xg.shape, dtype=out_t)
-        assert detrend.detrend_tile(xg, cupy.asarray(u), out, deg, points=points, threads=threads, stages=stages)
+        assert detrend.detrend_tile(xg, cupy.asarray(u), out, deg, points=points, threads=threads)
         np.testing.assert_array_equal(cupy.asnumpy(out), want[:, :cut] if cut == npts else
                                       detrend.detrend_tile_twin(x[:, :cut], u, deg, out_t, points=points, threads=threads))
 
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("points,threads,stages", [(16, 256, 2), (8, 256, 2), (16, 256, 1), (32, 256, 1)])
-def test_detrend_blocks_per_sm_as_cuda_counts_them(points, threads, stages):
+@pytest.mark.parametrize("points,threads", [(16, 256), (8, 256), (32, 256)])
+def test_detrend_blocks_per_sm_as_cuda_counts_them(points, threads):
     from cupy.cuda import driver
 
-    kernel = detrend._raw_kernel(np.dtype(np.float32), np.dtype(np.float32), 1, points, threads, stages)
-    smem = stages * 730 * points * 4
+    kernel = detrend._raw_kernel(np.dtype(np.float32), np.dtype(np.float32), 1, points, threads)
+    smem = 730 * points * 4
     kernel.max_dynamic_shared_size_bytes = smem
     cuda = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, smem)
     assert detrend.resident_blocks(kernel, threads, smem, -1) == cuda
-    assert detrend.blocks_per_sm(730, 4, 1, points, threads, stages) == cuda
+    assert detrend.blocks_per_sm(730, 4, 1, points, threads) == cuda
 
 
 @pytest.mark.gpu
@@ -165,7 +166,7 @@ def test_detrend_block_gpu_takes_the_tile_kernel_or_falls_back():
 SOURCES = {
     "moments_f32": moments.source(np.float32),
     "moments_f64_256x2": moments.source(np.float64, 256, 2),
-    "detrend_f32_deg1_p32_1stage": detrend.source(np.float32, np.float32, 1, 32, 256, 1),
+    "detrend_f32_deg1_p32": detrend.source(np.float32, np.float32, 1, 32),
     "detrend_f32_deg1_p16": detrend.source(np.float32, np.float32, 1, 16),
     "detrend_f64_deg2_p16": detrend.source(np.float64, np.float64, 2, 16),
     "detrend_f32_f64_deg0_p8": detrend.source(np.float32, np.float64, 0, 8, 128),

@@ -2,14 +2,10 @@
 
 The Numba CUDA kernel of :mod:`pipeline.kernels.fields` (one thread per grid point: fit, solve,
 subtract) reads each point's series twice, as the fit needs every step before the first
-subtraction; on an H200 it reached 48% of the copy bandwidth (benchmarks/ops_bandwidth.py,
-counting one read and one write). A tile kept in shared memory was tried with synchronous loads
-and reached 38%: each block loaded, reduced, solved and wrote one phase after another, and its
-loads were few at a time.
-
-This kernel keeps a tile of ``P`` neighbouring points over all the steps in shared memory, filled
-by asynchronous copies (``cp.async``: every load of the tile in flight at once, the registers not
-involved), then:
+subtraction: 46-50% of the copy bandwidth on an H200 (benchmarks/ops_bandwidth.py, counting one
+read and one write). This kernel keeps a tile of ``P`` neighbouring points over all the steps in
+shared memory, filled by asynchronous copies (``cp.async``: the whole tile's loads in flight at
+once, no registers held), then:
 
 1. thread (q, g) sums the normal equations of point q over steps g, g + G, ... (G = THREADS / P
    groups of steps), from shared memory;
@@ -17,11 +13,17 @@ involved), then:
    (deg + 1)^2 system (Gaussian elimination with partial pivoting, as the Numba kernel);
 3. thread (q, g) writes x - trend over its steps, again from shared memory.
 
-Several blocks share a multiprocessor, so one block's copies overlap another's arithmetic and
-writes. Each row of a tile is ``P`` consecutive points: whole 32-byte sectors, 16-byte copies
-where the addresses allow. Blocks whose series do not fit (``plan`` returns 0) use the Numba
-kernel. The twin (:func:`detrend_tile_twin`, Numba on the CPU) does the same float64 operations
-in the same order; without fused multiply-adds (``--fmad=false``) the two agree bit for bit.
+As many blocks are launched as fit the GPU at once, and each loops over tiles, so that the
+blocks of a multiprocessor (four, with 16 points of 730 float32 steps) drift into different
+phases and one's copies overlap another's arithmetic and writes. Measured in one run on 730 x
+1038240 float32 (benchmarks/ops_bandwidth.py): 97% of the copy bandwidth with 16 points a tile,
+85% with 32 (two blocks a multiprocessor); one block per tile instead, 60-65%; a second tile
+buffer per block, copied while the first is worked on, 33-51% (fewer blocks fit).
+
+Rows of a tile are ``P`` consecutive points: whole 32-byte sectors, and 16-byte copies where the
+addresses allow. Blocks whose series do not fit (``plan`` returns 0) use the Numba kernel. The
+twin (:func:`detrend_tile_twin`, Numba on the CPU) does the same float64 operations in the same
+order; without fused multiply-adds (``--fmad=false``) the two agree bit for bit.
 """
 
 from __future__ import annotations
@@ -31,9 +33,7 @@ import functools
 import numpy as np
 
 THREADS = 256
-TILE_BYTES = 100 * 1024  # a block's tile buffers at most: two blocks fit a multiprocessor (228 KB)
-# (points a tile, stages) in order of preference: two stages double-buffer the tile
-SHAPES = ((16, 2), (8, 2), (16, 1), (8, 1))
+TILE_BYTES = 100 * 1024  # a tile at most: two blocks fit a multiprocessor (228 KB)
 
 _SOURCE = r"""
 typedef {in_t} in_t;
@@ -44,7 +44,6 @@ typedef {out_t} out_t;
 #define M {m}
 #define N (2 * M - 1)
 #define VEC (16 / (int)sizeof(in_t))
-#define STAGES {stages}
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {{ return (unsigned)__cvta_generic_to_shared(p); }}
 
@@ -86,30 +85,19 @@ __device__ __forceinline__ void load_tile(in_t* tile, const in_t* __restrict__ x
 extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
         const in_t* __restrict__ x, const double* __restrict__ u, out_t* __restrict__ out, int nt, long long npts,
         int vectors) {{
-    // tiles blockIdx.x, blockIdx.x + gridDim.x, ...; with STAGES 2 the next tile's copies are in
-    // flight while this one is summed, solved and written
+    // tiles blockIdx.x, blockIdx.x + gridDim.x, ...: as many blocks as fit the GPU at once, each
+    // looping over tiles
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ double red[G][N + M][P];
     __shared__ double coef[M][P];
+    in_t* tile = (in_t*)smem_raw;
     const long long ntiles = (npts + P - 1) / P;
     const int q = threadIdx.x % P, g = threadIdx.x / P;
-    long long tid = blockIdx.x;
-    if (tid < ntiles) load_tile((in_t*)smem_raw, x, nt, npts, tid * P, (int)min((long long)P, npts - tid * P), vectors);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    for (int i = 0; tid < ntiles; ++i, tid += gridDim.x) {{
-        in_t* tile = (in_t*)smem_raw + (STAGES == 2 ? (i & 1) * nt * P : 0);
+    for (long long tid = blockIdx.x; tid < ntiles; tid += gridDim.x) {{
         const long long p0 = tid * P;
         const int np = (int)min((long long)P, npts - p0);
-#if STAGES == 2
-        const long long next = tid + gridDim.x;
-        if (next < ntiles)
-            load_tile((in_t*)smem_raw + ((i + 1) & 1) * nt * P, x, nt, npts, next * P,
-                      (int)min((long long)P, npts - next * P), vectors);
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // all but the newest group: this tile
-#else
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#endif
+        load_tile(tile, x, nt, npts, p0, np, vectors);
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
         __syncthreads();
 
         // the normal equations of point q over the steps of group g
@@ -209,46 +197,47 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
 """
 
 
-def source(in_dtype, out_dtype, deg: int, points: int = 16, threads: int = THREADS, stages: int = 2) -> str:
+def source(in_dtype, out_dtype, deg: int, points: int = 16, threads: int = THREADS) -> str:
     """The CUDA source of the kernel (the tests compile it with nvcc too)."""
     from .streaming import C_TYPES
 
     return _SOURCE.format(
-        in_t=C_TYPES[np.dtype(in_dtype)], out_t=C_TYPES[np.dtype(out_dtype)], points=points, threads=threads,
-        m=deg + 1, stages=stages,
+        in_t=C_TYPES[np.dtype(in_dtype)], out_t=C_TYPES[np.dtype(out_dtype)], points=points, threads=threads, m=deg + 1,
     )
 
 
 @functools.cache
-def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int, stages: int):
+def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int):
     import cupy
 
-    src = source(in_dtype, out_dtype, deg, points, threads, stages)
+    src = source(in_dtype, out_dtype, deg, points, threads)
     return cupy.RawKernel(src, "pipeline_detrend_tile", options=("--fmad=false", "-std=c++17"))
 
 
-def plan(nt: int, itemsize: int, dtype_ok: bool = True) -> tuple[int, int]:
-    """(points per tile, stages): the first of ``SHAPES`` whose buffers fit in ``TILE_BYTES``, or
-    (0, 0) where none does (the block's series are too long: the Numba kernel reads it twice)."""
+def plan(nt: int, itemsize: int, dtype_ok: bool = True) -> int:
+    """Points per tile: 16, else 8, in a tile of at most 48 KB (four blocks a multiprocessor),
+    else of at most ``TILE_BYTES``; 0 where none fits (the block's series are too long: the Numba
+    kernel reads it twice instead)."""
     if dtype_ok and nt >= 1:
-        for points, stages in SHAPES:
-            if stages * nt * points * itemsize <= TILE_BYTES:
-                return points, stages
-    return 0, 0
+        for budget in (48 * 1024, TILE_BYTES):
+            for points in (16, 8):
+                if nt * points * itemsize <= budget:
+                    return points
+    return 0
 
 
 def supported(dtype) -> bool:
     return np.dtype(dtype) in (np.dtype(np.float32), np.dtype(np.float64))
 
 
-SMEM_PER_SM = 228 * 1024  # shared memory of a multiprocessor (compute capability 8.0 to 10.x), 1 KB a block reserved
+SMEM_PER_SM = 228 * 1024  # shared memory of a multiprocessor (compute capability 9.0), 1 KB a block reserved
 
 
-def blocks_per_sm(nt: int, itemsize: int, deg: int, points: int, threads: int, stages: int) -> int:
-    """Blocks of the kernel that fit a multiprocessor at once (threads and shared memory)."""
+def blocks_per_sm(nt: int, itemsize: int, deg: int, points: int, threads: int) -> int:
+    """Blocks of the kernel that fit a multiprocessor at once, by threads and shared memory."""
     m, n = deg + 1, 2 * deg + 1
     static = threads * (n + m) * 8 + m * points * 8
-    smem = stages * nt * points * itemsize + static + 1024
+    smem = nt * points * itemsize + static + 1024
     return max(1, min(2048 // threads, SMEM_PER_SM // smem))
 
 
@@ -262,33 +251,28 @@ def resident_blocks(kernel, threads: int, smem: int, estimate: int) -> int:
         return estimate
 
 
-def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, threads: int = THREADS,
-                 stages: int | None = None) -> bool:
+def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, threads: int = THREADS) -> bool:
     """Detrend the C-contiguous (steps, points) CuPy array ``x2d`` into ``out2d`` by the tile
     kernel (``u1d`` the float64 coordinate of the steps); False, doing nothing, where
-    :func:`plan` says the series do not fit. ``points`` and ``stages`` default to the plan's."""
+    :func:`plan` says the series do not fit. ``points`` defaults to the plan's."""
     from .streaming import _sm_count
 
     nt, npts = x2d.shape
-    planned, planned_stages = plan(nt, x2d.dtype.itemsize, supported(x2d.dtype))
-    points = planned if points is None else points
-    stages = (planned_stages or 1) if stages is None else stages
+    points = plan(nt, x2d.dtype.itemsize, supported(x2d.dtype)) if points is None else points
     if not points:
         return False
     if npts == 0:
         return True
-    kernel = _raw_kernel(np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads, stages)
-    smem = stages * nt * points * x2d.dtype.itemsize
+    kernel = _raw_kernel(np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads)
+    smem = nt * points * x2d.dtype.itemsize
     # with its static arrays a block may need more than the default 48 KB: ask for it each time
     kernel.max_dynamic_shared_size_bytes = smem
     # 16-byte copies need 16-byte aligned rows: the array's start and its row length
     vectors = int(x2d.data.ptr % 16 == 0 and (npts * x2d.dtype.itemsize) % 16 == 0)
     tiles = -(-npts // points)
-    # as many blocks as run at once, each looping over tiles (so that its next tile is copied
-    # while it works on this one)
-    # (more would wait for a first block to end, and then end late: each block takes every
-    # grid-th tile)
-    resident = resident_blocks(kernel, threads, smem, blocks_per_sm(nt, x2d.dtype.itemsize, deg, points, threads, stages))
+    # as many blocks as run at once, each looping over every grid-th tile (more would wait for a
+    # first block to end, then end late)
+    resident = resident_blocks(kernel, threads, smem, blocks_per_sm(nt, x2d.dtype.itemsize, deg, points, threads))
     grid = (min(tiles, resident * _sm_count()),)
     kernel(grid, (threads,), (x2d, u1d, out2d, np.int32(nt), np.int64(npts), np.int32(vectors)), shared_mem=smem)
     return True
