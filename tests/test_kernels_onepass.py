@@ -128,6 +128,22 @@ def test_detrend_kernel_equals_its_twin(in_t, out_t, deg, points, threads):
 
 @pytest.mark.gpu
 @requires_gpu
+@pytest.mark.parametrize("persistent,stream", [(True, False), (False, False), (True, True)])
+def test_detrend_kernel_many_tiles_a_block(persistent, stream):
+    """More tiles than blocks: each block loops over several (and the last is partial)."""
+    import cupy
+
+    nt, npts = 41, 16 * 132 * 8 * 3 + 5
+    x = sample(nt, npts, seed=6)
+    u = np.linspace(-1, 1, nt)
+    want = detrend.detrend_tile_twin(x, u, 1, np.float32, points=16)
+    out = cupy.empty(x.shape, dtype=np.float32)
+    assert detrend.detrend_tile(cupy.asarray(x), cupy.asarray(u), out, 1, points=16, persistent=persistent, stream=stream)
+    np.testing.assert_array_equal(cupy.asnumpy(out), want)
+
+
+@pytest.mark.gpu
+@requires_gpu
 @pytest.mark.parametrize("points,threads", [(16, 256), (8, 256), (32, 256)])
 def test_detrend_blocks_per_sm_as_cuda_counts_them(points, threads):
     from cupy.cuda import driver
@@ -168,6 +184,7 @@ SOURCES = {
     "moments_f64_256x2": moments.source(np.float64, 256, 2),
     "detrend_f32_deg1_p32": detrend.source(np.float32, np.float32, 1, 32),
     "detrend_f32_deg1_p16": detrend.source(np.float32, np.float32, 1, 16),
+    "detrend_f32_deg1_p16_stream": detrend.source(np.float32, np.float32, 1, 16, stream=True),
     "detrend_f64_deg2_p16": detrend.source(np.float64, np.float64, 2, 16),
     "detrend_f32_f64_deg0_p8": detrend.source(np.float32, np.float64, 0, 8, 128),
 }

@@ -44,6 +44,7 @@ typedef {out_t} out_t;
 #define M {m}
 #define N (2 * M - 1)
 #define VEC (16 / (int)sizeof(in_t))
+#define STREAM_STORES {stream}
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {{ return (unsigned)__cvta_generic_to_shared(p); }}
 
@@ -189,7 +190,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
 #pragma unroll
             for (int k = 0; k < M; ++k) c[k] = coef[k][q];
             out_t* o = out + p0 + q;
-            for (int t = g; t < nt; t += G) o[(long long)t * npts] = (out_t)((double)tile[t * P + q] - trend(c, u[t]));
+            for (int t = g; t < nt; t += G) {{
+                const out_t v = (out_t)((double)tile[t * P + q] - trend(c, u[t]));
+#if STREAM_STORES
+                __stcs(o + (long long)t * npts, v);  // evict-first: the output is not read again here
+#else
+                o[(long long)t * npts] = v;
+#endif
+            }}
         }}
         __syncthreads();  // the tile, red and coef are free for the next round
     }}
@@ -197,20 +205,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
 """
 
 
-def source(in_dtype, out_dtype, deg: int, points: int = 16, threads: int = THREADS) -> str:
-    """The CUDA source of the kernel (the tests compile it with nvcc too)."""
+def source(in_dtype, out_dtype, deg: int, points: int = 16, threads: int = THREADS, stream: bool = False) -> str:
+    """The CUDA source of the kernel (the tests compile it with nvcc too); ``stream``: the output
+    written with evict-first stores."""
     from .streaming import C_TYPES
 
     return _SOURCE.format(
         in_t=C_TYPES[np.dtype(in_dtype)], out_t=C_TYPES[np.dtype(out_dtype)], points=points, threads=threads, m=deg + 1,
+        stream=int(stream),
     )
 
 
 @functools.cache
-def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int):
+def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int, stream: bool = False):
     import cupy
 
-    src = source(in_dtype, out_dtype, deg, points, threads)
+    src = source(in_dtype, out_dtype, deg, points, threads, stream)
     return cupy.RawKernel(src, "pipeline_detrend_tile", options=("--fmad=false", "-std=c++17"))
 
 
@@ -251,10 +261,12 @@ def resident_blocks(kernel, threads: int, smem: int, estimate: int) -> int:
         return estimate
 
 
-def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, threads: int = THREADS) -> bool:
+def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, threads: int = THREADS,
+                 persistent: bool = True, stream: bool = False) -> bool:
     """Detrend the C-contiguous (steps, points) CuPy array ``x2d`` into ``out2d`` by the tile
     kernel (``u1d`` the float64 coordinate of the steps); False, doing nothing, where
-    :func:`plan` says the series do not fit. ``points`` defaults to the plan's."""
+    :func:`plan` says the series do not fit. ``points`` defaults to the plan's; ``persistent``
+    False launches a block per tile; ``stream``: evict-first stores."""
     from .streaming import _sm_count
 
     nt, npts = x2d.shape
@@ -263,7 +275,7 @@ def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, thread
         return False
     if npts == 0:
         return True
-    kernel = _raw_kernel(np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads)
+    kernel = _raw_kernel(np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads, stream)
     smem = nt * points * x2d.dtype.itemsize
     # with its static arrays a block may need more than the default 48 KB: ask for it each time
     kernel.max_dynamic_shared_size_bytes = smem
@@ -273,7 +285,7 @@ def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, thread
     # as many blocks as run at once, each looping over every grid-th tile (more would wait for a
     # first block to end, then end late)
     resident = resident_blocks(kernel, threads, smem, blocks_per_sm(nt, x2d.dtype.itemsize, deg, points, threads))
-    grid = (min(tiles, resident * _sm_count()),)
+    grid = (min(tiles, resident * _sm_count()) if persistent else tiles,)
     kernel(grid, (threads,), (x2d, u1d, out2d, np.int32(nt), np.int64(npts), np.int32(vectors)), shared_mem=smem)
     return True
 
