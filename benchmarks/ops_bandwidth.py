@@ -164,11 +164,9 @@ def kernel_cases(x, backend):
         out2 = xp.empty(x2.shape, dtype=f32)
         for threads, unroll in ((256, 2), (128, 8), (256, 4)):
             cases.append((f"moments [{threads} x {unroll}]", lambda t=threads, k=unroll: moments.moments_raw(x2, threads=t, unroll=k), n + 3 * small))
-        for points, threads, persistent, stream in ((32, 256, True, False), (8, 256, True, False), (16, 128, True, False),
-                                                    (16, 256, False, False), (16, 256, True, True), (32, 256, False, False)):
-            label = f"{points} points, {threads}" + ("" if persistent else ", a block a tile") + (", stcs" if stream else "")
-            cases.append((f"detrend [{label}]", lambda p=points, t=threads, a=persistent, b=stream:
-                          detrend_tile.detrend_tile(x2, u1, out2, 1, points=p, threads=t, persistent=a, stream=b), 2 * n))
+        for points, threads in ((16, 256), (32, 512), (16, 128)):
+            cases.append((f"detrend [{points} points, {threads}]",
+                          lambda p=points, t=threads: detrend_tile.detrend_tile(x2, u1, out2, 1, points=p, threads=t), 2 * n))
     return cases
 
 

@@ -44,7 +44,6 @@ typedef {out_t} out_t;
 #define M {m}
 #define N (2 * M - 1)
 #define VEC (16 / (int)sizeof(in_t))
-#define STREAM_STORES {stream}
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {{ return (unsigned)__cvta_generic_to_shared(p); }}
 
@@ -86,153 +85,174 @@ __device__ __forceinline__ void load_tile(in_t* tile, const in_t* __restrict__ x
 extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
         const in_t* __restrict__ x, const double* __restrict__ u, out_t* __restrict__ out, int nt, long long npts,
         int vectors) {{
-    // tiles blockIdx.x, blockIdx.x + gridDim.x, ...: as many blocks as fit the GPU at once, each
-    // looping over tiles
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ double red[G][N + M][P];
+    __shared__ double whole[G][N];  // sums of u^k over each group's steps: S of a point with no NaN
+    __shared__ int valid[G][P];
     __shared__ double coef[M][P];
     in_t* tile = (in_t*)smem_raw;
-    const long long ntiles = (npts + P - 1) / P;
     const int q = threadIdx.x % P, g = threadIdx.x / P;
-    for (long long tid = blockIdx.x; tid < ntiles; tid += gridDim.x) {{
-        const long long p0 = tid * P;
-        const int np = (int)min((long long)P, npts - p0);
-        load_tile(tile, x, nt, npts, p0, np, vectors);
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
-        __syncthreads();
+    const long long p0 = (long long)blockIdx.x * P;
+    const int np = (int)min((long long)P, npts - p0);
+    load_tile(tile, x, nt, npts, p0, np, vectors);
 
-        // the normal equations of point q over the steps of group g
-        double s[N], b[M];
+    // while the copies are in flight: the sums of u^k of every group (the same operations, in
+    // the same order, as a point's own sums below)
+    for (int w = threadIdx.x; w < G * N; w += THREADS) {{
+        const int gg = w / N, k = w % N;
+        double acc = 0.0;
+        for (int t = gg; t < nt; t += G) {{
+            double pw = 1.0;
+            for (int j = 0; j < k; ++j) pw *= u[t];
+            acc += pw;
+        }}
+        whole[gg][k] = acc;
+    }}
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+
+    // the data's sums of point q over the steps of group g: T_k = sum u^k x, and the count
+    double b[M];
+#pragma unroll
+    for (int k = 0; k < M; ++k) b[k] = 0.0;
+    int count = 0;
+    if (q < np) {{
+        for (int t = g; t < nt; t += G) {{
+            const double v = (double)tile[t * P + q];
+            if (v == v) {{
+                const double uu = u[t];
+                double pw = 1.0;
+                count += 1;
+#pragma unroll
+                for (int k = 0; k < M; ++k) {{
+                    b[k] += pw * v;
+                    pw *= uu;
+                }}
+            }}
+        }}
+    }}
+#pragma unroll
+    for (int k = 0; k < M; ++k) red[g][N + k][q] = b[k];
+    valid[g][q] = count;
+    __syncthreads();
+
+    // a point with NaNs sums u^k over its valid steps itself (a second look at its tile)
+    int total = 0;
+    for (int h = 0; h < G; ++h) total += valid[h][q];
+    const bool full = total == nt;
+    if (q < np && !full) {{
+        double s[N];
 #pragma unroll
         for (int k = 0; k < N; ++k) s[k] = 0.0;
+        for (int t = g; t < nt; t += G) {{
+            const double v = (double)tile[t * P + q];
+            if (v == v) {{
+                const double uu = u[t];
+                double pw = 1.0;
 #pragma unroll
-        for (int k = 0; k < M; ++k) b[k] = 0.0;
-        if (q < np) {{
-            for (int t = g; t < nt; t += G) {{
-                const double v = (double)tile[t * P + q];
-                if (v == v) {{
-                    const double uu = u[t];
-                    double pw = 1.0;
-#pragma unroll
-                    for (int k = 0; k < N; ++k) {{
-                        s[k] += pw;
-                        if (k < M) b[k] += pw * v;
-                        pw *= uu;
-                    }}
+                for (int k = 0; k < N; ++k) {{
+                    s[k] += pw;
+                    pw *= uu;
                 }}
             }}
         }}
 #pragma unroll
         for (int k = 0; k < N; ++k) red[g][k][q] = s[k];
-#pragma unroll
-        for (int k = 0; k < M; ++k) red[g][N + k][q] = b[k];
-        __syncthreads();
+    }}
+    __syncthreads();
 
-        // the groups in order, then the solve, one thread per point
-        if (threadIdx.x < np) {{
-            const int r = threadIdx.x;
-            double S[N], c[M], a[M][M];
+    // the groups in order, then the solve, one thread per point
+    if (threadIdx.x < np) {{
+        const int r = threadIdx.x;
+        double S[N], c[M], a[M][M];
 #pragma unroll
-            for (int k = 0; k < N; ++k) {{
-                double acc = 0.0;
-                for (int h = 0; h < G; ++h) acc += red[h][k][r];
-                S[k] = acc;
-            }}
+        for (int k = 0; k < N; ++k) {{
+            double acc = 0.0;
+            for (int h = 0; h < G; ++h) acc += full ? whole[h][k] : red[h][k][r];
+            S[k] = acc;
+        }}
 #pragma unroll
-            for (int k = 0; k < M; ++k) {{
-                double acc = 0.0;
-                for (int h = 0; h < G; ++h) acc += red[h][N + k][r];
-                c[k] = acc;
-            }}
-            if (S[0] < M) {{
+        for (int k = 0; k < M; ++k) {{
+            double acc = 0.0;
+            for (int h = 0; h < G; ++h) acc += red[h][N + k][r];
+            c[k] = acc;
+        }}
+        if (S[0] < M) {{
 #pragma unroll
-                for (int k = 0; k < M; ++k) c[k] = __longlong_as_double(0x7ff8000000000000LL);  /* NaN */
-            }} else {{
+            for (int k = 0; k < M; ++k) c[k] = __longlong_as_double(0x7ff8000000000000LL);  /* NaN */
+        }} else {{
 #pragma unroll
-                for (int ii = 0; ii < M; ++ii)
+            for (int ii = 0; ii < M; ++ii)
 #pragma unroll
-                    for (int j = 0; j < M; ++j) a[ii][j] = S[ii + j];
+                for (int j = 0; j < M; ++j) a[ii][j] = S[ii + j];
 #pragma unroll
-                for (int cc = 0; cc < M; ++cc) {{
-                    int piv = cc;
+            for (int cc = 0; cc < M; ++cc) {{
+                int piv = cc;
 #pragma unroll
-                    for (int rr = cc + 1; rr < M; ++rr)
-                        if (fabs(a[rr][cc]) > fabs(a[piv][cc])) piv = rr;
-                    if (piv != cc) {{
+                for (int rr = cc + 1; rr < M; ++rr)
+                    if (fabs(a[rr][cc]) > fabs(a[piv][cc])) piv = rr;
+                if (piv != cc) {{
 #pragma unroll
-                        for (int j = 0; j < M; ++j) {{ const double tmp = a[cc][j]; a[cc][j] = a[piv][j]; a[piv][j] = tmp; }}
-                        const double tmp = c[cc]; c[cc] = c[piv]; c[piv] = tmp;
-                    }}
-#pragma unroll
-                    for (int rr = cc + 1; rr < M; ++rr) {{
-                        const double f = a[rr][cc] / a[cc][cc];
-#pragma unroll
-                        for (int j = cc; j < M; ++j) a[rr][j] -= f * a[cc][j];
-                        c[rr] -= f * c[cc];
-                    }}
+                    for (int j = 0; j < M; ++j) {{ const double tmp = a[cc][j]; a[cc][j] = a[piv][j]; a[piv][j] = tmp; }}
+                    const double tmp = c[cc]; c[cc] = c[piv]; c[piv] = tmp;
                 }}
 #pragma unroll
-                for (int ii = M - 1; ii >= 0; --ii) {{
-                    double v = c[ii];
+                for (int rr = cc + 1; rr < M; ++rr) {{
+                    const double f = a[rr][cc] / a[cc][cc];
 #pragma unroll
-                    for (int j = ii + 1; j < M; ++j) v -= a[ii][j] * c[j];
-                    c[ii] = v / a[ii][ii];
+                    for (int j = cc; j < M; ++j) a[rr][j] -= f * a[cc][j];
+                    c[rr] -= f * c[cc];
                 }}
             }}
 #pragma unroll
-            for (int k = 0; k < M; ++k) coef[k][r] = c[k];
-        }}
-        __syncthreads();
-
-        // x - trend, from the tile
-        if (q < np) {{
-            double c[M];
+            for (int ii = M - 1; ii >= 0; --ii) {{
+                double v = c[ii];
 #pragma unroll
-            for (int k = 0; k < M; ++k) c[k] = coef[k][q];
-            out_t* o = out + p0 + q;
-            for (int t = g; t < nt; t += G) {{
-                const out_t v = (out_t)((double)tile[t * P + q] - trend(c, u[t]));
-#if STREAM_STORES
-                __stcs(o + (long long)t * npts, v);  // evict-first: the output is not read again here
-#else
-                o[(long long)t * npts] = v;
-#endif
+                for (int j = ii + 1; j < M; ++j) v -= a[ii][j] * c[j];
+                c[ii] = v / a[ii][ii];
             }}
         }}
-        __syncthreads();  // the tile, red and coef are free for the next round
+#pragma unroll
+        for (int k = 0; k < M; ++k) coef[k][r] = c[k];
+    }}
+    __syncthreads();
+
+    // x - trend, from the tile
+    if (q < np) {{
+        double c[M];
+#pragma unroll
+        for (int k = 0; k < M; ++k) c[k] = coef[k][q];
+        out_t* o = out + p0 + q;
+        for (int t = g; t < nt; t += G) o[(long long)t * npts] = (out_t)((double)tile[t * P + q] - trend(c, u[t]));
     }}
 }}
 """
 
 
-def source(in_dtype, out_dtype, deg: int, points: int = 16, threads: int = THREADS, stream: bool = False) -> str:
-    """The CUDA source of the kernel (the tests compile it with nvcc too); ``stream``: the output
-    written with evict-first stores."""
+def source(in_dtype, out_dtype, deg: int, points: int = 16, threads: int = THREADS) -> str:
+    """The CUDA source of the kernel (the tests compile it with nvcc too)."""
     from .streaming import C_TYPES
 
     return _SOURCE.format(
         in_t=C_TYPES[np.dtype(in_dtype)], out_t=C_TYPES[np.dtype(out_dtype)], points=points, threads=threads, m=deg + 1,
-        stream=int(stream),
     )
 
 
 @functools.cache
-def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int, stream: bool = False):
+def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int):
     import cupy
 
-    src = source(in_dtype, out_dtype, deg, points, threads, stream)
+    src = source(in_dtype, out_dtype, deg, points, threads)
     return cupy.RawKernel(src, "pipeline_detrend_tile", options=("--fmad=false", "-std=c++17"))
 
 
 def plan(nt: int, itemsize: int, dtype_ok: bool = True) -> int:
-    """Points per tile: 16, else 8, in a tile of at most 48 KB (four blocks a multiprocessor),
-    else of at most ``TILE_BYTES``; 0 where none fits (the block's series are too long: the Numba
-    kernel reads it twice instead)."""
+    """Points per tile: 32, else 16, else 8, in a tile of at most ``TILE_BYTES``; 0 where none
+    fits (the block's series are too long: the Numba kernel reads it twice instead)."""
     if dtype_ok and nt >= 1:
-        for budget in (48 * 1024, TILE_BYTES):
-            for points in (16, 8):
-                if nt * points * itemsize <= budget:
-                    return points
+        for points in (32, 16, 8):
+            if nt * points * itemsize <= TILE_BYTES:
+                return points
     return 0
 
 
@@ -240,52 +260,23 @@ def supported(dtype) -> bool:
     return np.dtype(dtype) in (np.dtype(np.float32), np.dtype(np.float64))
 
 
-SMEM_PER_SM = 228 * 1024  # shared memory of a multiprocessor (compute capability 9.0), 1 KB a block reserved
-
-
-def blocks_per_sm(nt: int, itemsize: int, deg: int, points: int, threads: int) -> int:
-    """Blocks of the kernel that fit a multiprocessor at once, by threads and shared memory."""
-    m, n = deg + 1, 2 * deg + 1
-    static = threads * (n + m) * 8 + m * points * 8
-    smem = nt * points * itemsize + static + 1024
-    return max(1, min(2048 // threads, SMEM_PER_SM // smem))
-
-
-def resident_blocks(kernel, threads: int, smem: int, estimate: int) -> int:
-    """Blocks a multiprocessor runs at once, by CUDA's occupancy calculator, else ``estimate``."""
-    try:
-        from cupy.cuda import driver
-
-        return max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, smem)))
-    except Exception:  # an older CuPy without the call
-        return estimate
-
-
-def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, threads: int = THREADS,
-                 persistent: bool = True, stream: bool = False) -> bool:
+def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, threads: int = THREADS) -> bool:
     """Detrend the C-contiguous (steps, points) CuPy array ``x2d`` into ``out2d`` by the tile
     kernel (``u1d`` the float64 coordinate of the steps); False, doing nothing, where
-    :func:`plan` says the series do not fit. ``points`` defaults to the plan's; ``persistent``
-    False launches a block per tile; ``stream``: evict-first stores."""
-    from .streaming import _sm_count
-
+    :func:`plan` says the series do not fit. ``points`` defaults to the plan's."""
     nt, npts = x2d.shape
     points = plan(nt, x2d.dtype.itemsize, supported(x2d.dtype)) if points is None else points
     if not points:
         return False
     if npts == 0:
         return True
-    kernel = _raw_kernel(np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads, stream)
+    kernel = _raw_kernel(np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads)
     smem = nt * points * x2d.dtype.itemsize
     # with its static arrays a block may need more than the default 48 KB: ask for it each time
     kernel.max_dynamic_shared_size_bytes = smem
     # 16-byte copies need 16-byte aligned rows: the array's start and its row length
     vectors = int(x2d.data.ptr % 16 == 0 and (npts * x2d.dtype.itemsize) % 16 == 0)
-    tiles = -(-npts // points)
-    # as many blocks as run at once, each looping over every grid-th tile (more would wait for a
-    # first block to end, then end late)
-    resident = resident_blocks(kernel, threads, smem, blocks_per_sm(nt, x2d.dtype.itemsize, deg, points, threads))
-    grid = (min(tiles, resident * _sm_count()) if persistent else tiles,)
+    grid = (-(-npts // points),)
     kernel(grid, (threads,), (x2d, u1d, out2d, np.int32(nt), np.int64(npts), np.int32(vectors)), shared_mem=smem)
     return True
 
