@@ -82,9 +82,24 @@ __device__ __forceinline__ void load_tile(in_t* tile, const in_t* __restrict__ x
     }}
 }}
 
+extern "C" __global__ void pipeline_detrend_whole(const double* __restrict__ u, double* __restrict__ whole, int nt) {{
+    // whole[g * N + k]: the sum of u^k over steps g, g + G, ..., by the operations, in the order, of
+    // a point's own sums in pipeline_detrend_tile
+    const int w = blockIdx.x * blockDim.x + threadIdx.x;
+    if (w >= G * N) return;
+    const int gg = w / N, k = w % N;
+    double acc = 0.0;
+    for (int t = gg; t < nt; t += G) {{
+        double pw = 1.0;
+        for (int j = 0; j < k; ++j) pw *= u[t];
+        acc += pw;
+    }}
+    whole[w] = acc;
+}}
+
 extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
-        const in_t* __restrict__ x, const double* __restrict__ u, out_t* __restrict__ out, int nt, long long npts,
-        int vectors) {{
+        const in_t* __restrict__ x, const double* __restrict__ u, const double* __restrict__ whole_in,
+        out_t* __restrict__ out, int nt, long long npts, int vectors) {{
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ double red[G][N + M][P];
     __shared__ double whole[G][N];  // sums of u^k over each group's steps: S of a point with no NaN
@@ -96,18 +111,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
     const int np = (int)min((long long)P, npts - p0);
     load_tile(tile, x, nt, npts, p0, np, vectors);
 
-    // while the copies are in flight: the sums of u^k of every group (the same operations, in
-    // the same order, as a point's own sums below)
-    for (int w = threadIdx.x; w < G * N; w += THREADS) {{
-        const int gg = w / N, k = w % N;
-        double acc = 0.0;
-        for (int t = gg; t < nt; t += G) {{
-            double pw = 1.0;
-            for (int j = 0; j < k; ++j) pw *= u[t];
-            acc += pw;
-        }}
-        whole[gg][k] = acc;
-    }}
+    // while the copies are in flight: the sums of u^k over each group's steps (made once for all
+    // blocks by pipeline_detrend_whole)
+    for (int w = threadIdx.x; w < G * N; w += THREADS) whole[w / N][w % N] = whole_in[w];
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncthreads();
 
@@ -239,11 +245,11 @@ def source(in_dtype, out_dtype, deg: int, points: int = 16, threads: int = THREA
 
 
 @functools.cache
-def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int):
+def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int, name: str = "pipeline_detrend_tile"):
     import cupy
 
-    src = source(in_dtype, out_dtype, deg, points, threads)
-    return cupy.RawKernel(src, "pipeline_detrend_tile", options=("--fmad=false", "-std=c++17"))
+    src = source(in_dtype, out_dtype, deg, points, threads)  # both kernels of one source: compiled once
+    return cupy.RawKernel(src, name, options=("--fmad=false", "-std=c++17"))
 
 
 def plan(nt: int, itemsize: int, dtype_ok: bool = True) -> int:
@@ -270,14 +276,20 @@ def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, thread
         return False
     if npts == 0:
         return True
-    kernel = _raw_kernel(np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads)
+    import cupy
+
+    types = (np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads)
+    groups, n = threads // points, 2 * deg + 1
+    whole = cupy.empty(groups * n, dtype=np.float64)
+    _raw_kernel(*types, "pipeline_detrend_whole")((-(-groups * n // 128),), (128,), (u1d, whole, np.int32(nt)))
+    kernel = _raw_kernel(*types)
     smem = nt * points * x2d.dtype.itemsize
     # with its static arrays a block may need more than the default 48 KB: ask for it each time
     kernel.max_dynamic_shared_size_bytes = smem
     # 16-byte copies need 16-byte aligned rows: the array's start and its row length
     vectors = int(x2d.data.ptr % 16 == 0 and (npts * x2d.dtype.itemsize) % 16 == 0)
     grid = (-(-npts // points),)
-    kernel(grid, (threads,), (x2d, u1d, out2d, np.int32(nt), np.int64(npts), np.int32(vectors)), shared_mem=smem)
+    kernel(grid, (threads,), (x2d, u1d, whole, out2d, np.int32(nt), np.int64(npts), np.int32(vectors)), shared_mem=smem)
     return True
 
 
