@@ -164,7 +164,7 @@ def kernel_cases(x, backend):
         out2 = xp.empty(x2.shape, dtype=f32)
         for threads, unroll in ((256, 2), (128, 8), (256, 4)):
             cases.append((f"moments [{threads} x {unroll}]", lambda t=threads, k=unroll: moments.moments_raw(x2, threads=t, unroll=k), n + 3 * small))
-        for points, threads in ((16, 256), (32, 512), (16, 128)):
+        for points, threads in ((32, 256), (32, 512), (16, 128)):
             cases.append((f"detrend [{points} points, {threads}]",
                           lambda p=points, t=threads: detrend_tile.detrend_tile(x2, u1, out2, 1, points=p, threads=t), 2 * n))
     return cases

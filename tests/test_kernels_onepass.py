@@ -95,7 +95,7 @@ def test_detrend_twin_matches_formulas(deg, points):
 
 
 def test_detrend_plan():
-    assert detrend.plan(730, 4) == 32
+    assert detrend.plan(730, 4) == 16
     assert detrend.plan(730, 8) == 16
     assert detrend.plan(1460, 4) == 16
     assert detrend.plan(3200, 4) == 8

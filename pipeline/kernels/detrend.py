@@ -5,20 +5,21 @@ subtract) reads each point's series twice, as the fit needs every step before th
 subtraction: 46-50% of the copy bandwidth on an H200 (benchmarks/ops_bandwidth.py, counting one
 read and one write). This kernel keeps a tile of ``P`` neighbouring points over all the steps in
 shared memory, filled by asynchronous copies (``cp.async``: the whole tile's loads in flight at
-once, no registers held), then:
+once, no registers held), one block a tile:
 
-1. thread (q, g) sums the normal equations of point q over steps g, g + G, ... (G = THREADS / P
-   groups of steps), from shared memory;
+1. thread (q, g) sums the data's normal equations of point q (sums of u^k x, and the count) over
+   steps g, g + G, ... (G = THREADS / P groups of steps), from shared memory; the sums of u^k
+   alone are the same for every point without NaN, so they are made once per launch
+   (``pipeline_detrend_whole``), and a point with NaNs makes its own in a second look at its tile;
 2. the groups' sums are added in order g = 0, 1, ..., and one thread per point solves the
    (deg + 1)^2 system (Gaussian elimination with partial pivoting, as the Numba kernel);
 3. thread (q, g) writes x - trend over its steps, again from shared memory.
 
-As many blocks are launched as fit the GPU at once, and each loops over tiles, so that the
-blocks of a multiprocessor (four, with 16 points of 730 float32 steps) drift into different
-phases and one's copies overlap another's arithmetic and writes. Measured in one run on 730 x
-1038240 float32 (benchmarks/ops_bandwidth.py): 97% of the copy bandwidth with 16 points a tile,
-85% with 32 (two blocks a multiprocessor); one block per tile instead, 60-65%; a second tile
-buffer per block, copied while the first is worked on, 33-51% (fewer blocks fit).
+Measured on 730 x 1038240 float32 (benchmarks/ops_bandwidth.py, share of the copy bandwidth):
+16 points a tile, 66% (in two runs, with and without the shared sums of u^k); 32 points, 58-67%;
+blocks looping over tiles instead of one a tile, 47-65%; a second tile buffer per block, copied
+while the first is worked on, 33-51%. Under the 70% the other kernels reach: the phases of a
+block run one after the other, and three blocks a multiprocessor do not hide them all.
 
 Rows of a tile are ``P`` consecutive points: whole 32-byte sectors, and 16-byte copies where the
 addresses allow. Blocks whose series do not fit (``plan`` returns 0) use the Numba kernel. The
@@ -253,10 +254,11 @@ def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int, name: 
 
 
 def plan(nt: int, itemsize: int, dtype_ok: bool = True) -> int:
-    """Points per tile: 32, else 16, else 8, in a tile of at most ``TILE_BYTES``; 0 where none
-    fits (the block's series are too long: the Numba kernel reads it twice instead)."""
+    """Points per tile: 16, else 8, in a tile of at most ``TILE_BYTES``; 0 where none fits (the
+    block's series are too long: the Numba kernel reads it twice instead). 16 points measured
+    best (see the module's notes)."""
     if dtype_ok and nt >= 1:
-        for points in (32, 16, 8):
+        for points in (16, 8):
             if nt * points * itemsize <= TILE_BYTES:
                 return points
     return 0
