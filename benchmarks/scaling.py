@@ -60,12 +60,13 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
             result = pipeline.to_numpy(pipeline.compute(build()))  # warm-up
             times = []
             for i in range(repeat):
+                clear_transfer_logs(client)
                 with get_task_stream() as stream:
                     t = time.perf_counter()
                     value = pipeline.to_numpy(pipeline.compute(build()))
                     times.append(time.perf_counter() - t)
             out[name] = {"seconds": statistics.median(times), "all": times, "checksum": float(np.nansum(np.asarray(value, dtype=np.float64))),
-                         "last_run": task_summary(stream.data)}
+                         "last_run": task_summary(stream.data, received(client))}
             print(f"{n_gpus} GPU(s) {name}: {out[name]['seconds']:.3f} s; last run per worker: {out[name]['last_run']}", flush=True)
             del result
     return out
@@ -86,9 +87,33 @@ def workers(client) -> dict:
     return info
 
 
-def task_summary(records: list[dict]) -> dict:
+def clear_transfer_logs(client) -> None:
+    """Empty each worker's log of the data it received from other workers (before a timed run)."""
+
+    def clear(dask_worker):
+        dask_worker.transfer_incoming_log.clear()
+
+    client.run(clear)
+
+
+def received(client) -> dict:
+    """Per worker: ``{key: bytes}`` of every task output it received from another worker since
+    :func:`clear_transfer_logs`, and from which worker (``{key: worker}``)."""
+
+    def log(dask_worker):
+        keys, source = {}, {}
+        for entry in dask_worker.transfer_incoming_log:
+            keys.update(entry["keys"])
+            source.update(dict.fromkeys(entry["keys"], entry["who"]))
+        return {"keys": keys, "source": source}
+
+    return client.run(log)
+
+
+def task_summary(records: list[dict], incoming: dict | None = None) -> dict:
     """Per worker: tasks, seconds computing, seconds moving data in from other workers, bytes of
-    the task outputs it made."""
+    the task outputs it made and, with ``incoming`` (from :func:`received`), the bytes and the
+    number of task outputs it received from other workers, and the largest of them."""
     out = {}
     for r in records:
         w = out.setdefault(r.get("worker", "?"), {"tasks": 0, "compute_s": 0.0, "transfer_s": 0.0, "output_bytes": 0})
@@ -100,6 +125,10 @@ def task_summary(records: list[dict]) -> dict:
                 w["transfer_s"] += s["stop"] - s["start"]
         nbytes = r.get("nbytes", 0)
         w["output_bytes"] += sum(nbytes.values()) if isinstance(nbytes, dict) else int(nbytes or 0)
+    for worker, log in (incoming or {}).items():
+        sizes = list(log["keys"].values())
+        w = out.setdefault(worker, {"tasks": 0, "compute_s": 0.0, "transfer_s": 0.0, "output_bytes": 0})
+        w.update(received_bytes=sum(sizes), received_keys=len(sizes), largest_received=max(sizes, default=0))
     return {k: {**v, "compute_s": round(v["compute_s"], 3), "transfer_s": round(v["transfer_s"], 3)} for k, v in out.items()}
 
 

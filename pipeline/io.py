@@ -23,6 +23,7 @@ import numpy as np
 import xarray as xr
 
 from . import backend as B
+from . import config
 from .errors import InputError
 from .kernels import elementwise
 
@@ -330,7 +331,15 @@ def compute(obj, progress: bool = False, threads: int | None = None):
     except (ImportError, ValueError):
         client = None
     if client is not None:
-        future = client.compute(obj)
+        optimize = True
+        if config.get("cluster.locality", True):
+            # each worker reads, maps and reduces a contiguous slab of blocks, in both passes of a
+            # two-pass op, so that only partials and statistics cross workers (pipeline.locality)
+            from .locality import place
+
+            obj, placed = place(obj, client.nthreads())
+            optimize = not placed  # place() hands back the graph already optimized
+        future = client.compute(obj, optimize_graph=optimize)
         try:
             if progress:
                 from distributed import progress as show_progress
