@@ -2,9 +2,12 @@
 
 Each GPU count gets a dask-cuda ``LocalCUDACluster`` over the first N GPUs (one worker per GPU,
 ``--threads`` threads each); pipeline's graph is the same as on one GPU: every worker reads and
-decodes its own blocks (nvCOMP), and partial results meet in trees across the GPUs. The flow is the
+decodes its own slab of blocks along time (nvCOMP; ``pipeline/locality.py``, off with
+``--no-locality``), and partial results meet in trees across the GPUs. The flow is the
 standardized-anomaly global mean (and the others with ``--flows``). Medians of ``--repeat`` runs
-after a warm-up; the store stays in the page cache.
+after a warm-up; the store stays in the page cache. For the last run of each flow, per worker:
+tasks, seconds computing and receiving data, and the bytes and task outputs received from the other
+workers (their transfer logs).
 
     python benchmarks/scaling.py --store data/bench/tas.zarr --gpus 1,2,4 --json scaling.json
 
@@ -39,7 +42,7 @@ def flows(tas):
 
 
 def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, memory_limit: str | None,
-        stealing: bool = True) -> dict:
+        stealing: bool = True, locality: bool = True) -> dict:
     import dask
     from dask_cuda import LocalCUDACluster
     from distributed import Client, get_task_stream
@@ -48,6 +51,7 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
 
     visible = ",".join(str(i) for i in range(n_gpus))
     settings = {"pipeline.gpu.memory-limit": memory_limit} if memory_limit else {}
+    settings["pipeline.cluster.locality"] = locality  # read where the graph is submitted
     if not stealing:  # read by the scheduler when the cluster starts
         settings["distributed.scheduler.work-stealing"] = False
     out = {}
@@ -67,7 +71,9 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
                     times.append(time.perf_counter() - t)
             out[name] = {"seconds": statistics.median(times), "all": times, "checksum": float(np.nansum(np.asarray(value, dtype=np.float64))),
                          "last_run": task_summary(stream.data, received(client))}
-            print(f"{n_gpus} GPU(s) {name}: {out[name]['seconds']:.3f} s; last run per worker: {out[name]['last_run']}", flush=True)
+            received_mb = sum(w.get("received_bytes", 0) for w in out[name]["last_run"].values()) / 1e6
+            print(f"{n_gpus} GPU(s) {name}: {out[name]['seconds']:.3f} s, {received_mb:.0f} MB moved between workers; "
+                  f"last run per worker: {out[name]['last_run']}", flush=True)
             del result
     return out
 
@@ -144,6 +150,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--memory-limit", default=None, help="pipeline.gpu.memory-limit on each GPU")
     ap.add_argument("--no-work-stealing", action="store_true",
                     help="the scheduler keeps tasks where it placed them (no moving of blocks to idle workers)")
+    ap.add_argument("--no-locality", action="store_true",
+                    help="leave the placement of every block to the scheduler (pipeline.cluster.locality: false)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import xarray as xr
@@ -165,7 +173,8 @@ def main(argv=None) -> dict:
     results = {}
     for n in counts:
         try:
-            results[n] = run(args.store, n, names, args.repeat, args.threads, args.memory_limit, stealing=not args.no_work_stealing)
+            results[n] = run(args.store, n, names, args.repeat, args.threads, args.memory_limit, stealing=not args.no_work_stealing,
+                             locality=not args.no_locality)
         except Exception as e:  # report it, and go on with the other counts
             print(f"{n} GPU(s): FAILED {type(e).__name__}: {e}", flush=True)
     counts = [n for n in counts if n in results]

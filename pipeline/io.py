@@ -331,15 +331,19 @@ def compute(obj, progress: bool = False, threads: int | None = None):
     except (ImportError, ValueError):
         client = None
     if client is not None:
-        optimize = True
+        placed = False
         if config.get("cluster.locality", True):
             # each worker reads, maps and reduces a contiguous slab of blocks, in both passes of a
             # two-pass op, so that only partials and statistics cross workers (pipeline.locality)
-            from .locality import place
+            from .locality import ReleasePins, place
 
-            obj, placed = place(obj, client.nthreads())
-            optimize = not placed  # place() hands back the graph already optimized
-        future = client.compute(obj, optimize_graph=optimize)
+            try:
+                client.register_plugin(ReleasePins())  # unpins the blocks of a worker that leaves
+            except Exception as e:  # e.g. a scheduler that cannot import pipeline
+                warnings.warn(f"blocks are left to the scheduler to place: {type(e).__name__}: {e}", stacklevel=2)
+            else:
+                obj, placed = place(obj, client.nthreads())
+        future = client.compute(obj, optimize_graph=not placed)  # place() optimized it already
         try:
             if progress:
                 from distributed import progress as show_progress

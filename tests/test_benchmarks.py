@@ -26,6 +26,16 @@ def test_ops_bandwidth_smoke(tmp_path):
     assert (tmp_path / "bw.json").exists()
 
 
+def test_locality_smoke(tmp_path):
+    bench = load("locality")
+    out = bench.main(["--shape", "52,9,16", "--time-chunk", "13", "--workers", "2", "--flows", "standardized_anomaly,rolling",
+                      "--workdir", str(tmp_path), "--json", str(tmp_path / "locality.json")])
+    for name, r in out["flows"].items():
+        assert r["equal"] and r["data_blocks_per_run"] == [0], (name, r["transfers"])
+        assert sum(w.get("received_bytes", 0) for w in r["per_worker"].values()) == r["transfers"]["bytes"]
+    assert (tmp_path / "locality.json").exists()
+
+
 def run_peers(tmp_path, peers: str) -> dict:
     bench = load("peers")
     # At 9 x 16 points the weighted global means are near zero and the float32 xarray peers'

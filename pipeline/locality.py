@@ -1,0 +1,187 @@
+"""Each worker of a cluster owns a contiguous slab of blocks along the first axis, for every pass.
+
+Left to itself, the distributed scheduler hands the blocks of an input to the workers in the
+order it runs them, so consecutive blocks land on different workers and every tree combine
+gathers partials from several of them. The second pass of a two-pass op
+(:func:`pipeline.reductions.second_pass`) reads each block again wherever a thread is free, since
+those reads depend only on the small statistics; and a task that needs a block held elsewhere (a
+second pass in core, a halo) pulls the whole block over. Measured on a CPU ``LocalCluster`` of 4
+workers of 2 threads (``benchmarks/locality.py``, 60 blocks of 73 steps, in core), by the
+scheduler alone: in the standardized anomaly 37 block partials, 12 higher partials and 2 blocks
+crossed workers; in the monthly anomaly 35 + 12 group partials and 5 to 12 blocks a run; in the
+rolling maximum 12 to 21 blocks a run. On GPUs each transfer goes device -> host -> TCP -> host
+-> device; with 25 MB moment partials, 200 MB monthly partials and 300 MB blocks at full size,
+workers spent 0.7 to 3.7 s receiving data, and 1, 2 and 4 GPUs took about the same time.
+
+So before a graph goes to a cluster of two or more workers, :func:`place` optimizes it (fusing each
+block's chain of tasks, as ``client.compute`` would) and pins its *block tasks* to the worker of
+their slab: the tasks whose key is ``(name, i, ...)`` over as many blocks along the first axis as
+an input of the graph has (reads, per-block maps and partials, the second pass's reads and maps,
+writes). A block task goes where its blocks are when they are all on one worker (a halo taken
+from a neighbour goes with that neighbour), else to the worker of its own block ``i``. The tasks
+between blocks (tree combines, aggregates, statistics) stay free: the scheduler runs them where
+most of their input is. Measured the same way, after, in core and reading twice alike: no block
+crossed workers; per tree, 3 partials did (the last level's, one per worker but the one that
+combines them), and the statistics (to each of 3 workers), the halos at the 3 slab boundaries and
+the per-block results that make up the output (292 bytes each).
+
+Slabs follow the workers' threads (a worker with twice the threads owns twice the blocks), and
+dask's trees combine ``split_every`` consecutive blocks at a time, so inside a slab the combines
+are local. A slab may grow by a tenth of its share (rounded down) to end where fewer combines
+straddle two workers: 60 blocks on 4 workers become slabs of 16, 16, 16 and 12, the ends of
+dask's groups of 16 (4 x 4), rather than 4 x 15, where each boundary splits a group of each level.
+
+The pins are strict. With loose ones (``allow_other_workers=True``), work stealing handed the
+queued reads of a busy worker to an idle one at the end of a pass, and in core such a block then
+crossed back for its second pass (1 or 2 blocks in one run of 3 per flow, same cluster). So that
+a worker that leaves (or is restarted, under a new address) does not hold its blocks back for
+ever, :class:`ReleasePins` on the scheduler lets them run anywhere once it is gone.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from typing import Mapping
+
+import dask
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+
+def block_index(key) -> int | None:
+    """The block index along the first axis of a ``(name, i, ...)`` key, else None."""
+    if isinstance(key, tuple) and len(key) > 1 and isinstance(key[0], str) and isinstance(key[1], int):
+        return key[1]
+    return None
+
+
+def straddling(n: int, is_block, order, deps) -> list[int]:
+    """``out[b]``: how many tasks that are not block tasks (``is_block(key)``, over ``n`` blocks)
+    take data from blocks on both sides of a boundary before block ``b`` (``0 <= b <= n``)."""
+    span: dict = {}
+    change = [0] * (n + 2)
+    for key in order:
+        if is_block(key):
+            span[key] = (key[1], key[1])
+            continue
+        spans = [span[d] for d in deps[key] if d in span]
+        if spans:
+            lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
+            span[key] = (lo, hi)
+            change[lo + 1] += 1  # the boundaries lo + 1 .. hi split it
+            change[hi + 1] -= 1
+    return list(itertools.accumulate(change))[: n + 1]
+
+
+def slab_ends(n: int, threads: list[int], cuts: list[int]) -> list[int]:
+    """The end (exclusive) of each worker's slab of ``n`` blocks: slabs in proportion to
+    ``threads``, each at most a tenth of its share (rounded down) over it, ending where ``cuts``
+    (from :func:`straddling`) is lowest, and else nearest to the balanced end."""
+    if n < len(threads):
+        return [min(k + 1, n) for k in range(len(threads))]
+    shares = [n * t / sum(threads) for t in threads]
+    caps = [math.ceil(s) + int(s // 10) for s in shares]
+    ends, start, balanced = [], 0, 0.0
+    for k in range(len(threads) - 1):
+        balanced += shares[k]
+        lo = max(start + 1, n - sum(caps[k + 1:]))  # leave no more than the next slabs can hold
+        hi = min(start + caps[k], n - (len(threads) - k - 1))  # and a block for each of them
+        start = min(range(lo, hi + 1), key=lambda b: (cuts[b], abs(b - balanced)))
+        ends.append(start)
+    return ends + [n]
+
+
+def owners(graph: Mapping, nthreads: Mapping[str, int]) -> dict:
+    """``{key: worker}`` for the block tasks of a low-level graph (see the module's docstring)."""
+    from bisect import bisect_right
+
+    from dask.core import get_dependencies, toposort
+
+    deps = {key: get_dependencies(graph, key) for key in graph}
+    blocks: dict[str, int] = {}  # blocks along the first axis, per name of an indexed key
+    dependent: set[str] = set()  # names of tasks that take an indexed key
+    for key in graph:
+        if (i := block_index(key)) is not None:
+            blocks[key[0]] = max(blocks.get(key[0], 0), i + 1)
+            if any(block_index(d) is not None for d in deps[key]):
+                dependent.add(key[0])
+    # the inputs' grids; blocks already on the cluster (persisted) are no tasks of the graph, so
+    # the tasks that take them are not inputs: that data stays where the scheduler put it
+    sizes = {n for name, n in blocks.items() if name not in dependent and n > 1}
+    if not sizes:
+        return {}
+    order = toposort(graph, dependencies=deps)
+    workers = sorted(nthreads)
+    threads = [max(int(nthreads[w]), 1) for w in workers]
+    out = {}
+    for n in sizes:  # one grid in practice: the time chunks of a store
+
+        def is_block(key, n=n):
+            return block_index(key) is not None and blocks[key[0]] == n
+
+        ends = slab_ends(n, threads, straddling(n, is_block, order, deps))
+        for key in filter(is_block, order):
+            # where its blocks are, if they are on one worker (a block's own maps; a neighbour's
+            # rows that a halo takes, fused with the read of that neighbour); else its own slab
+            near = {out[d] for d in deps[key] if d in out}
+            out[key] = near.pop() if len(near) == 1 else workers[bisect_right(ends, key[1])]
+    return out
+
+
+PIN = "pipeline-slab"  # annotation naming the worker a task is pinned to
+
+
+def _pinned(owner: Mapping, key):
+    worker = owner.get(key)
+    return None if worker is None else [worker]
+
+
+class ReleasePins(SchedulerPlugin):
+    """On the scheduler: when a worker leaves, the tasks pinned to it may run on any worker
+    (without this they would wait for it for ever). Register it before computing a placed graph."""
+
+    name = "pipeline-release-pins"
+    idempotent = True
+
+    def remove_worker(self, scheduler, worker, *, stimulus_id, **kwargs):
+        stranded = {}
+        for ts in scheduler.tasks.values():
+            if ts.annotations and ts.annotations.get(PIN) == worker:
+                ts.worker_restrictions = None
+                if ts.state == "no-worker":
+                    stranded[ts.key] = "processing"
+        scheduler.transitions(stranded, stimulus_id=stimulus_id)
+
+
+def place(obj, nthreads: Mapping[str, int]):
+    """``obj`` (what ``client.compute`` takes) with its graphs optimized and its block tasks
+    pinned to the workers of ``nthreads`` (``{address: threads}``), and whether anything was
+    pinned; compute the result with ``optimize_graph=False``, with :class:`ReleasePins` on the
+    scheduler. Without blocks to place (or with fewer than two workers), ``obj`` and False."""
+    from dask.base import unpack_collections
+    from dask.delayed import Delayed
+    from dask.highlevelgraph import HighLevelGraph
+
+    collections, repack = unpack_collections(obj)
+    if len(nthreads) < 2 or not collections:
+        return obj, False
+    optimized = dask.optimize(*collections)
+    graph = {}
+    for c in optimized:
+        graph.update(c.__dask_graph__())
+    owner = owners(graph, nthreads)
+    if not owner:
+        return obj, False
+    # per key, through callables: the scheduler skips the keys for which they answer None
+    annotations = {"workers": functools.partial(_pinned, owner), PIN: owner.get}
+    placed = []
+    for c in optimized:
+        if isinstance(c, Delayed) and not isinstance(c.dask, HighLevelGraph):
+            layer = f"placed-{c.key}"  # a graph of layers, to carry the annotations
+            c = Delayed(c.key, HighLevelGraph.from_collections(layer, c.dask, dependencies=()), layer=layer)
+        # the layers are the optimizer's own copies: annotating them leaves the caller's graph alone
+        for layer in c.__dask_graph__().layers.values():
+            layer.annotations = {**(layer.annotations or {}), **annotations}
+        placed.append(c)
+    return repack(placed)[0], True
