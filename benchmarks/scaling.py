@@ -66,11 +66,11 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
             for i in range(repeat):
                 clear_transfer_logs(client)
                 with get_task_stream() as stream:
-                    t = time.perf_counter()
+                    t, t0 = time.perf_counter(), time.time()  # the task stream's clock is time.time()
                     value = pipeline.to_numpy(pipeline.compute(build()))
                     times.append(time.perf_counter() - t)
             out[name] = {"seconds": statistics.median(times), "all": times, "checksum": float(np.nansum(np.asarray(value, dtype=np.float64))),
-                         "last_run": task_summary(stream.data, received(client))}
+                         "last_run": task_summary(stream.data, received(client), t0)}
             received_mb = sum(w.get("received_bytes", 0) for w in out[name]["last_run"].values()) / 1e6
             print(f"{n_gpus} GPU(s) {name}: {out[name]['seconds']:.3f} s, {received_mb:.0f} MB moved between workers; "
                   f"last run per worker: {out[name]['last_run']}", flush=True)
@@ -116,10 +116,12 @@ def received(client) -> dict:
     return client.run(log)
 
 
-def task_summary(records: list[dict], incoming: dict | None = None) -> dict:
+def task_summary(records: list[dict], incoming: dict | None = None, t0: float | None = None) -> dict:
     """Per worker: tasks, seconds computing, seconds moving data in from other workers, bytes of
     the task outputs it made and, with ``incoming`` (from :func:`received`), the bytes and the
-    number of task outputs it received from other workers, and the largest of them."""
+    number of task outputs it received from other workers, and the largest of them; with ``t0``
+    (``time.time()`` when the computation was asked for), when its first task began and its last
+    ended, in seconds after ``t0``."""
     out = {}
     for r in records:
         w = out.setdefault(r.get("worker", "?"), {"tasks": 0, "compute_s": 0.0, "transfer_s": 0.0, "output_bytes": 0})
@@ -127,6 +129,9 @@ def task_summary(records: list[dict], incoming: dict | None = None) -> dict:
         for s in r.get("startstops", ()):
             if s["action"] == "compute":
                 w["compute_s"] += s["stop"] - s["start"]
+                if t0 is not None:
+                    w["first_s"] = round(min(w.get("first_s", 1e9), s["start"] - t0), 3)
+                    w["last_s"] = round(max(w.get("last_s", -1e9), s["stop"] - t0), 3)
             elif s["action"] == "transfer":
                 w["transfer_s"] += s["stop"] - s["start"]
         nbytes = r.get("nbytes", 0)
