@@ -525,6 +525,7 @@ def test_detrend_gpu_kernels_match_cpu(axis):
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 
+from pipeline.kernels import detrend  # noqa: E402
 from pipeline.kernels.streaming import Spec  # noqa: E402
 
 STREAMING = [
@@ -547,6 +548,12 @@ RAW_SOURCES = {
     "group_spells_any_i16": groups.spells_source(np.int16, False),
     "weighted_tiled_f32": weighted.tiled_source(np.float32),
     "weighted_tiled_f64": weighted.tiled_source(np.float64),
+    "moments_f32": moments.source(np.float32),
+    "moments_f64_256x2": moments.source(np.float64, 256, 2),
+    "detrend_f32_deg1_p16": detrend.source(np.float32, np.float32, 1, 16),
+    "detrend_f32_deg1_p32": detrend.source(np.float32, np.float32, 1, 32),
+    "detrend_f64_deg2_p16": detrend.source(np.float64, np.float64, 2, 16),
+    "detrend_f32_f64_deg0_p8": detrend.source(np.float32, np.float64, 0, 8, 128),
 }
 
 

@@ -1,11 +1,8 @@
 """The CUDA C moments and detrend kernels: their twins (CPU, every run) against the reference
-formulas, their sources compiled (where nvcc is installed), and on a GPU the kernels against
-their twins, bit for bit."""
+formulas, and on a GPU the kernels against their twins, bit for bit (their sources are compiled
+with the others' in tests/test_kernels.py)."""
 
 from __future__ import annotations
-
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -158,27 +155,3 @@ def test_detrend_block_gpu_takes_the_tile_kernel_or_falls_back():
     got = fields.detrend_block_gpu(cupy.asarray(long), cupy.asarray(ul), axis=0, deg=1, out_dtype=np.float32)
     np.testing.assert_allclose(cupy.asnumpy(got), fields.detrend_block(long, ul, axis=0, deg=1, out_dtype=np.float32),
                                rtol=1e-6, atol=1e-5, equal_nan=True)
-
-
-# --- the CUDA sources compile ---------------------------------------------------------------------
-
-SOURCES = {
-    "moments_f32": moments.source(np.float32),
-    "moments_f64_256x2": moments.source(np.float64, 256, 2),
-    "detrend_f32_deg1_p32": detrend.source(np.float32, np.float32, 1, 32),
-    "detrend_f32_deg1_p16": detrend.source(np.float32, np.float32, 1, 16),
-    "detrend_f64_deg2_p16": detrend.source(np.float64, np.float64, 2, 16),
-    "detrend_f32_f64_deg0_p8": detrend.source(np.float32, np.float64, 0, 8, 128),
-}
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not installed")
-@pytest.mark.parametrize("name", sorted(SOURCES))
-def test_sources_compile(tmp_path, name):
-    src = tmp_path / f"{name}.cu"
-    src.write_text(SOURCES[name])
-    r = subprocess.run(
-        ["nvcc", "-c", "-arch=sm_90", "--fmad=false", "-std=c++17", str(src), "-o", str(tmp_path / "k.o")],
-        capture_output=True, text=True,
-    )
-    assert r.returncode == 0, r.stderr
