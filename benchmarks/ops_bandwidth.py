@@ -159,14 +159,14 @@ def kernel_cases(x, backend):
             ("moments_previous (Numba)", lambda: moments.moments_gpu_previous(data, 0), n + 3 * small),
         ]
         # the other shapes of the one-read kernels, for choosing their defaults: [threads x points a thread]
-        # for moments, [points a tile, pieces of its copies] for detrend
+        # for moments, [points a tile, threads] for detrend
         u1 = xp.linspace(-1.0, 1.0, nt)
         out2 = xp.empty(x2.shape, dtype=f32)
         for threads, unroll in ((256, 2), (128, 8), (256, 4)):
             cases.append((f"moments [{threads} x {unroll}]", lambda t=threads, k=unroll: moments.moments_raw(x2, threads=t, unroll=k), n + 3 * small))
-        for points, chunks in ((16, 1), (16, 2), (16, 8), (32, 4)):
-            cases.append((f"detrend [{points} points, {chunks} pieces]",
-                          lambda p=points, c=chunks: detrend_tile.detrend_tile(x2, u1, out2, 1, points=p, chunks=c), 2 * n))
+        for points, threads in ((32, 256), (32, 512), (16, 128)):
+            cases.append((f"detrend [{points} points, {threads}]",
+                          lambda p=points, t=threads: detrend_tile.detrend_tile(x2, u1, out2, 1, points=p, threads=t), 2 * n))
     return cases
 
 

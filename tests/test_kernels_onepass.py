@@ -138,23 +138,6 @@ def test_detrend_kernel_many_tiles():
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("chunks", [1, 3, 8])
-@pytest.mark.parametrize("nt", [5, 97])
-def test_detrend_kernel_copies_in_pieces(chunks, nt):
-    """However the tile's copies are cut into pieces (fewer steps than pieces included), the sums
-    visit the steps in the same order."""
-    import cupy
-
-    x = sample(nt, 100, seed=7)
-    u = np.linspace(-1, 1, nt)
-    want = detrend.detrend_tile_twin(x, u, 1, np.float32, points=16)
-    out = cupy.empty(x.shape, dtype=np.float32)
-    assert detrend.detrend_tile(cupy.asarray(x), cupy.asarray(u), out, 1, points=16, chunks=chunks)
-    np.testing.assert_array_equal(cupy.asnumpy(out), want)
-
-
-@pytest.mark.gpu
-@requires_gpu
 def test_detrend_block_gpu_takes_the_tile_kernel_or_falls_back():
     import cupy
 

@@ -34,7 +34,6 @@ import functools
 import numpy as np
 
 THREADS = 256
-CHUNKS = 4  # pieces of a tile copied as groups of their own
 TILE_BYTES = 100 * 1024  # a tile at most: two blocks fit a multiprocessor (228 KB)
 
 _SOURCE = r"""
@@ -46,7 +45,6 @@ typedef {out_t} out_t;
 #define M {m}
 #define N (2 * M - 1)
 #define VEC (16 / (int)sizeof(in_t))
-#define CHUNKS {chunks}
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {{ return (unsigned)__cvta_generic_to_shared(p); }}
 
@@ -68,35 +66,20 @@ __device__ __forceinline__ double trend(const double* c, double uu) {{
     return r;
 }}
 
-__device__ __forceinline__ void load_rows(in_t* tile, const in_t* __restrict__ x, int t0, int t1, long long npts,
-                                          long long p0, int np, int vectors) {{
-    // rows t0 .. t1 - 1 of the tile (row t is x[t, p0 .. p0 + np)), by asynchronous copies
+__device__ __forceinline__ void load_tile(in_t* tile, const in_t* __restrict__ x, int nt, long long npts, long long p0,
+                                          int np, int vectors) {{
+    // row t of the tile is x[t, p0 .. p0 + np), by asynchronous copies
     if (vectors && np == P) {{
         const int per_row = P / VEC;
-        for (int k = threadIdx.x; k < (t1 - t0) * per_row; k += THREADS) {{
-            const int t = t0 + k / per_row, j = (k % per_row) * VEC;
+        for (int k = threadIdx.x; k < nt * per_row; k += THREADS) {{
+            const int t = k / per_row, j = (k - t * per_row) * VEC;
             copy16(tile + t * P + j, x + (long long)t * npts + p0 + j);
         }}
     }} else {{
-        for (int k = threadIdx.x; k < (t1 - t0) * P; k += THREADS) {{
-            const int t = t0 + k / P, j = k % P;
-            if (j < np) copy1(tile + t * P + j, x + (long long)t * npts + p0 + j);
+        for (int k = threadIdx.x; k < nt * P; k += THREADS) {{
+            const int t = k / P, j = k - t * P;
+            if (j < np) copy1(tile + k, x + (long long)t * npts + p0 + j);
         }}
-    }}
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}}
-
-__device__ __forceinline__ void wait_pending(int n) {{
-    // until at most n groups of copies are in flight (the count must be an immediate)
-    switch (n) {{
-        case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-        case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-        case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-        case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-        case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
-        case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
-        case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
-        default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
     }}
 }}
 
@@ -127,37 +110,30 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
     const int q = threadIdx.x % P, g = threadIdx.x / P;
     const long long p0 = (long long)blockIdx.x * P;
     const int np = (int)min((long long)P, npts - p0);
-    // the tile in CHUNKS pieces of rows, each a group of copies of its own, so that the sums over
-    // the first piece begin while the others are in flight
-    for (int c = 0; c < CHUNKS; ++c) load_rows(tile, x, c * nt / CHUNKS, (c + 1) * nt / CHUNKS, npts, p0, np, vectors);
+    load_tile(tile, x, nt, npts, p0, np, vectors);
 
-    // meanwhile: the sums of u^k over each group's steps (made once for all blocks by
-    // pipeline_detrend_whole)
+    // while the copies are in flight: the sums of u^k over each group's steps (made once for all
+    // blocks by pipeline_detrend_whole)
     for (int w = threadIdx.x; w < G * N; w += THREADS) whole[w / N][w % N] = whole_in[w];
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
 
-    // the data's sums of point q over the steps of group g: T_k = sum u^k x, and the count (the
-    // steps in the same order as with the tile whole)
+    // the data's sums of point q over the steps of group g: T_k = sum u^k x, and the count
     double b[M];
 #pragma unroll
     for (int k = 0; k < M; ++k) b[k] = 0.0;
     int count = 0;
-    int t = g;
-    for (int c = 0; c < CHUNKS; ++c) {{
-        wait_pending(CHUNKS - 1 - c);
-        __syncthreads();
-        const int t1 = (c + 1) * nt / CHUNKS;
-        if (q < np) {{
-            for (; t < t1; t += G) {{
-                const double v = (double)tile[t * P + q];
-                if (v == v) {{
-                    const double uu = u[t];
-                    double pw = 1.0;
-                    count += 1;
+    if (q < np) {{
+        for (int t = g; t < nt; t += G) {{
+            const double v = (double)tile[t * P + q];
+            if (v == v) {{
+                const double uu = u[t];
+                double pw = 1.0;
+                count += 1;
 #pragma unroll
-                    for (int k = 0; k < M; ++k) {{
-                        b[k] += pw * v;
-                        pw *= uu;
-                    }}
+                for (int k = 0; k < M; ++k) {{
+                    b[k] += pw * v;
+                    pw *= uu;
                 }}
             }}
         }}
@@ -260,24 +236,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
 """
 
 
-def source(in_dtype, out_dtype, deg: int, points: int = 16, threads: int = THREADS, chunks: int = CHUNKS) -> str:
+def source(in_dtype, out_dtype, deg: int, points: int = 16, threads: int = THREADS) -> str:
     """The CUDA source of the kernel (the tests compile it with nvcc too)."""
     from .streaming import C_TYPES
 
-    if not 1 <= chunks <= 8:
-        raise ValueError(f"chunks must be 1 to 8, got {chunks}")
     return _SOURCE.format(
         in_t=C_TYPES[np.dtype(in_dtype)], out_t=C_TYPES[np.dtype(out_dtype)], points=points, threads=threads, m=deg + 1,
-        chunks=chunks,
     )
 
 
 @functools.cache
-def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int, chunks: int = 4,
-                name: str = "pipeline_detrend_tile"):
+def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int, name: str = "pipeline_detrend_tile"):
     import cupy
 
-    src = source(in_dtype, out_dtype, deg, points, threads, chunks)  # both kernels of one source: compiled once
+    src = source(in_dtype, out_dtype, deg, points, threads)  # both kernels of one source: compiled once
     return cupy.RawKernel(src, name, options=("--fmad=false", "-std=c++17"))
 
 
@@ -296,8 +268,7 @@ def supported(dtype) -> bool:
     return np.dtype(dtype) in (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, threads: int = THREADS,
-                 chunks: int | None = None) -> bool:
+def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, threads: int = THREADS) -> bool:
     """Detrend the C-contiguous (steps, points) CuPy array ``x2d`` into ``out2d`` by the tile
     kernel (``u1d`` the float64 coordinate of the steps); False, doing nothing, where
     :func:`plan` says the series do not fit. ``points`` defaults to the plan's."""
@@ -309,10 +280,10 @@ def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, thread
         return True
     import cupy
 
-    types = (np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads, CHUNKS if chunks is None else chunks)
+    types = (np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads)
     groups, n = threads // points, 2 * deg + 1
     whole = cupy.empty(groups * n, dtype=np.float64)
-    _raw_kernel(*types, name="pipeline_detrend_whole")((-(-groups * n // 128),), (128,), (u1d, whole, np.int32(nt)))
+    _raw_kernel(*types, "pipeline_detrend_whole")((-(-groups * n // 128),), (128,), (u1d, whole, np.int32(nt)))
     kernel = _raw_kernel(*types)
     smem = nt * points * x2d.dtype.itemsize
     # with its static arrays a block may need more than the default 48 KB: ask for it each time
