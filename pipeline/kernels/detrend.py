@@ -18,7 +18,8 @@ once, no registers held), one block a tile:
 Measured on 730 x 1038240 float32 (benchmarks/ops_bandwidth.py, share of the copy bandwidth):
 16 points a tile, 66% (in two runs, with and without the shared sums of u^k); 32 points, 58-67%;
 blocks looping over tiles instead of one a tile, 47-65%; a second tile buffer per block, copied
-while the first is worked on, 33-51%. Under the 70% the other kernels reach: the phases of a
+while the first is worked on, 33-51%; the tile's copies in 2, 4 or 8 pieces, the sums over a piece
+begun while the later ones are in flight, 65%, 61% and 55% (one piece, the same run: 65%). Under the 70% the other kernels reach: the phases of a
 block run one after the other, and three blocks a multiprocessor do not hide them all.
 
 Rows of a tile are ``P`` consecutive points: whole 32-byte sectors, and 16-byte copies where the
