@@ -155,8 +155,8 @@ def kernel_cases(x, backend):
             ("group spells_previous", lambda: groups.group_spells_previous(x2, labels, 12, 290.0), n + 15 * npts * 4),
             ("group spells_previous (years)", lambda: groups.group_spells_previous(x2, years, nyears, 290.0), n + (nyears + 3) * npts * 4),
             ("detrend_previous (formulas)", lambda: fields.detrend_block(data, u, axis=0, deg=1, out_dtype=f32), 2 * n),
-            ("detrend_previous (Numba, reads twice)", lambda: fields.detrend_block_gpu_previous(data, u, axis=0, deg=1, out_dtype=f32), 2 * n),
-            ("moments_previous (Numba)", lambda: moments.moments_gpu_previous(data, 0), n + 3 * small),
+            ("detrend_previous (Numba, reads twice)", lambda: fields.detrend_block_gpu(data, u, axis=0, deg=1, out_dtype=f32, tile=False), 2 * n),
+            ("moments_previous (Numba)", lambda: moments.moments_gpu(data, 0, previous=True), n + 3 * small),
         ]
         # the other shapes of the one-read kernels, for choosing their defaults: [threads x points a thread]
         # for moments, [points a tile, threads] for detrend

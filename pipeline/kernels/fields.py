@@ -269,31 +269,21 @@ def polyval_subtract_gpu(x, u, *coefficients, out_dtype, axis: int):
     return cupy.moveaxis(out.reshape(x2.shape[:1] + rest), 0, axis)
 
 
-def detrend_block_gpu(x, u, *, axis: int, deg: int, out_dtype):
+def detrend_block_gpu(x, u, *, axis: int, deg: int, out_dtype, tile: bool = True):
     """x minus its least-squares polynomial along ``axis``, which the block holds whole: the CUDA C
     tile kernel of :mod:`pipeline.kernels.detrend`, which reads the block once, where a tile of
-    its series fits in shared memory; otherwise one Numba CUDA kernel (fit, solve, subtract per
-    point), which reads it twice."""
+    its series fits in shared memory; otherwise (or with ``tile`` False, for the benchmarks) one
+    Numba CUDA kernel (fit, solve, subtract per point), which reads it twice."""
     import cupy
 
     from .detrend import detrend_tile
-
-    x2, rest = _to_2d(x, axis)
-    out = cupy.empty(x2.shape, dtype=out_dtype)
-    if not detrend_tile(x2, _axis_values(u, axis, x2.shape[0]), out, deg):
-        return detrend_block_gpu_previous(x, u, axis=axis, deg=deg, out_dtype=out_dtype)
-    return cupy.moveaxis(out.reshape(x2.shape[:1] + rest), 0, axis)
-
-
-def detrend_block_gpu_previous(x, u, *, axis: int, deg: int, out_dtype):
-    """:func:`detrend_block_gpu` by the Numba CUDA kernel alone (fit, solve, subtract per point)."""
-    import cupy
-
     from .fields_cuda import trend_kernels
 
     x2, rest = _to_2d(x, axis)
+    u1 = _axis_values(u, axis, x2.shape[0])
     out = cupy.empty(x2.shape, dtype=out_dtype)
-    _launch(trend_kernels(deg)["detrend"], x2.shape[1], x2, _axis_values(u, axis, x2.shape[0]), out)
+    if not (tile and detrend_tile(x2, u1, out, deg)):
+        _launch(trend_kernels(deg)["detrend"], x2.shape[1], x2, u1, out)
     return cupy.moveaxis(out.reshape(x2.shape[:1] + rest), 0, axis)
 
 

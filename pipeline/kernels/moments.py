@@ -235,24 +235,17 @@ def moments_twin(x2d, *, tile: int):
     return merge_tiles(parts, np)
 
 
-def moments_gpu(block, axis: int) -> dict:
-    """{n, mean, m2} of a CuPy block over ``axis`` (kept with length 1), float64."""
+def moments_gpu(block, axis: int, previous: bool = False) -> dict:
+    """{n, mean, m2} of a CuPy block over ``axis`` (kept with length 1), float64; ``previous``: by
+    the Numba CUDA kernel the CUDA C one replaced (for the benchmarks)."""
     import cupy
 
     moved = cupy.moveaxis(block, axis, 0)
     rest = moved.shape[1:]
     x2 = cupy.ascontiguousarray(moved).reshape(moved.shape[0], -1)
-    n, mean, m2 = moments_raw(x2)
+    if previous:
+        n, mean, m2 = (cupy.empty(x2.shape[1], dtype=np.float64) for _ in range(3))
+        launch_gpu(x2, n, mean, m2)
+    else:
+        n, mean, m2 = moments_raw(x2)
     return {k: cupy.expand_dims(v.reshape(rest), axis) for k, v in {"n": n, "mean": mean, "m2": m2}.items()}
-
-
-def moments_gpu_previous(block, axis: int) -> dict:
-    """:func:`moments_gpu` by the Numba CUDA kernel it replaced (for the benchmarks)."""
-    import cupy
-
-    moved = cupy.moveaxis(block, axis, 0)
-    rest = moved.shape[1:]
-    x2 = cupy.ascontiguousarray(moved).reshape(moved.shape[0], -1)
-    out = {k: cupy.empty(x2.shape[1], dtype=np.float64) for k in ("n", "mean", "m2")}
-    launch_gpu(x2, out["n"], out["mean"], out["m2"])
-    return {k: cupy.expand_dims(v.reshape(rest), axis) for k, v in out.items()}
