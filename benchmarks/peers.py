@@ -77,6 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pipeline  # noqa: E402
 from pipeline import backend as B  # noqa: E402
+from pipeline import spill  # noqa: E402
 from pipeline.cluster import ClusterProfile, open_cluster  # noqa: E402
 from pipeline.demo import BYTES_PER_POINT, demo_dataset  # noqa: E402
 from pipeline.io import compute as pipeline_compute  # noqa: E402
@@ -357,6 +358,7 @@ def run_peer(peer, size, store, budget, args, info, runs, references):
             if peer.startswith("pipeline-gpu"):
                 B.module("gpu").get_default_memory_pool().free_all_blocks()
                 B.device_memory_peak(reset=True)
+                spill.spilled_bytes(reset=True)
             rss_reset = in_process and reset_peak_rss()
             try:
                 times, host, warm_up_only = run_flow(lambda: flows[flow](tas), compute, args.repeat, args.max_seconds)
@@ -370,6 +372,7 @@ def run_peer(peer, size, store, budget, args, info, runs, references):
             if peer.startswith("pipeline-gpu"):
                 row["gpu_pool_bytes"] = int(B.module("gpu").get_default_memory_pool().total_bytes())
                 row["gpu_pool_peak_bytes"] = B.device_memory_peak()
+                row["host_held_bytes_per_run"] = spill.spilled_bytes() // (1 if warm_up_only else len(times) + 1)  # runs and warm-up
             if in_process:
                 row["host_peak_rss_bytes"] = peak_rss()
                 row["host_peak_rss_scope"] = "this flow" if rss_reset else "process lifetime"
@@ -378,6 +381,8 @@ def run_peer(peer, size, store, budget, args, info, runs, references):
             row.update(reference=ref_peer, rel_error=err, nan_masks_equal=masks, agrees=err < args.rtol and masks)
             print(f"  {size}/{flow}/{peer}: {med:.3f} s, {row['GBps']:.2f} GB/s"
                   + (f", GPU pool peak {format_bytes(row['gpu_pool_peak_bytes'])}" if "gpu_pool_peak_bytes" in row else "")
+                  + (f", held in host memory {format_bytes(row['host_held_bytes_per_run'])} a run"
+                     if row.get("host_held_bytes_per_run") else "")
                   + ("" if ref_peer == peer else f", vs {ref_peer}: rel error {err:.1e}, NaN masks {'equal' if masks else 'DIFFER'}"),
                   flush=True)
 

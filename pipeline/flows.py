@@ -271,6 +271,9 @@ def run_flow(
     if client is None:  # a cluster's workers keep their own limits and spill
         mem_plan = memory.plan(built.source.data, *(r.data for r in results), backend=built.backend)
         memory.check(mem_plan, f"{flow._file}: ")
+    from .spill import spilled_bytes
+
+    spilled_bytes(reset=True)
     with task_timer(client) as times:
         write_zarr(built.result, sink_path, mode=flow.sink.mode, name=flow.sink.name, progress=progress)
     by_part = attribute(times, built.parts)

@@ -126,6 +126,9 @@ def usage(backend: str) -> dict:
         out["gpu_pool_bytes"] = int(pool.total_bytes())
         out["gpu_pool_peak_bytes"] = B.device_memory_peak()
         out["gpu_pool_limit_bytes"] = int(pool.get_limit())
+        from .spill import spilled_bytes
+
+        out["host_held_bytes"] = spilled_bytes()  # copied to pinned memory between passes
     return out
 
 

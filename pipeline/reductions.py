@@ -282,15 +282,19 @@ def second_pass(data: da.Array, *stats: da.Array) -> da.Array:
 
     In core the same array: Dask keeps its chunks in memory between the passes. Out of core
     (the input is larger than half of its backend's memory budget, ``pipeline.gpu.memory-limit``
-    or ``pipeline.cpu.memory-limit``) a copy of its graph that starts only once ``stats`` are
-    done: the input is read again from storage, streaming, instead of being held until the
-    statistics are known, or spilled. Reading twice costs one more pass over storage; holding or
-    spilling would cost memory that is not there, or two trips through host memory and disk.
-    """
-    from dask.graph_manipulation import bind
+    or ``pipeline.cpu.memory-limit``):
 
+    - on the GPU, the first pass copies its blocks to pinned host memory as it reads them, up to
+      ``pipeline.gpu.host-spill`` bytes, and the second pass copies them back once ``stats`` are
+      done (:mod:`pipeline.spill`): a trip over the bus instead of a second read and decode;
+    - blocks beyond that bound, and every block on the CPU, come from a copy of the input's graph
+      that starts only once ``stats`` are done: read again from storage, streaming, instead of
+      being held in memory that is not there.
+    """
+    from . import spill
     from .backend import backend_of, memory_budget
 
-    if data.nbytes <= memory_budget(backend_of(data)) / 2:
+    backend = backend_of(data)
+    if data.nbytes <= memory_budget(backend) / 2:
         return data
-    return bind(data, list(stats))
+    return spill.held_second_pass(data, list(stats), spill.hold_budget(backend))

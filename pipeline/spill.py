@@ -1,0 +1,139 @@
+"""Out of core on the GPU: the first pass's blocks held in pinned host memory for the second pass.
+
+A two-pass op (statistics first, then an elementwise pass that uses them) on an input too large
+for the device budget cannot keep its blocks on the GPU between the passes. Reading them again
+from the store costs a second read and decode: on the H200 machine, about 1 s for 18.2 GB of zstd
+shards (benchmarks/RESULTS.md, "Out of core"). Copied to pinned host memory as the first pass
+reads them, they come back over the bus at 55 GB/s (0.33 s for the same 18.2 GB), and the copies
+out run on the device -> host engine while the first pass reads on the other direction.
+
+That is what dask-cuda's spilling does with a whole task output under ``device_memory_limit``,
+but through pageable memory (6 GB/s) and only once a worker is already over its limit; here the
+blocks that the second pass needs go to pinned memory as soon as they are read, and the device
+keeps only the blocks being worked on.
+
+The host memory this takes is bounded by ``pipeline.gpu.host-spill`` (bytes, or a fraction of the
+host's memory; 0 turns it off). When the input is larger, the leading blocks along the first axis
+are held, up to the bound, and the rest are read again from storage after the statistics, as
+before: memory stays bounded either way.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import backend as B
+from . import config
+
+_spilled = [0]  # bytes copied to host memory since the last reset
+_lock = threading.Lock()
+
+
+def hold_budget(backend: str) -> int:
+    """Bytes of host memory that two-pass ops on ``backend`` may hold between their passes:
+    ``pipeline.gpu.host-spill`` on the GPU; none on the CPU, whose blocks are in host memory
+    already and do not fit it (else they would be in core)."""
+    if backend != "gpu":
+        return 0
+    import psutil
+
+    return B._bytes_or_fraction(config.get("gpu.host-spill", 0), psutil.virtual_memory().total)
+
+
+def spilled_bytes(reset: bool = False) -> int:
+    """Bytes held in host memory by :func:`to_host` since the last reset."""
+    with _lock:
+        value = _spilled[0]
+        if reset:
+            _spilled[0] = 0
+    return value
+
+
+def to_host(block):
+    """A copy of ``block`` in host memory: pinned, by one asynchronous copy on a stream of its own,
+    for a CuPy block; a plain copy for a NumPy one."""
+    if not B.is_cupy(block):
+        out = np.array(block, copy=True)
+    else:
+        import cupy as cp
+        import cupyx
+
+        from .gpu_zarr import context
+
+        block = cp.ascontiguousarray(block)
+        out = cupyx.empty_pinned(block.shape, dtype=block.dtype)
+        ready = cp.cuda.Stream.null.record()  # kernels that made the block may still be running
+        with context() as ctx:  # synchronizes its stream on exit
+            ctx.stream.wait_event(ready)
+            block.get(stream=ctx.stream, out=out)
+    with _lock:
+        _spilled[0] += out.nbytes
+    return out
+
+
+def to_device(block, gpu: bool, *after):
+    """``block`` (from :func:`to_host`) back on the GPU when ``gpu``; ``after``: the tasks it waits
+    for, unused."""
+    if not gpu:
+        return block
+    import cupy as cp
+
+    from .gpu_zarr import context
+
+    out = cp.empty(block.shape, dtype=block.dtype)
+    ready = cp.cuda.Stream.null.record()  # the pool may hand out memory that queued kernels still use
+    with context() as ctx:
+        ctx.stream.wait_event(ready)
+        out.set(block, stream=ctx.stream)
+    return out
+
+
+def _held_rows(data, budget: int) -> int:
+    """How many leading block rows (along the first axis) of ``data`` fit ``budget`` bytes."""
+    row_bytes = [n * data.nbytes // max(1, data.shape[0]) for n in data.chunks[0]]
+    total, rows = 0, 0
+    for b in row_bytes:
+        if total + b > budget:
+            break
+        total += b
+        rows += 1
+    return rows
+
+
+def held_second_pass(data, stats, budget: int):
+    """The second pass's input: the leading blocks of ``data`` that fit ``budget`` bytes copied to
+    host memory as the first pass computes them and copied back once ``stats`` are done; the rest
+    read again (its graph bound to ``stats``)."""
+    import dask.array as da
+    from dask.graph_manipulation import bind
+
+    rows = _held_rows(data, budget) if data.ndim else 0
+    if rows == 0:
+        return bind(data, stats)
+    import itertools
+
+    from dask._task_spec import Task, TaskRef
+    from dask.base import tokenize
+    from dask.graph_manipulation import checkpoint
+    from dask.highlevelgraph import HighLevelGraph
+
+    host = np.empty((0,) * data.ndim, dtype=data.dtype)
+    held = data.map_blocks(to_host, dtype=data.dtype, meta=host, token="pipeline-to-host")
+    # The copies back are a layer of plain tasks, each waiting for the statistics: as a blockwise
+    # layer, dask's optimizer would fuse it with the copy out (to_device(to_host(block))), and each
+    # block would stay on the device until the statistics are known.
+    done = checkpoint(*stats)
+    gpu = B.is_cupy(data._meta)
+    name = "pipeline-to-device-" + tokenize(held, done)
+    layer = {
+        (name, *idx): Task((name, *idx), to_device, TaskRef((held.name, *idx)), gpu, TaskRef(done.key))
+        for idx in itertools.product(*(range(n) for n in data.numblocks))
+    }
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=[held, done])
+    back = da.Array(graph, name, data.chunks, meta=data._meta)
+    if rows == data.numblocks[0]:
+        return back
+    cut = sum(data.chunks[0][:rows])
+    return da.concatenate([back[:cut], bind(data, stats)[cut:]], axis=0)
