@@ -177,7 +177,8 @@ def peer_session(peer: str, store: Path, budget: int | None, args):
         if sharded_layout:
             settings["pipeline.gpu.nvcomp"] = True  # the layout exists for nvCOMP
         with dask.config.set(settings):
-            yield pipeline.open_dataset(store, backend=backend)["tas"], PIPELINE_FLOWS, pipeline_compute
+            chunks = {"time": args.pipeline_time_chunk} if args.pipeline_time_chunk else None
+            yield pipeline.open_dataset(store, backend=backend, chunks=chunks)["tas"], PIPELINE_FLOWS, pipeline_compute
 
 
 # --- data and ceilings ----------------------------------------------------------------------------
@@ -435,6 +436,8 @@ def parse_args(argv):
     p.add_argument("--cpu-threads", type=int, default=None, help="cpu-peer threads per worker (default: dask's)")
     p.add_argument("--no-processes", action="store_true", help="cpu-peer workers as threads of this process")
     p.add_argument("--gpu-threads", type=int, default=8, help="naive-gpu-peer threads per GPU worker")
+    p.add_argument("--pipeline-time-chunk", type=int, default=0,
+                   help="pipeline peers: Dask blocks of this many steps (a multiple of the store's chunks; 0: the store's)")
     p.add_argument("--rtol", type=float, default=1e-5, help="largest relative L2 error that counts as agreement")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)

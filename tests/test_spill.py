@@ -165,7 +165,7 @@ def test_gpu_two_pass_flow_holds_its_blocks_in_pinned_memory(tmp_path, budget):
 
     from pipeline import backend
 
-    x = climate_array(shape=(365, 60, 80), chunks={"time": 30})
+    x = climate_array(shape=(365, 120, 160), chunks={"time": 30})
     x.to_dataset().to_zarr(tmp_path / "s.zarr")
     spills = {"none": 0, "all": "1GB", "half": int(x.data.nbytes // 2)}[budget]
 
@@ -173,23 +173,26 @@ def test_gpu_two_pass_flow_holds_its_blocks_in_pinned_memory(tmp_path, budget):
         tas = pipeline.open_dataset(tmp_path / "s.zarr", backend="gpu")["tas"]
         z = pipeline.ops.standardized_anomaly(tas, dim="time")
         assert isinstance(z.data._meta, cp.ndarray)
-        return z, pipeline.compute(z)
+        got = pipeline.compute(z)
+        assert isinstance(got.data, cp.ndarray)  # the result stays on the device
+        return cp.asnumpy(got.data)
 
-    _, in_core = run()
+    in_core = run()
     pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()  # the in-core run's cached blocks are not this run's
     limit_before = pool.get_limit()
+    limit = int(x.data.nbytes // 2)  # out of core: the input is over half of it
     try:
         spill.spilled_bytes(reset=True)
-        with dask.config.set({"pipeline.gpu.memory-limit": int(x.data.nbytes // 3), "pipeline.gpu.host-spill": spills}):
-            z, got = run()
-            assert got.shape == x.shape
-        assert pool.get_limit() == int(x.data.nbytes // 3)
+        with dask.config.set({"pipeline.gpu.memory-limit": limit, "pipeline.gpu.host-spill": spills}):
+            got = run()
+        assert pool.get_limit() == limit
     finally:
         pool.set_limit(size=limit_before)
         backend._set_device_memory_limit.cache_clear()
     held = spill.spilled_bytes()
     rows = spill._held_rows(x.data, spill.B._bytes_or_fraction(spills, 1))
-    assert held == sum(x.data.chunks[0][:rows]) * 60 * 80 * 4
+    assert held == sum(x.data.chunks[0][:rows]) * 120 * 160 * 4
     assert (held > 0) == (budget != "none")
     np.testing.assert_array_equal(np.asarray(got), np.asarray(in_core))
     # a held block comes back as the CuPy block it was, from pinned memory
@@ -197,6 +200,12 @@ def test_gpu_two_pass_flow_holds_its_blocks_in_pinned_memory(tmp_path, budget):
     host = spill.to_host(block)
     assert isinstance(host, np.ndarray)
     assert cp.cuda.runtime.pointerGetAttributes(host.ctypes.data).type == getattr(cp.cuda.runtime, "memoryTypeHost", 1)
-    back = spill.to_device(host, block)
+    back = spill.to_device(host, True)
     assert isinstance(back, cp.ndarray)
     cp.testing.assert_array_equal(back, block)
+    # its buffer went back for reuse: the next block of that size gets it, and release() frees it
+    again = spill.to_host(block + 1)
+    assert again.ctypes.data == host.ctypes.data
+    spill.to_device(again, True)
+    assert spill.release() >= block.nbytes
+    assert not spill._lent
