@@ -159,14 +159,15 @@ def kernel_cases(x, backend):
             ("moments_previous (Numba)", lambda: moments.moments_gpu(data, 0, previous=True), n + 3 * small),
         ]
         # the other shapes of the one-read kernels, for choosing their defaults: [threads x points a thread]
-        # for moments, [points a tile, threads] for detrend
+        # for moments, [points a tile, blocks a tile] for detrend
         u1 = xp.linspace(-1.0, 1.0, nt)
         out2 = xp.empty(x2.shape, dtype=f32)
         for threads, unroll in ((256, 2), (128, 8), (256, 4)):
             cases.append((f"moments [{threads} x {unroll}]", lambda t=threads, k=unroll: moments.moments_raw(x2, threads=t, unroll=k), n + 3 * small))
-        for points, threads in ((32, 256), (32, 512), (16, 128)):
-            cases.append((f"detrend [{points} points, {threads}]",
-                          lambda p=points, t=threads: detrend_tile.detrend_tile(x2, u1, out2, 1, points=p, threads=t), 2 * n))
+        for points, cluster in ((16, 1), (32, 3), (32, 5), (64, 3), (64, 8), (128, 8)):
+            if detrend_tile.slab(nt, cluster) * points * 4 <= 200 * 1024:
+                cases.append((f"detrend [{points} points, {cluster} blocks]",
+                              lambda p=points, c=cluster: detrend_tile.detrend_tile(x2, u1, out2, 1, points=p, cluster=c), 2 * n))
     return cases
 
 

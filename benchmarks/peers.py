@@ -323,10 +323,11 @@ def agreement(out: list[np.ndarray], ref: list[np.ndarray]) -> tuple[float, bool
     return worst, masks_equal
 
 
-def run_flow(build, compute, repeat: int, max_seconds: float | None = None) -> tuple[list[float], list[np.ndarray], bool]:
-    """One warm-up, then ``repeat`` timed runs of compute + copy to host; the last results, and
-    whether the warm-up alone was timed (it took over ``max_seconds``: a slow peer gets one run)."""
-    times = []
+def run_flow(build, compute, repeat: int, max_seconds: float | None = None) -> tuple[list[float], list[np.ndarray], bool, float]:
+    """One warm-up, then ``repeat`` timed runs of compute + copy to host; the last results, whether
+    the warm-up alone was timed (it took over ``max_seconds``: a slow peer gets one run), and the
+    warm-up's seconds."""
+    times, first = [], float("nan")
     for i in range(repeat + 1):
         outs = build()
         t = time.perf_counter()
@@ -334,9 +335,11 @@ def run_flow(build, compute, repeat: int, max_seconds: float | None = None) -> t
         elapsed = time.perf_counter() - t
         if i:
             times.append(elapsed)
-        elif max_seconds is not None and elapsed > max_seconds:
-            return [elapsed], host, True
-    return times, host, False
+        else:
+            first = elapsed
+            if max_seconds is not None and elapsed > max_seconds:
+                return [elapsed], host, True, first
+    return times, host, False, first
 
 
 def run_peer(peer, size, store, budget, args, info, runs, references):
@@ -362,13 +365,13 @@ def run_peer(peer, size, store, budget, args, info, runs, references):
                 spill.spilled_bytes(reset=True)
             rss_reset = in_process and reset_peak_rss()
             try:
-                times, host, warm_up_only = run_flow(lambda: flows[flow](tas), compute, args.repeat, args.max_seconds)
+                times, host, warm_up_only, warm_up_s = run_flow(lambda: flows[flow](tas), compute, args.repeat, args.max_seconds)
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {e}"
                 print(f"  {size}/{flow}/{peer}: failed: {row['error']}", flush=True)
                 continue
             med = statistics.median(times)
-            row.update(seconds=med, seconds_all=times, warm_up_only=warm_up_only, GBps=info["input_bytes"] / med / 1e9,
+            row.update(seconds=med, seconds_all=times, warm_up_only=warm_up_only, warm_up_seconds=warm_up_s, GBps=info["input_bytes"] / med / 1e9,
                        floor_seconds=floor, fraction_of_floor=floor / med)
             if peer.startswith("pipeline-gpu"):
                 row["gpu_pool_bytes"] = int(B.module("gpu").get_default_memory_pool().total_bytes())

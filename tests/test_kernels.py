@@ -551,7 +551,8 @@ RAW_SOURCES = {
     "moments_f32": moments.source(np.float32),
     "moments_f64_256x2": moments.source(np.float64, 256, 2),
     "detrend_f32_deg1_p16": detrend.source(np.float32, np.float32, 1, 16),
-    "detrend_f32_deg1_p32": detrend.source(np.float32, np.float32, 1, 32),
+    "detrend_f32_deg1_p64_c5": detrend.source(np.float32, np.float32, 1, 64, 256, 5),
+    "detrend_f64_deg3_p32_c8": detrend.source(np.float64, np.float64, 3, 32, 256, 8),
     "detrend_f64_deg2_p16": detrend.source(np.float64, np.float64, 2, 16),
     "detrend_f32_f64_deg0_p8": detrend.source(np.float32, np.float64, 0, 8, 128),
 }

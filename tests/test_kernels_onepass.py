@@ -78,12 +78,12 @@ def test_moments_kernel_variants_agree(threads, unroll):
 
 
 @pytest.mark.parametrize("deg", [0, 1, 2, 3])
-@pytest.mark.parametrize("points", [32, 16, 8])
-def test_detrend_twin_matches_formulas(deg, points):
+@pytest.mark.parametrize("points,cluster", [(32, 1), (16, 1), (8, 1), (64, 3), (16, 5), (32, 8)])
+def test_detrend_twin_matches_formulas(deg, points, cluster):
     x = sample(97, 45, seed=2)
     u = np.linspace(-1, 1, 97)
     ref = fields.detrend_block(x, u[:, None], axis=0, deg=deg, out_dtype=np.float64)
-    got = detrend.detrend_tile_twin(x, u, deg, np.float64, points=points)
+    got = detrend.detrend_tile_twin(x, u, deg, np.float64, points=points, cluster=cluster)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     # the normal equations of degree 3 lose a few digits; still far inside float32 rounding of 285
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-9 if deg < 3 else 1e-4, equal_nan=True)
@@ -92,32 +92,52 @@ def test_detrend_twin_matches_formulas(deg, points):
 
 
 def test_detrend_plan():
-    assert detrend.plan(730, 4) == 16
-    assert detrend.plan(730, 8) == 16
-    assert detrend.plan(1460, 4) == 16
-    assert detrend.plan(3200, 4) == 8
-    assert detrend.plan(4380, 4) == 0  # the Numba kernel, reading twice
-    assert detrend.plan(730, 2, dtype_ok=detrend.supported(np.int16)) == 0
+    # rows of 256 bytes where the tile fits 8 blocks of 40 KB, else 128, else 64
+    assert detrend.plan(730, 4) == (64, 5)
+    assert detrend.plan(730, 8) == (32, 5)
+    assert detrend.plan(100, 4) == (64, 1)
+    assert detrend.plan(1460, 4) == (32, 5)
+    assert detrend.plan(4380, 4) == (16, 7)
+    assert detrend.plan(6000, 4) is None  # the Numba kernel, reading twice
+    assert detrend.plan(730, 4, clusters=False) is None  # before compute capability 9.0: one block a tile
+    assert detrend.plan(150, 4, clusters=False) == (64, 1)
+    assert detrend.plan(730, 2, dtype_ok=detrend.supported(np.int16)) is None
+    assert [detrend.slab(97, c) for c in (1, 5, 8)] == [97, 20, 13]
 
 
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize("in_t,out_t", [(np.float32, np.float32), (np.float64, np.float64), (np.float32, np.float64)])
 @pytest.mark.parametrize("deg", [0, 1, 2, 3])
-@pytest.mark.parametrize("points,threads", [(32, 256), (16, 256), (8, 256), (16, 128), (8, 64)])
-def test_detrend_kernel_equals_its_twin(in_t, out_t, deg, points, threads):
+@pytest.mark.parametrize("points,threads,cluster", [(32, 256, 1), (16, 256, 1), (8, 64, 1), (64, 256, 5), (32, 256, 8),
+                                                    (16, 128, 2)])
+def test_detrend_kernel_equals_its_twin(in_t, out_t, deg, points, threads, cluster):
     import cupy
 
     nt, npts = 97, 101  # a partial tile at the end; rows of 101 values: no 16-byte copies
     x = sample(nt, npts, seed=3, dtype=in_t)
     u = np.linspace(-1, 1, nt)
-    want = detrend.detrend_tile_twin(x, u, deg, out_t, points=points, threads=threads)
     for cut in (npts, 96):  # 96 points: rows of whole 16-byte pieces
+        want = detrend.detrend_tile_twin(x[:, :cut], u, deg, out_t, points=points, threads=threads, cluster=cluster)
         xg = cupy.asarray(x[:, :cut])
         out = cupy.empty(xg.shape, dtype=out_t)
-        assert detrend.detrend_tile(xg, cupy.asarray(u), out, deg, points=points, threads=threads)
-        np.testing.assert_array_equal(cupy.asnumpy(out), want[:, :cut] if cut == npts else
-                                      detrend.detrend_tile_twin(x[:, :cut], u, deg, out_t, points=points, threads=threads))
+        assert detrend.detrend_tile(xg, cupy.asarray(u), out, deg, points=points, threads=threads, cluster=cluster)
+        np.testing.assert_array_equal(cupy.asnumpy(out), want)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("nt,cluster", [(5, 4), (3, 8), (41, 8)])
+def test_detrend_kernel_slabs_short_or_empty(nt, cluster):
+    """Series shorter than the cluster: the last blocks of a tile hold few steps, or none."""
+    import cupy
+
+    x = sample(nt, 300, seed=7)
+    u = np.linspace(-1, 1, nt)
+    want = detrend.detrend_tile_twin(x, u, 1, np.float32, points=64, cluster=cluster)
+    out = cupy.empty(x.shape, dtype=np.float32)
+    assert detrend.detrend_tile(cupy.asarray(x), cupy.asarray(u), out, 1, points=64, cluster=cluster)
+    np.testing.assert_array_equal(cupy.asnumpy(out), want)
 
 
 @pytest.mark.gpu
@@ -129,10 +149,10 @@ def test_detrend_kernel_many_tiles():
     nt, npts = 41, 16 * 132 * 8 * 3 + 5
     x = sample(nt, npts, seed=6)
     u = np.linspace(-1, 1, nt)
-    for points in (32, 16):
-        want = detrend.detrend_tile_twin(x, u, 1, np.float32, points=points)
+    for points, cluster in ((32, 1), (16, 1), (64, 3)):
+        want = detrend.detrend_tile_twin(x, u, 1, np.float32, points=points, cluster=cluster)
         out = cupy.empty(x.shape, dtype=np.float32)
-        assert detrend.detrend_tile(cupy.asarray(x), cupy.asarray(u), out, 1, points=points)
+        assert detrend.detrend_tile(cupy.asarray(x), cupy.asarray(u), out, 1, points=points, cluster=cluster)
         np.testing.assert_array_equal(cupy.asnumpy(out), want)
 
 
@@ -150,8 +170,8 @@ def test_detrend_block_gpu_takes_the_tile_kernel_or_falls_back():
         assert isinstance(got, cupy.ndarray)
         ref = fields.detrend_block(block, uu, axis=axis, deg=1, out_dtype=np.float32)
         np.testing.assert_allclose(cupy.asnumpy(got), ref, rtol=1e-6, atol=1e-5, equal_nan=True)
-    long = sample(4000, 40, seed=5)  # too long for a tile: the Numba kernel
-    ul = np.linspace(-1, 1, 4000)[:, None]
+    long = sample(6000, 40, seed=5)  # too long for a tile: the Numba kernel
+    ul = np.linspace(-1, 1, 6000)[:, None]
     got = fields.detrend_block_gpu(cupy.asarray(long), cupy.asarray(ul), axis=0, deg=1, out_dtype=np.float32)
     np.testing.assert_allclose(cupy.asnumpy(got), fields.detrend_block(long, ul, axis=0, deg=1, out_dtype=np.float32),
                                rtol=1e-6, atol=1e-5, equal_nan=True)

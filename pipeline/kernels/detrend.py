@@ -35,7 +35,9 @@ import functools
 import numpy as np
 
 THREADS = 256
-TILE_BYTES = 100 * 1024  # a tile at most: two blocks fit a multiprocessor (228 KB)
+TILE_BYTES = 40 * 1024  # a block's share of a tile at most: four blocks fit a multiprocessor
+MAX_CLUSTER = 8  # the largest cluster that every GPU of compute capability 9.0 schedules
+ROW_BYTES = (256, 128, 64)  # widths of a tile's rows, widest first
 
 _SOURCE = r"""
 typedef {in_t} in_t;
@@ -45,6 +47,7 @@ typedef {out_t} out_t;
 #define G (THREADS / P)
 #define M {m}
 #define N (2 * M - 1)
+#define C {cluster}
 #define VEC (16 / (int)sizeof(in_t))
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {{ return (unsigned)__cvta_generic_to_shared(p); }}
@@ -60,6 +63,28 @@ __device__ __forceinline__ void copy1(in_t* dst, const in_t* src) {{
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(smem_addr(dst)), "l"(src) : "memory");
 }}
 
+#if C > 1
+__device__ __forceinline__ unsigned cluster_rank() {{
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}}
+__device__ __forceinline__ void cluster_sync() {{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}}
+__device__ __forceinline__ double load_rank(const double* p, unsigned rank) {{
+    // not volatile: the loads of one thread go out together (they follow a cluster barrier)
+    unsigned a;
+    double v;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
+    asm("ld.shared::cluster.f64 %0, [%1];\n" : "=d"(v) : "r"(a));
+    return v;
+}}
+#define KERNEL_ATTRS __cluster_dims__(C, 1, 1) __launch_bounds__(THREADS)
+#else
+#define KERNEL_ATTRS __launch_bounds__(THREADS)
+#endif
+
 __device__ __forceinline__ double trend(const double* c, double uu) {{
     double r = c[M - 1];
 #pragma unroll
@@ -67,31 +92,15 @@ __device__ __forceinline__ double trend(const double* c, double uu) {{
     return r;
 }}
 
-__device__ __forceinline__ void load_tile(in_t* tile, const in_t* __restrict__ x, int nt, long long npts, long long p0,
-                                          int np, int vectors) {{
-    // row t of the tile is x[t, p0 .. p0 + np), by asynchronous copies
-    if (vectors && np == P) {{
-        const int per_row = P / VEC;
-        for (int k = threadIdx.x; k < nt * per_row; k += THREADS) {{
-            const int t = k / per_row, j = (k - t * per_row) * VEC;
-            copy16(tile + t * P + j, x + (long long)t * npts + p0 + j);
-        }}
-    }} else {{
-        for (int k = threadIdx.x; k < nt * P; k += THREADS) {{
-            const int t = k / P, j = k - t * P;
-            if (j < np) copy1(tile + k, x + (long long)t * npts + p0 + j);
-        }}
-    }}
-}}
-
-extern "C" __global__ void pipeline_detrend_whole(const double* __restrict__ u, double* __restrict__ whole, int nt) {{
-    // whole[g * N + k]: the sum of u^k over steps g, g + G, ..., by the operations, in the order, of
-    // a point's own sums in pipeline_detrend_tile
+extern "C" __global__ void pipeline_detrend_whole(const double* __restrict__ u, double* __restrict__ whole, int nt, int slab) {{
+    // whole[(r * G + g) * N + k]: the sum of u^k over steps r * slab + g, + G, ... of slab r, by the
+    // operations, in the order, of a point's own sums in pipeline_detrend_tile
     const int w = blockIdx.x * blockDim.x + threadIdx.x;
-    if (w >= G * N) return;
-    const int gg = w / N, k = w % N;
+    if (w >= C * G * N) return;
+    const int gg = w / N, k = w % N, r = gg / G, g = gg % G;
+    const int end = min(nt, (r + 1) * slab);
     double acc = 0.0;
-    for (int t = gg; t < nt; t += G) {{
+    for (int t = r * slab + g; t < end; t += G) {{
         double pw = 1.0;
         for (int j = 0; j < k; ++j) pw *= u[t];
         acc += pw;
@@ -99,36 +108,58 @@ extern "C" __global__ void pipeline_detrend_whole(const double* __restrict__ u, 
     whole[w] = acc;
 }}
 
-extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
+extern "C" __global__ void KERNEL_ATTRS pipeline_detrend_tile(
         const in_t* __restrict__ x, const double* __restrict__ u, const double* __restrict__ whole_in,
-        out_t* __restrict__ out, int nt, long long npts, int vectors) {{
+        out_t* __restrict__ out, int nt, long long npts, int slab, int vectors) {{
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    __shared__ double red[G][N + M][P];
-    __shared__ double whole[G][N];  // sums of u^k over each group's steps: S of a point with no NaN
-    __shared__ int valid[G][P];
+    __shared__ double red[G][N + M][P];  // group g's sums of point q: N of u^k, then M of u^k x
+    __shared__ double part[N + M][P];   // this block's groups added
+#if C > 1
+    __shared__ double total[N + M][P];  // every block's added
+#else
+    double (*total)[P] = part;
+#endif
     __shared__ double coef[M][P];
     in_t* tile = (in_t*)smem_raw;
+#if C > 1
+    const int rank = (int)cluster_rank();
+#else
+    const int rank = 0;
+#endif
     const int q = threadIdx.x % P, g = threadIdx.x / P;
-    const long long p0 = (long long)blockIdx.x * P;
+    const long long p0 = (long long)(blockIdx.x / C) * P;
     const int np = (int)min((long long)P, npts - p0);
-    load_tile(tile, x, nt, npts, p0, np, vectors);
+    const int t0 = rank * slab;
+    const int steps = max(0, min(slab, nt - t0));
 
-    // while the copies are in flight: the sums of u^k over each group's steps (made once for all
-    // blocks by pipeline_detrend_whole)
-    for (int w = threadIdx.x; w < G * N; w += THREADS) whole[w / N][w % N] = whole_in[w];
+    // rows t0 .. t0 + steps of points p0 .. p0 + np, by asynchronous copies
+    if (vectors && np == P) {{
+        const int per_row = P / VEC;
+        for (int k = threadIdx.x; k < steps * per_row; k += THREADS) {{
+            const int t = k / per_row, j = (k - t * per_row) * VEC;
+            copy16(tile + t * P + j, x + (long long)(t0 + t) * npts + p0 + j);
+        }}
+    }} else {{
+        for (int k = threadIdx.x; k < steps * P; k += THREADS) {{
+            const int t = k / P, j = k - t * P;
+            if (j < np) copy1(tile + k, x + (long long)(t0 + t) * npts + p0 + j);
+        }}
+    }}
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncthreads();
 
-    // the data's sums of point q over the steps of group g: T_k = sum u^k x, and the count
+    // point q over the steps of group g (g, g + G, ... of this block's slab): T_k = sum u^k x, the
+    // count, and the sums of u^k: made once per launch for a group without NaN (whole_in), else here
     double b[M];
 #pragma unroll
     for (int k = 0; k < M; ++k) b[k] = 0.0;
     int count = 0;
+    const int in_group = steps > g ? (steps - g + G - 1) / G : 0;
     if (q < np) {{
-        for (int t = g; t < nt; t += G) {{
+        for (int t = g; t < steps; t += G) {{
             const double v = (double)tile[t * P + q];
             if (v == v) {{
-                const double uu = u[t];
+                const double uu = u[t0 + t];
                 double pw = 1.0;
                 count += 1;
 #pragma unroll
@@ -141,21 +172,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
     }}
 #pragma unroll
     for (int k = 0; k < M; ++k) red[g][N + k][q] = b[k];
-    valid[g][q] = count;
-    __syncthreads();
-
-    // a point with NaNs sums u^k over its valid steps itself (a second look at its tile)
-    int total = 0;
-    for (int h = 0; h < G; ++h) total += valid[h][q];
-    const bool full = total == nt;
-    if (q < np && !full) {{
+    if (q >= np || count == in_group) {{
+        const double* wh = whole_in + (rank * G + g) * N;
+#pragma unroll
+        for (int k = 0; k < N; ++k) red[g][k][q] = wh[k];
+    }} else {{
         double s[N];
 #pragma unroll
         for (int k = 0; k < N; ++k) s[k] = 0.0;
-        for (int t = g; t < nt; t += G) {{
+        for (int t = g; t < steps; t += G) {{
             const double v = (double)tile[t * P + q];
             if (v == v) {{
-                const double uu = u[t];
+                const double uu = u[t0 + t];
                 double pw = 1.0;
 #pragma unroll
                 for (int k = 0; k < N; ++k) {{
@@ -169,22 +197,36 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
     }}
     __syncthreads();
 
-    // the groups in order, then the solve, one thread per point
+    // this block's groups added in order, for each point and sum; then, across the blocks of the
+    // tile, the blocks' totals in order (block 0's first): every block of the tile gets the same sums
+    for (int w = threadIdx.x; w < (N + M) * P; w += THREADS) {{
+        const int k = w / P, r = w - k * P;
+        double acc = 0.0;
+        for (int h = 0; h < G; ++h) acc += red[h][k][r];
+        part[k][r] = acc;
+    }}
+#if C > 1
+    cluster_sync();  // every block's totals are written
+    for (int w = threadIdx.x; w < (N + M) * P; w += THREADS) {{
+        const int k = w / P, r = w - k * P;
+        double acc = 0.0;
+#pragma unroll
+        for (int cr = 0; cr < C; ++cr) acc += load_rank(&part[k][r], cr);
+        total[k][r] = acc;
+    }}
+    cluster_sync();  // all have read every block's totals (none leaves before), and this block's are whole
+#else
+    __syncthreads();
+#endif
+
+    // the solve, one thread per point; each block of the tile solves alike, for its own rows
     if (threadIdx.x < np) {{
         const int r = threadIdx.x;
         double S[N], c[M], a[M][M];
 #pragma unroll
-        for (int k = 0; k < N; ++k) {{
-            double acc = 0.0;
-            for (int h = 0; h < G; ++h) acc += full ? whole[h][k] : red[h][k][r];
-            S[k] = acc;
-        }}
+        for (int k = 0; k < N; ++k) S[k] = total[k][r];
 #pragma unroll
-        for (int k = 0; k < M; ++k) {{
-            double acc = 0.0;
-            for (int h = 0; h < G; ++h) acc += red[h][N + k][r];
-            c[k] = acc;
-        }}
+        for (int k = 0; k < M; ++k) c[k] = total[N + k][r];
         if (S[0] < M) {{
 #pragma unroll
             for (int k = 0; k < M; ++k) c[k] = __longlong_as_double(0x7ff8000000000000LL);  /* NaN */
@@ -225,74 +267,96 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_detrend_tile(
     }}
     __syncthreads();
 
-    // x - trend, from the tile
+    // x - trend over this block's rows, from the tile
     if (q < np) {{
         double c[M];
 #pragma unroll
         for (int k = 0; k < M; ++k) c[k] = coef[k][q];
         out_t* o = out + p0 + q;
-        for (int t = g; t < nt; t += G) o[(long long)t * npts] = (out_t)((double)tile[t * P + q] - trend(c, u[t]));
+        for (int t = g; t < steps; t += G) o[(long long)(t0 + t) * npts] = (out_t)((double)tile[t * P + q] - trend(c, u[t0 + t]));
     }}
 }}
 """
 
 
-def source(in_dtype, out_dtype, deg: int, points: int = 16, threads: int = THREADS) -> str:
+def source(in_dtype, out_dtype, deg: int, points: int = 64, threads: int = THREADS, cluster: int = 1) -> str:
     """The CUDA source of the kernel (the tests compile it with nvcc too)."""
     from .streaming import C_TYPES
 
     return _SOURCE.format(
-        in_t=C_TYPES[np.dtype(in_dtype)], out_t=C_TYPES[np.dtype(out_dtype)], points=points, threads=threads, m=deg + 1,
+        in_t=C_TYPES[np.dtype(in_dtype)], out_t=C_TYPES[np.dtype(out_dtype)], points=points, threads=threads,
+        m=deg + 1, cluster=cluster,
     )
 
 
 @functools.cache
-def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int, name: str = "pipeline_detrend_tile"):
+def _raw_kernel(in_dtype, out_dtype, deg: int, points: int, threads: int, cluster: int, name: str = "pipeline_detrend_tile"):
     import cupy
 
-    src = source(in_dtype, out_dtype, deg, points, threads)  # both kernels of one source: compiled once
+    src = source(in_dtype, out_dtype, deg, points, threads, cluster)  # both kernels of one source: compiled once
     return cupy.RawKernel(src, name, options=("--fmad=false", "-std=c++17"))
 
 
-def plan(nt: int, itemsize: int, dtype_ok: bool = True) -> int:
-    """Points per tile: 16, else 8, in a tile of at most ``TILE_BYTES``; 0 where none fits (the
-    block's series are too long: the Numba kernel reads it twice instead). 16 points measured
-    best (see the module's notes)."""
-    if dtype_ok and nt >= 1:
-        for points in (16, 8):
-            if nt * points * itemsize <= TILE_BYTES:
-                return points
-    return 0
+def slab(nt: int, cluster: int) -> int:
+    """Steps of the series that each block of a tile holds (the last block may hold fewer)."""
+    return -(-nt // cluster)
+
+
+@functools.cache
+def _clusters_ok() -> bool:
+    """Blocks in clusters need compute capability 9.0 (Hopper) or later."""
+    import cupy
+
+    return cupy.cuda.Device().compute_capability >= "90"
+
+
+def plan(nt: int, itemsize: int, dtype_ok: bool = True, clusters: bool = True) -> tuple[int, int] | None:
+    """(points a tile, blocks a tile) for series of ``nt`` steps: the widest rows of ``ROW_BYTES``
+    whose tile, split over at most ``MAX_CLUSTER`` blocks (1 without ``clusters``), keeps each
+    block's share within ``TILE_BYTES``; None where none does (the Numba kernel reads the block
+    twice instead)."""
+    if not dtype_ok or nt < 1:
+        return None
+    most = MAX_CLUSTER if clusters else 1
+    for row in ROW_BYTES:
+        cluster = -(-nt * row // TILE_BYTES)
+        if cluster <= most:
+            return row // itemsize, cluster
+    return None
 
 
 def supported(dtype) -> bool:
     return np.dtype(dtype) in (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, threads: int = THREADS) -> bool:
+def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, cluster: int | None = None,
+                 threads: int = THREADS) -> bool:
     """Detrend the C-contiguous (steps, points) CuPy array ``x2d`` into ``out2d`` by the tile
     kernel (``u1d`` the float64 coordinate of the steps); False, doing nothing, where
-    :func:`plan` says the series do not fit. ``points`` defaults to the plan's."""
+    :func:`plan` finds no tile. ``points`` and ``cluster`` default to the plan's."""
     nt, npts = x2d.shape
-    points = plan(nt, x2d.dtype.itemsize, supported(x2d.dtype)) if points is None else points
-    if not points:
-        return False
+    if points is None or cluster is None:
+        chosen = plan(nt, x2d.dtype.itemsize, supported(x2d.dtype), _clusters_ok())
+        if chosen is None:
+            return False
+        points, cluster = chosen if points is None else (points, chosen[1])
     if npts == 0:
         return True
     import cupy
 
-    types = (np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads)
-    groups, n = threads // points, 2 * deg + 1
-    whole = cupy.empty(groups * n, dtype=np.float64)
-    _raw_kernel(*types, "pipeline_detrend_whole")((-(-groups * n // 128),), (128,), (u1d, whole, np.int32(nt)))
+    types = (np.dtype(x2d.dtype), np.dtype(out2d.dtype), deg, points, threads, cluster)
+    groups, n, steps = threads // points, 2 * deg + 1, slab(nt, cluster)
+    whole = cupy.empty(cluster * groups * n, dtype=np.float64)
+    _raw_kernel(*types, "pipeline_detrend_whole")((-(-whole.size // 128),), (128,), (u1d, whole, np.int32(nt), np.int32(steps)))
     kernel = _raw_kernel(*types)
-    smem = nt * points * x2d.dtype.itemsize
+    smem = steps * points * x2d.dtype.itemsize
     # with its static arrays a block may need more than the default 48 KB: ask for it each time
     kernel.max_dynamic_shared_size_bytes = smem
     # 16-byte copies need 16-byte aligned rows: the array's start and its row length
     vectors = int(x2d.data.ptr % 16 == 0 and (npts * x2d.dtype.itemsize) % 16 == 0)
-    grid = (-(-npts // points),)
-    kernel(grid, (threads,), (x2d, u1d, whole, out2d, np.int32(nt), np.int64(npts), np.int32(vectors)), shared_mem=smem)
+    grid = (-(-npts // points) * cluster,)
+    kernel(grid, (threads,), (x2d, u1d, whole, out2d, np.int32(nt), np.int64(npts), np.int32(steps), np.int32(vectors)),
+           shared_mem=smem)
     return True
 
 
@@ -300,7 +364,7 @@ def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, thread
 
 
 @functools.cache
-def _twin(deg: int, groups: int):
+def _twin(deg: int, groups: int, cluster: int):
     import numba
 
     from .fields import make_trend_columns
@@ -309,35 +373,39 @@ def _twin(deg: int, groups: int):
     _, solve, _ = make_trend_columns(numba.njit, deg)
 
     @numba.njit
-    def run(x, u, out):
+    def run(x, u, out, steps):
         nt, npts = x.shape
-        red = np.zeros((groups, n + m))
+        red = np.zeros((cluster * groups, n + m))
         s = np.zeros(n)
         b = np.zeros(m)
         a = np.zeros((m, m))
         for p in range(npts):
-            for g in range(groups):
-                for k in range(n + m):
-                    red[g, k] = 0.0
-                for t in range(g, nt, groups):
-                    v = float(x[t, p])
-                    if v == v:
-                        pw = 1.0
-                        for k in range(n):
-                            red[g, k] += pw
-                            if k < m:
-                                red[g, n + k] += pw * v
-                            pw *= u[t]
-            for k in range(n):
-                acc = 0.0
+            for r in range(cluster):
+                end = min(nt, (r + 1) * steps)
                 for g in range(groups):
-                    acc += red[g, k]
-                s[k] = acc
-            for k in range(m):
-                acc = 0.0
-                for g in range(groups):
-                    acc += red[g, n + k]
-                b[k] = acc
+                    row = r * groups + g
+                    for k in range(n + m):
+                        red[row, k] = 0.0
+                    for t in range(r * steps + g, end, groups):
+                        v = float(x[t, p])
+                        if v == v:
+                            pw = 1.0
+                            for k in range(n):
+                                red[row, k] += pw
+                                if k < m:
+                                    red[row, n + k] += pw * v
+                                pw *= u[t]
+            for k in range(n + m):
+                total = 0.0
+                for r in range(cluster):  # each block's groups in order, then the blocks in order
+                    acc = 0.0
+                    for g in range(groups):
+                        acc += red[r * groups + g, k]
+                    total += acc
+                if k < n:
+                    s[k] = total
+                else:
+                    b[k - n] = total
             solve(s, b, a)
             for t in range(nt):
                 r = b[m - 1]
@@ -348,8 +416,9 @@ def _twin(deg: int, groups: int):
     return run
 
 
-def detrend_tile_twin(x2d, u1d, deg: int, out_dtype, *, points: int, threads: int = THREADS):
+def detrend_tile_twin(x2d, u1d, deg: int, out_dtype, *, points: int, threads: int = THREADS, cluster: int = 1):
     """What :func:`detrend_tile` computes, on the CPU, in the kernel's order of operations."""
     out = np.empty(x2d.shape, dtype=out_dtype)
-    _twin(deg, threads // points)(np.ascontiguousarray(x2d), np.ascontiguousarray(u1d, dtype=np.float64), out)
+    steps = slab(x2d.shape[0], cluster)
+    _twin(deg, threads // points, cluster)(np.ascontiguousarray(x2d), np.ascontiguousarray(u1d, dtype=np.float64), out, steps)
     return out
