@@ -92,15 +92,18 @@ def test_detrend_twin_matches_formulas(deg, points, cluster):
 
 
 def test_detrend_plan():
-    # rows of 256 bytes where the tile fits 8 blocks of 40 KB, else 128, else 64
-    assert detrend.plan(730, 4) == (64, 5)
-    assert detrend.plan(730, 8) == (32, 5)
-    assert detrend.plan(100, 4) == (64, 1)
+    # rows of 128 bytes where the tile fits 8 blocks of 40 KB, else 64
+    assert detrend.plan(730, 4) == (32, 3)
+    assert detrend.plan(730, 8) == (16, 3)
+    assert detrend.plan(100, 4) == (32, 1)
     assert detrend.plan(1460, 4) == (32, 5)
     assert detrend.plan(4380, 4) == (16, 7)
     assert detrend.plan(6000, 4) is None  # the Numba kernel, reading twice
-    assert detrend.plan(730, 4, clusters=False) is None  # before compute capability 9.0: one block a tile
-    assert detrend.plan(150, 4, clusters=False) == (64, 1)
+    # before compute capability 9.0: one block a tile of up to 100 KB
+    assert detrend.plan(730, 4, clusters=False) == (16, 1)
+    assert detrend.plan(730, 8, clusters=False) == (8, 1)
+    assert detrend.plan(3200, 4, clusters=False) == (8, 1)
+    assert detrend.plan(4000, 4, clusters=False) is None
     assert detrend.plan(730, 2, dtype_ok=detrend.supported(np.int16)) is None
     assert [detrend.slab(97, c) for c in (1, 5, 8)] == [97, 20, 13]
 

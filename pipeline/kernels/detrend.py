@@ -2,28 +2,36 @@
 
 The Numba CUDA kernel of :mod:`pipeline.kernels.fields` (one thread per grid point: fit, solve,
 subtract) reads each point's series twice, as the fit needs every step before the first
-subtraction: 46-50% of the copy bandwidth on an H200 (benchmarks/ops_bandwidth.py, counting one
-read and one write). This kernel keeps a tile of ``P`` neighbouring points over all the steps in
+subtraction: 43-50% of the copy bandwidth on an H200 (benchmarks/ops_bandwidth.py, counting one
+read and one write). This kernel holds a tile of ``P`` neighbouring points over all the steps in
 shared memory, filled by asynchronous copies (``cp.async``: the whole tile's loads in flight at
-once, no registers held), one block a tile:
+once, no registers held). On GPUs of compute capability 9.0 the tile is split along the steps over
+a cluster of ``C`` blocks (one slab of steps each), whose sums meet through distributed shared
+memory; before, one block holds the whole tile:
 
 1. thread (q, g) sums the data's normal equations of point q (sums of u^k x, and the count) over
-   steps g, g + G, ... (G = THREADS / P groups of steps), from shared memory; the sums of u^k
-   alone are the same for every point without NaN, so they are made once per launch
-   (``pipeline_detrend_whole``), and a point with NaNs makes its own in a second look at its tile;
-2. the groups' sums are added in order g = 0, 1, ..., and one thread per point solves the
-   (deg + 1)^2 system (Gaussian elimination with partial pivoting, as the Numba kernel);
-3. thread (q, g) writes x - trend over its steps, again from shared memory.
+   steps g, g + G, ... of its block's slab (G = THREADS / P groups of steps), from shared memory;
+   the sums of u^k alone are the same for every group without NaN, so they are made once per
+   launch (``pipeline_detrend_whole``), and a group with NaNs makes its own in a second look;
+2. each block adds its groups in order g = 0, 1, ...; then every block of the tile adds the
+   blocks' totals in order (block 0's first), so all hold the same sums, and one thread per point
+   solves the (deg + 1)^2 system (Gaussian elimination with partial pivoting, as the Numba kernel);
+3. thread (q, g) writes x - trend over its steps of the slab, again from shared memory.
 
-Measured on 730 x 1038240 float32 (benchmarks/ops_bandwidth.py, share of the copy bandwidth):
-16 points a tile, 66% (in two runs, with and without the shared sums of u^k); 32 points, 58-67%;
-blocks looping over tiles instead of one a tile, 47-65%; a second tile buffer per block, copied
-while the first is worked on, 33-51%; the tile's copies in 2, 4 or 8 pieces, the sums over a piece
-begun while the later ones are in flight, 65%, 61% and 55% (one piece, the same run: 65%). Under the 70% the other kernels reach: the phases of a
-block run one after the other, and three blocks a multiprocessor do not hide them all.
+Why clusters: the width of a tile's rows bounds the kernel. Copying tiles through shared memory
+without any arithmetic (same machine, 730 x 1038240 float32) reached 66% of the copy bandwidth
+with rows of 16 points (64 bytes), 82-84% with 32 and 86-96% with 64 to 512, but a tile of 32
+points over 730 steps (93 KB) leaves room for only two blocks a multiprocessor. Measured with the
+sums (share of the copy bandwidth, two runs): 16 points in one block, 65-66%; 32 points over 3
+blocks, 68% (the plan for 730 steps); over 5 blocks, 59-60%; 64 points over 3, 5 or 8 blocks,
+51%, 63-64% and 54-55%; 128 points over 8 blocks, 45-47%. Earlier one-block variants: 32 points,
+58-67%; blocks looping over tiles, 47-65%; a second tile buffer per block, 33-51%; the copies in
+2, 4 or 8 pieces, 65%, 61%, 55%. Under the 70% the other kernels reach: a block's copy, sums,
+exchange, solve and write run one after the other, and the blocks of a multiprocessor do not hide
+them all.
 
 Rows of a tile are ``P`` consecutive points: whole 32-byte sectors, and 16-byte copies where the
-addresses allow. Blocks whose series do not fit (``plan`` returns 0) use the Numba kernel. The
+addresses allow. Blocks whose series do not fit (``plan`` returns None) use the Numba kernel. The
 twin (:func:`detrend_tile_twin`, Numba on the CPU) does the same float64 operations in the same
 order; without fused multiply-adds (``--fmad=false``) the two agree bit for bit.
 """
@@ -36,8 +44,9 @@ import numpy as np
 
 THREADS = 256
 TILE_BYTES = 40 * 1024  # a block's share of a tile at most: four blocks fit a multiprocessor
+ONE_BLOCK_BYTES = 100 * 1024  # a whole tile in one block: two blocks fit a multiprocessor
 MAX_CLUSTER = 8  # the largest cluster that every GPU of compute capability 9.0 schedules
-ROW_BYTES = (256, 128, 64)  # widths of a tile's rows, widest first
+ROW_BYTES = (128, 64)  # widths of a tile's rows, widest first (256 measured slower, see above)
 
 _SOURCE = r"""
 typedef {in_t} in_t;
@@ -312,16 +321,21 @@ def _clusters_ok() -> bool:
 
 def plan(nt: int, itemsize: int, dtype_ok: bool = True, clusters: bool = True) -> tuple[int, int] | None:
     """(points a tile, blocks a tile) for series of ``nt`` steps: the widest rows of ``ROW_BYTES``
-    whose tile, split over at most ``MAX_CLUSTER`` blocks (1 without ``clusters``), keeps each
-    block's share within ``TILE_BYTES``; None where none does (the Numba kernel reads the block
-    twice instead)."""
+    whose tile, split over at most ``MAX_CLUSTER`` blocks, keeps each block's share within
+    ``TILE_BYTES``; without ``clusters`` (before compute capability 9.0), one block a tile of at
+    most ``ONE_BLOCK_BYTES``, rows of 64 or 32 bytes. None where none fits (the Numba kernel reads
+    the block twice instead)."""
     if not dtype_ok or nt < 1:
         return None
-    most = MAX_CLUSTER if clusters else 1
-    for row in ROW_BYTES:
-        cluster = -(-nt * row // TILE_BYTES)
-        if cluster <= most:
-            return row // itemsize, cluster
+    if clusters:
+        for row in ROW_BYTES:
+            cluster = -(-nt * row // TILE_BYTES)
+            if cluster <= MAX_CLUSTER:
+                return row // itemsize, cluster
+        return None
+    for row in (64, 32):
+        if nt * row <= ONE_BLOCK_BYTES:
+            return row // itemsize, 1
     return None
 
 
