@@ -36,12 +36,24 @@ _lock = threading.Lock()
 def hold_budget(backend: str) -> int:
     """Bytes of host memory that two-pass ops on ``backend`` may hold between their passes:
     ``pipeline.gpu.host-spill`` on the GPU; none on the CPU, whose blocks are in host memory
-    already and do not fit it (else they would be in core)."""
-    if backend != "gpu":
+    already and do not fit it (else they would be in core), nor while a distributed client is
+    active: a cluster's workers keep their own memory limits and spill through dask-cuda, and a
+    held block that a worker spilled to disk would come back as pageable memory."""
+    if backend != "gpu" or _client_active():
         return 0
     import psutil
 
     return B._bytes_or_fraction(config.get("gpu.host-spill", 0), psutil.virtual_memory().total)
+
+
+def _client_active() -> bool:
+    try:
+        from distributed import default_client
+
+        default_client()
+    except (ImportError, ValueError):
+        return False
+    return True
 
 
 def spilled_bytes(reset: bool = False) -> int:

@@ -76,6 +76,15 @@ def test_the_cpu_backend_holds_nothing():
     assert spill.hold_budget("cpu") == 0
 
 
+def test_nothing_is_held_on_a_cluster(monkeypatch):
+    import distributed
+
+    with dask.config.set({"pipeline.gpu.host-spill": "3GB"}):
+        assert spill.hold_budget("gpu") == 3 * 10**9
+        monkeypatch.setattr(distributed, "default_client", lambda: object())  # a client is active
+        assert spill.hold_budget("gpu") == 0
+
+
 def test_host_spill_is_bytes_or_a_fraction_of_host_memory():
     import psutil
 
