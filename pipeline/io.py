@@ -88,8 +88,12 @@ def open_dataset(
     array([], shape=(0, 0, 0), dtype=float32)
     """
     target = B.resolve(backend)
+    sharded = not _is_url(path) and store_format(path) != "netcdf"
     if chunks is None:
-        chunks = _shard_chunks(path) if not _is_url(path) and store_format(path) != "netcdf" else {}
+        chunks = _shard_chunks(path) if sharded else {}
+    elif sharded and isinstance(chunks, Mapping):
+        # dimensions left out take one block per shard, not xarray's choice (the inner chunks)
+        chunks = {**_shard_chunks(path), **chunks}
     if _is_url(path):
         ds = xr.open_zarr(str(path), chunks=chunks, mask_and_scale=False)
     else:

@@ -121,6 +121,12 @@ def test_convert_keeps_values_and_shards(tmp_path):
     lay = gpu_zarr.layout(dst / "tas")
     assert lay.sharded and lay.contiguous_inner and lay.inner_nbytes <= 8192
     assert b["tas"].data.chunks == a["tas"].data.chunks  # one block per shard, not per inner chunk
+    # chunks given for some dimensions: the others still take one block per shard (xarray alone
+    # takes the inner chunks, which sent blocks of several shards to zarr's CPU decoding)
+    shard = b["tas"].data.chunksize
+    c = open_dataset(dst, backend="cpu", chunks={"time": 2 * shard[0]})["tas"].data
+    assert c.chunksize == (min(2 * shard[0], c.shape[0]), *shard[1:])
+    assert gpu_zarr.aligned(c.chunks, lay.chunk)
 
 
 def test_convert_uncompressed_is_one_plain_chunk_per_block(tmp_path):
