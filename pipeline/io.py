@@ -314,6 +314,16 @@ def compute_threads(obj) -> int | None:
     return memory.threads_for(backend, memory.graph_block_bytes(*arrays))
 
 
+def active_client():
+    """The distributed client computations go to (``distributed.default_client()``), or None."""
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except (ImportError, ValueError):
+        return None
+
+
 def compute(obj, progress: bool = False, threads: int | None = None):
     """Compute on the current distributed client if there is one, else on dask's threads
     (``threads`` of them; by default ``pipeline.gpu.threads`` for data on the GPU, else dask's
@@ -328,12 +338,7 @@ def compute(obj, progress: bool = False, threads: int | None = None):
 
     import dask
 
-    try:
-        from distributed import default_client
-
-        client = default_client()
-    except (ImportError, ValueError):
-        client = None
+    client = active_client()
     if client is not None:
         placed = False
         if config.get("cluster.locality", True):

@@ -21,6 +21,7 @@ before: memory stays bounded either way.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import mmap
 import threading
 
@@ -39,21 +40,13 @@ def hold_budget(backend: str) -> int:
     already and do not fit it (else they would be in core), nor while a distributed client is
     active: a cluster's workers keep their own memory limits and spill through dask-cuda, and a
     held block that a worker spilled to disk would come back as pageable memory."""
-    if backend != "gpu" or _client_active():
+    from .io import active_client
+
+    if backend != "gpu" or active_client() is not None:
         return 0
     import psutil
 
     return B._bytes_or_fraction(config.get("gpu.host-spill", 0), psutil.virtual_memory().total)
-
-
-def _client_active() -> bool:
-    try:
-        from distributed import default_client
-
-        default_client()
-    except (ImportError, ValueError):
-        return False
-    return True
 
 
 def spilled_bytes(reset: bool = False) -> int:
@@ -203,8 +196,6 @@ def held_second_pass(data, stats, budget: int):
     rows = _held_rows(data, budget) if data.ndim else 0
     if rows == 0:
         return bind(data, stats)
-    import itertools
-
     from dask._task_spec import Task, TaskRef
     from dask.base import tokenize
     from dask.graph_manipulation import checkpoint

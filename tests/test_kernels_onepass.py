@@ -106,6 +106,8 @@ def test_detrend_plan():
     assert detrend.plan(4000, 4, clusters=False) is None
     assert detrend.plan(730, 2, dtype_ok=detrend.supported(np.int16)) is None
     assert [detrend.slab(97, c) for c in (1, 5, 8)] == [97, 20, 13]
+    with pytest.raises(ValueError, match="both points and cluster"):
+        detrend.detrend_tile(np.zeros((10, 4), "f4"), np.zeros(10), np.zeros((10, 4), "f4"), 1, points=16)
 
 
 @pytest.mark.gpu

@@ -316,7 +316,7 @@ def _clusters_ok() -> bool:
     """Blocks in clusters need compute capability 9.0 (Hopper) or later."""
     import cupy
 
-    return cupy.cuda.Device().compute_capability >= "90"
+    return int(cupy.cuda.Device().compute_capability) >= 90  # "90", "100": compare as numbers
 
 
 def plan(nt: int, itemsize: int, dtype_ok: bool = True, clusters: bool = True) -> tuple[int, int] | None:
@@ -347,13 +347,15 @@ def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, cluste
                  threads: int = THREADS) -> bool:
     """Detrend the C-contiguous (steps, points) CuPy array ``x2d`` into ``out2d`` by the tile
     kernel (``u1d`` the float64 coordinate of the steps); False, doing nothing, where
-    :func:`plan` finds no tile. ``points`` and ``cluster`` default to the plan's."""
+    :func:`plan` finds no tile. ``points`` and ``cluster`` are the plan's unless both are given."""
     nt, npts = x2d.shape
-    if points is None or cluster is None:
+    if (points is None) != (cluster is None):
+        raise ValueError("detrend_tile: give both points and cluster, or neither")
+    if points is None:
         chosen = plan(nt, x2d.dtype.itemsize, supported(x2d.dtype), _clusters_ok())
         if chosen is None:
             return False
-        points, cluster = chosen if points is None else (points, chosen[1])
+        points, cluster = chosen
     if npts == 0:
         return True
     import cupy
