@@ -90,7 +90,9 @@ def open_dataset(
     target = B.resolve(backend)
     sharded = not _is_url(path) and store_format(path) != "netcdf"
     if chunks is None:
-        chunks = _shard_chunks(path) if sharded else {}
+        from .memory import block_target
+
+        chunks = _shard_chunks(path, block_target(target)) if sharded else {}
     elif sharded and isinstance(chunks, Mapping):
         # dimensions left out take one block per shard, not xarray's choice (the inner chunks)
         chunks = {**_shard_chunks(path), **chunks}
@@ -128,22 +130,34 @@ def open_dataset(
     return ds
 
 
-def _shard_chunks(path) -> dict:
+def _shard_chunks(path, target_bytes: int = 0) -> dict:
     """Dask chunks of a sharded store: one block per shard (xarray would take the inner chunks,
-    which can be thousands of times smaller); ``{}`` (the stored chunks) otherwise."""
+    which can be thousands of times smaller); ``{}`` (the stored chunks) otherwise.
+
+    With ``target_bytes``, blocks take as many whole shards along each array's first dimension
+    as fit in it. On the GPU, larger blocks give nvCOMP larger batches: measured on the H200
+    machine, 6.1 GB in blocks of 1, 2, 3 and 5 shards of 303 MB took 0.30, 0.23, 0.21 and 0.19 s
+    (benchmarks/RESULTS.md)."""
     import zarr
 
     try:
         group = zarr.open_group(str(path), mode="r")
     except Exception:
         return {}
-    chunks = {}
+    chunks: dict = {}
+    grow: dict = {}  # first dimension -> shards a block, the fewest any array there allows
     for _, arr in group.arrays():
         shards = getattr(arr, "shards", None)
         dims = getattr(arr.metadata, "dimension_names", None)
         if shards and dims:
             for dim, size in zip(dims, shards):
                 chunks[dim] = max(chunks.get(dim, 0), size)
+            if target_bytes:
+                shard_bytes = math.prod(shards) * arr.dtype.itemsize
+                fits = max(1, min(target_bytes // shard_bytes, math.ceil(arr.shape[0] / shards[0])))
+                grow[dims[0]] = min(grow.get(dims[0], fits), fits)
+    for dim, k in grow.items():
+        chunks[dim] *= k
     return chunks
 
 

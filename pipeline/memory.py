@@ -42,6 +42,21 @@ class Plan:
         return {**asdict(self), "peak_bytes": self.peak_bytes}
 
 
+def block_target(backend: str) -> int:
+    """Bytes that the blocks read from a sharded store aim for on ``backend`` (0: one shard a
+    block): ``pipeline.gpu.block-size`` on the GPU, less where ``pipeline.gpu.threads`` threads of
+    such blocks would not fit the device budget."""
+    if backend != "gpu":
+        return 0
+    from dask.utils import parse_bytes
+
+    size = config.get("gpu.block-size", None)
+    if not size:
+        return 0
+    threads = int(config.get("gpu.threads", 8))
+    return min(parse_bytes(size), int(B.memory_budget("gpu") // (threads * BLOCKS_PER_THREAD)))
+
+
 def largest_block(*arrays: da.Array) -> int:
     sizes = [math.prod(max(c) if c else 1 for c in a.chunks) * a.dtype.itemsize for a in arrays if isinstance(a, da.Array)]
     return max(sizes, default=0)

@@ -20,15 +20,13 @@ before: memory stays bounded either way.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import mmap
 import threading
 
 import numpy as np
 
 from . import backend as B
-from . import config
+from . import config, pinned
 
 _spilled = [0]  # bytes copied to host memory since the last reset
 _lock = threading.Lock()
@@ -58,57 +56,13 @@ def spilled_bytes(reset: bool = False) -> int:
     return value
 
 
-TOUCH = 16 << 20  # pieces in which new host buffers are faulted in
-
-
-class _Pinned:
-    """Host memory pinned by ``cudaHostRegister`` over an anonymous mapping of its own.
-
-    Not CuPy's pinned pool (``cudaHostAlloc``): on the H200 machine, pinning fresh memory took
-    1.5 GB/s through CuPy's pool and 3.1 GB/s through ``cudaHostAlloc``, while the kernel faults in
-    an anonymous mapping at about 8 GB/s a thread and registering it runs at 40-50 GB/s; device
-    -> host copies into either reach 55 GB/s. At 1.5 GB/s, holding 17 GB cost a first run 20 s."""
-
-    def __init__(self, nbytes: int):
-        import ctypes
-
-        import cupy as cp
-
-        from .gpu_zarr import _pool
-
-        self.nbytes = nbytes
-        self.map = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        with contextlib.suppress(AttributeError, OSError):
-            self.map.madvise(mmap.MADV_HUGEPAGE)  # fewer pages to fault in and pin
-        self.bytes = np.frombuffer(self.map, dtype=np.uint8)
-        self.ptr = self.bytes.ctypes.data
-        # the pages are faulted in (zeroed by the kernel) by the I/O threads in pieces, in parallel
-        # (ctypes calls release the GIL), rather than by one thread inside cudaHostRegister
-        jobs = [_pool().submit(ctypes.memset, self.ptr + at, 0, min(TOUCH, nbytes - at)) for at in range(0, nbytes, TOUCH)]
-        for job in jobs:
-            job.result()
-        cp.cuda.runtime.hostRegister(self.ptr, nbytes, 0)
-
-    def close(self) -> None:
-        import cupy as cp
-
-        cp.cuda.runtime.hostUnregister(self.ptr)
-        del self.bytes
-        with contextlib.suppress(BufferError):  # an array still exports it: the mapping goes with it
-            self.map.close()
-
-
 # Buffers are lent by to_host and given back by to_device, which is the one task that reads a held
 # block, once its copy to the device is done; free ones are kept for the next run (release()).
-_free: dict[int, list[_Pinned]] = {}
-_lent: dict[int, _Pinned] = {}
+_lent: dict[int, pinned.Buffer] = {}
 
 
-def _lend(nbytes: int) -> _Pinned:
-    with _lock:
-        free = _free.get(nbytes)
-        buf = free.pop() if free else None
-    buf = buf or _Pinned(nbytes)
+def _lend(nbytes: int) -> pinned.Buffer:
+    buf = pinned.take(nbytes)
     with _lock:
         _lent[buf.ptr] = buf
     return buf
@@ -117,18 +71,14 @@ def _lend(nbytes: int) -> _Pinned:
 def _give_back(block) -> None:
     with _lock:
         buf = _lent.pop(block.ctypes.data, None)
-        if buf is not None:
-            _free.setdefault(buf.nbytes, []).append(buf)
+    if buf is not None:
+        pinned.give(buf)
 
 
 def release() -> int:
-    """Unpin and unmap the free held-block buffers kept for reuse; returns their bytes."""
-    with _lock:
-        bufs = [b for free in _free.values() for b in free]
-        _free.clear()
-    for b in bufs:
-        b.close()
-    return sum(b.nbytes for b in bufs)
+    """Unpin and unmap the free pinned buffers kept for reuse (:func:`pipeline.pinned.release`);
+    returns their bytes."""
+    return pinned.release()
 
 
 def to_host(block):

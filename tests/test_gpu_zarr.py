@@ -129,6 +129,32 @@ def test_convert_keeps_values_and_shards(tmp_path):
     assert gpu_zarr.aligned(c.chunks, lay.chunk)
 
 
+def _two_sharded_arrays(tmp_path):
+    """x (float32) and y (float64) over (time, lat, lon), 5 shards of 2 steps: 160 and 320 bytes."""
+    store = tmp_path / "two.zarr"
+    group = zarr.open_group(store, mode="w")
+    values = {}
+    for name, dtype in (("x", "float32"), ("y", "float64")):
+        arr = group.create_array(name, shape=(10, 4, 5), dtype=dtype, shards=(2, 4, 5), chunks=(1, 4, 5),
+                                 dimension_names=("time", "lat", "lon"))
+        values[name] = RNG.standard_normal((10, 4, 5)).astype(dtype)
+        arr[...] = values[name]
+    return store, values
+
+
+def test_blocks_take_whole_shards_up_to_a_target(tmp_path):
+    from pipeline.io import _shard_chunks
+    from pipeline.memory import block_target
+
+    store, _ = _two_sharded_arrays(tmp_path)
+    assert _shard_chunks(store) == {"time": 2, "lat": 4, "lon": 5}
+    assert _shard_chunks(store, 100)["time"] == 2  # at least one shard
+    assert _shard_chunks(store, 700)["time"] == 4  # x fits 4 shards, y only 2: the fewest
+    assert _shard_chunks(store, 10**9)["time"] == 10  # no more shards than the array has
+    assert block_target("cpu") == 0  # on the CPU, one shard a block
+    assert open_dataset(store, backend="cpu")["x"].data.chunks[0] == (2,) * 5
+
+
 def test_convert_uncompressed_is_one_plain_chunk_per_block(tmp_path):
     from pipeline.demo import write_demo
 
@@ -165,6 +191,26 @@ def test_gpu_read_equals_zarr(tmp_path, name, nvcomp):
 
 @requires_gpu
 @pytest.mark.gpu
+def test_gpu_blocks_grow_to_the_block_size(tmp_path):
+    import cupy as cp
+
+    from pipeline.memory import block_target
+
+    store, values = _two_sharded_arrays(tmp_path)
+    with dask.config.set({"pipeline.gpu.block-size": 700}):
+        assert block_target("gpu") == 700
+        ds = open_dataset(store, backend="gpu")
+    for name in ("x", "y"):
+        assert ds[name].data.chunks[0] == (4, 4, 2)
+        out = ds[name].data.compute()
+        assert isinstance(out, cp.ndarray)
+        np.testing.assert_array_equal(cp.asnumpy(out), values[name])
+    with dask.config.set({"pipeline.gpu.block-size": None}):
+        assert open_dataset(store, backend="gpu")["x"].data.chunks[0] == (2,) * 5
+
+
+@requires_gpu
+@pytest.mark.gpu
 def test_gpu_read_uses_nvcomp_where_it_can(tmp_path):
     store, _ = make(tmp_path, "v3-sharded-contiguous")
     x = gpu_zarr.open_array(store, "x", nvcomp=True)
@@ -197,6 +243,24 @@ def test_open_dataset_gpu_equals_cpu_on_both_layouts(tmp_path):
         for v in cpu.data_vars:
             assert gpu[v].dtype == cpu[v].dtype
             np.testing.assert_array_equal(gpu[v].data.compute().get(), cpu[v].values)
+
+
+def test_io_pool_runs_earlier_reads_first():
+    """Jobs run in the order of their tickets, not of their arrival; errors reach the waiter."""
+    import threading
+
+    pool = gpu_zarr._IOPool(1)
+    gate, ran = threading.Event(), []
+    first = pool.submit(gate.wait)  # holds the only thread while the others queue
+    early, late = pool.ticket(), pool.ticket()
+    jobs = [pool.submit(ran.append, "late", ticket=late), pool.submit(ran.append, "early 1", ticket=early),
+            pool.submit(ran.append, "early 2", ticket=early)]
+    gate.set()
+    for j in [first, *jobs]:
+        j.result(timeout=10)
+    assert ran == ["early 1", "early 2", "late"]
+    with pytest.raises(ZeroDivisionError):
+        pool.submit(lambda: 1 / 0).result(timeout=10)
 
 
 def test_stream_contexts_are_pooled_not_tied_to_threads(monkeypatch):
