@@ -507,11 +507,12 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
     host = staging.bytes[:max(1, sum(sizes))]
     reads = submit_reads([p for p, s in zip(paths, sizes) if s], [s for s in sizes if s], host)
     try:
-        out = _move_and_decode(lay, region, coords, sizes, reads, host)
-    finally:  # whatever happened, no read may still be writing into the buffer when it goes back
+        return _move_and_decode(lay, region, coords, sizes, reads, host)
+    finally:
+        # whatever happened (the block's stream was synchronized on the way out), no read may
+        # still be writing into the buffer when it goes back
         futures_wait([j for _, jobs in reads for j in jobs])
-    pinned.give(staging)  # reached only when the block's stream was synchronized
-    return out
+        pinned.give(staging)
 
 
 def _move_and_decode(lay: Layout, region, coords, sizes, reads, host):
@@ -684,7 +685,6 @@ class StagedSource:
 
     def __getitem__(self, region):
         import cupy as cp
-        import cupyx
         from zarr.core.buffer.cpu import NDBuffer
 
         use_device_memory_limit()
@@ -692,15 +692,17 @@ class StagedSource:
         shape = tuple(s.stop - s.start for s in region)
         nbytes = math.prod(shape) * self.dtype.itemsize
         staging = pinned.take(nbytes)
-        host = staging.bytes[:nbytes].view(self.dtype).reshape(shape)
-        arr.get_basic_selection(region, out=NDBuffer.from_numpy_array(host))
-        out = cp.empty(shape, dtype=self.dtype)
-        ready = cp.cuda.Stream.null.record()  # as in read_block
-        with context() as ctx:
-            ctx.stream.wait_event(ready)
-            out.set(host, stream=ctx.stream)
-        pinned.give(staging)  # the context's exit synchronized the copy
-        return out
+        try:
+            host = staging.bytes[:nbytes].view(self.dtype).reshape(shape)
+            arr.get_basic_selection(region, out=NDBuffer.from_numpy_array(host))
+            out = cp.empty(shape, dtype=self.dtype)
+            ready = cp.cuda.Stream.null.record()  # as in read_block
+            with context() as ctx:  # its exit synchronizes the copy
+                ctx.stream.wait_event(ready)
+                out.set(host, stream=ctx.stream)
+            return out
+        finally:
+            pinned.give(staging)
 
 
 @functools.lru_cache(maxsize=64)

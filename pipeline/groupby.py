@@ -137,12 +137,18 @@ def tree_reduce(x: da.Array, red: GroupReduction, labels: np.ndarray, axis: int,
     def aggregate(p, axis=None, keepdims=True, computing_meta=False):
         return p if computing_meta else _finish(_flatten(p), red, groups, axis[0], out_dtype)
 
-    return da.reduction(
+    out = da.reduction(
         parts, lambda p, axis=None, keepdims=True, computing_meta=False: p, aggregate,
         combine=combine, axis=(axis,), keepdims=True, dtype=out_dtype, split_every=split_every,
         concatenate=False, output_size=len(groups), name=red.name,
         meta=meta(backend_of(x), out_dtype, x.ndim),
     )
+    # dask annotates the aggregate layer with one row along ``axis``; it has one per group, and
+    # pipeline.memory sizes the partials (a sum and a count per group) from it
+    ann = getattr(out.dask.layers.get(out.name), "collection_annotations", None)
+    if ann is not None:
+        ann.update(shape=out.shape, chunks=out.chunks, chunksize=out.chunksize)
+    return out
 
 
 def binned_reduce(x: da.Array, red: GroupReduction, bins: np.ndarray, nbins: int, axis: int, out_dtype) -> da.Array:

@@ -325,7 +325,7 @@ def compute_threads(obj) -> int | None:
     if not arrays:
         return None
     backend = "gpu" if any(B.backend_of(a) == "gpu" for a in arrays) else "cpu"
-    return memory.threads_for(backend, memory.graph_block_bytes(*arrays))
+    return memory.threads_for(backend, memory.graph_block_bytes(*arrays), memory.graph_partial_bytes(*arrays))
 
 
 def active_client():

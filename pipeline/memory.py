@@ -11,6 +11,7 @@ change, raised before any task runs, rather than an out-of-memory failure an hou
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
 import dask.array as da
@@ -23,6 +24,9 @@ from .errors import InputError
 # output block, and partial results wait for their tree; measured under a 4 GB GPU limit, three
 # blocks a thread ran out of memory
 BLOCKS_PER_THREAD = 4
+# and a thread merging partials holds two of them besides its blocks; measured under a 4 GB GPU
+# limit (18.2 GB, blocks of 303 MB): monthly means ran with two threads and ran out of memory with three
+PARTIALS_PER_THREAD = 2
 
 
 @dataclass(frozen=True)
@@ -33,10 +37,11 @@ class Plan:
     input_bytes: int
     budget_bytes: int
     out_of_core: bool
+    partial_bytes: int = 0  # the largest partial of a reduction
 
     @property
     def peak_bytes(self) -> int:
-        return self.threads * self.block_bytes * BLOCKS_PER_THREAD
+        return self.threads * (self.block_bytes * BLOCKS_PER_THREAD + self.partial_bytes * PARTIALS_PER_THREAD)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "peak_bytes": self.peak_bytes}
@@ -62,30 +67,74 @@ def largest_block(*arrays: da.Array) -> int:
     return max(sizes, default=0)
 
 
+# the steps of dask's tree reductions (dask.array.reduction): NAME-partial-TOKEN, NAME-aggregate-TOKEN
+_TREE_STEP = re.compile(r"^(?P<name>.+)-(partial|aggregate)-[0-9a-f]+$")
+# a partial holds a few float64 fields (a sum and a count; count, mean and M2) for each value of
+# the reduction's result: counted at this many bytes per value of the result's blocks
+PARTIAL_BYTES_PER_VALUE = 3 * 8
+
+
+def _layer_bytes(layer, per_value: int | None = None) -> int | None:
+    """Bytes of the largest block of an array's layer (``per_value`` bytes a value, else its
+    dtype's), from the annotations dask keeps on it."""
+    import numpy as np
+
+    ann = getattr(layer, "collection_annotations", None) or {}
+    try:
+        return math.prod(ann.get("chunksize")) * (per_value or np.dtype(ann.get("dtype")).itemsize)
+    except TypeError:  # a layer that is not an array's
+        return None
+
+
+def _partial_layers(graph) -> dict:
+    """Layers of ``graph`` whose blocks are a tree reduction's partials -> the reduction's
+    aggregate layer. They are the reduction's steps and the layers before them that bear its name:
+    dask annotates the first with the chunks of the reduction's input, not of the partials."""
+    deps = graph.dependencies
+    found: dict = {}
+    todo = []
+    for name in deps:
+        m = _TREE_STEP.match(str(name))
+        if m and str(name).startswith(m["name"] + "-aggregate-"):
+            todo.append((name, name, m["name"] + "-"))
+    while todo:
+        name, aggregate, prefix = todo.pop()
+        found[name] = aggregate
+        todo.extend((d, aggregate, prefix) for d in deps.get(name, ()) if str(d).startswith(prefix) and d not in found)
+    return found
+
+
 def graph_block_bytes(*arrays: da.Array) -> int:
     """The largest block of any array in the graphs of ``arrays``: their inputs and intermediates
     too, as dask records them on each layer, not only the (often tiny) results. Broadcasts are
-    left out: their blocks are views of a smaller array."""
-    import numpy as np
-
+    left out (their blocks are views of a smaller array), and so are reductions' partials
+    (:func:`graph_partial_bytes`)."""
     best = largest_block(*arrays)
     for a in arrays:
-        for name, layer in getattr(a.__dask_graph__(), "layers", {}).items():
-            if str(name).startswith("broadcast_to-"):
+        graph = a.__dask_graph__()
+        partials = _partial_layers(graph)
+        for name, layer in getattr(graph, "layers", {}).items():
+            if str(name).startswith("broadcast_to-") or name in partials:
                 continue
-            ann = getattr(layer, "collection_annotations", None) or {}
-            size, dtype = ann.get("chunksize"), ann.get("dtype")
-            try:
-                best = max(best, math.prod(size) * np.dtype(dtype).itemsize)
-            except TypeError:  # a layer that is not an array's
-                continue
+            best = max(best, _layer_bytes(layer) or 0)
     return best
 
 
-def threads_for(backend: str, block_bytes: int = 0) -> int:
-    """Threads for a computation of ``block_bytes`` blocks: the configured number
-    (``pipeline.gpu.threads``, or dask's ``num_workers`` / one per core), fewer when that many
-    threads would hold more than the backend's memory budget, at least one."""
+def graph_partial_bytes(*arrays: da.Array) -> int:
+    """The largest partial of the tree reductions in the graphs of ``arrays``, from the blocks of
+    each reduction's result (PARTIAL_BYTES_PER_VALUE a value)."""
+    best = 0
+    for a in arrays:
+        graph = a.__dask_graph__()
+        for aggregate in set(_partial_layers(graph).values()):
+            best = max(best, _layer_bytes(graph.layers[aggregate], PARTIAL_BYTES_PER_VALUE) or 0)
+    return best
+
+
+def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0) -> int:
+    """Threads for a computation of ``block_bytes`` blocks and ``partial_bytes`` partials: the
+    configured number (``pipeline.gpu.threads``, or dask's ``num_workers`` / one per core), fewer
+    when that many threads would hold more than the backend's memory budget, at least one."""
     import dask
     from dask.system import CPU_COUNT
 
@@ -93,8 +142,9 @@ def threads_for(backend: str, block_bytes: int = 0) -> int:
         threads = int(config.get("gpu.threads", 8))
     else:
         threads = int(dask.config.get("num_workers", None) or CPU_COUNT)
-    if block_bytes:
-        threads = min(threads, int(B.memory_budget(backend) // (BLOCKS_PER_THREAD * block_bytes)))
+    per_thread = BLOCKS_PER_THREAD * block_bytes + PARTIALS_PER_THREAD * partial_bytes
+    if per_thread:
+        threads = min(threads, int(B.memory_budget(backend) // per_thread))
     return max(1, threads)
 
 
@@ -102,10 +152,12 @@ def plan(source: da.Array, *results: da.Array, backend: str | None = None) -> Pl
     backend = backend or B.backend_of(source)
     budget = B.memory_budget(backend)
     block = max(largest_block(source, *results), graph_block_bytes(*results))
+    partial = graph_partial_bytes(*results)
     return Plan(
         backend=backend,
-        threads=threads_for(backend, block),
+        threads=threads_for(backend, block, partial),
         block_bytes=block,
+        partial_bytes=partial,
         input_bytes=int(source.nbytes),
         budget_bytes=int(budget),
         out_of_core=source.nbytes > budget / 2,
@@ -121,7 +173,9 @@ def check(p: Plan, where: str = "") -> None:
     setting = "pipeline.gpu.threads" if p.backend == "gpu" else "dask's num_workers"
     raise InputError(
         f"{where}the plan needs about {format_bytes(p.peak_bytes)} of {p.backend.upper()} memory "
-        f"({p.threads} threads x {BLOCKS_PER_THREAD} blocks of up to {format_bytes(p.block_bytes)}) but "
+        f"({p.threads} threads x {BLOCKS_PER_THREAD} blocks of up to {format_bytes(p.block_bytes)}"
+        + (f" and {PARTIALS_PER_THREAD} partials of up to {format_bytes(p.partial_bytes)}" if p.partial_bytes else "")
+        + ") but "
         f"pipeline.{p.backend}.memory-limit allows {format_bytes(p.budget_bytes)}: raise the limit, "
         f"lower {setting}, or read smaller chunks (source.chunks)"
     )

@@ -40,6 +40,7 @@ class Buffer:
         from .gpu_zarr import _pool
 
         self.nbytes = nbytes
+        self.closed = False
         self.map = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         with contextlib.suppress(AttributeError, OSError):
             self.map.madvise(mmap.MADV_HUGEPAGE)  # fewer pages to fault in and pin
@@ -56,12 +57,22 @@ class Buffer:
         cp.cuda.runtime.hostRegister(self.ptr, nbytes, 0)
 
     def close(self) -> None:
+        if self.closed:
+            return
         import cupy as cp
 
+        self.closed = True
         cp.cuda.runtime.hostUnregister(self.ptr)
         del self.bytes
         with contextlib.suppress(BufferError):  # an array still exports it: the mapping goes with it
             self.map.close()
+
+    def __del__(self):
+        # a buffer dropped without close() (a read that failed before giving it back) must not
+        # leave its range registered once the mapping goes: a later mapping at the same address
+        # would fail to register (cudaErrorAlreadyMapped)
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 def take(nbytes: int) -> Buffer:

@@ -118,6 +118,25 @@ def test_the_device_memory_limit_caps_the_pool_and_counts_its_peak():
         backend._set_device_memory_limit.cache_clear()
 
 
+def test_partials_are_sized_from_the_reductions_result_not_their_input():
+    """dask annotates a tree reduction's first step with its input's chunks (in the result's
+    dtype, float64 for pipeline's partials): counted as a block, it halved the threads of the
+    standardized anomaly under a device budget. Group means' partials hold a row per group."""
+    import dask.array as da
+
+    from pipeline import groupby, memory
+
+    x = da.ones((40, 10, 20), chunks=(8, 10, 20), dtype="f4")
+    block = 8 * 10 * 20 * 4
+    moments = pipeline.ops.standardized_anomaly(xr.DataArray(x, dims=("time", "lat", "lon")), dim="time").data
+    assert memory.graph_block_bytes(moments) == block
+    assert memory.graph_partial_bytes(moments) == memory.PARTIAL_BYTES_PER_VALUE * 10 * 20
+    labels = np.arange(40) % 12
+    means = groupby.tree_reduce(x, groupby.MEAN, labels, 0, np.float32)
+    assert memory.graph_block_bytes(means) == 12 * 10 * 20 * 4  # the result: one row a group
+    assert memory.graph_partial_bytes(means) == memory.PARTIAL_BYTES_PER_VALUE * 12 * 10 * 20
+
+
 def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit():
     import dask.array as da
 
@@ -127,7 +146,9 @@ def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit():
     x = da.ones((40, 100, 100), chunks=(10, 100, 100), dtype="f4")  # 400 kB blocks
     total = ((x - x.mean(axis=0)) ** 2).sum(axis=(1, 2))  # a tiny result of large blocks
     assert memory.graph_block_bytes(total) == 400_000
-    per_thread = memory.BLOCKS_PER_THREAD * 400_000
+    # the mean's partials: a few float64 fields for each of the 100 x 100 values of its result
+    assert memory.graph_partial_bytes(total) == memory.PARTIAL_BYTES_PER_VALUE * 100 * 100
+    per_thread = memory.BLOCKS_PER_THREAD * 400_000 + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(total)
     with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": 8 * per_thread}):
         assert compute_threads(total) == 8
     with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": 2 * per_thread + 1}):
