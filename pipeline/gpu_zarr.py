@@ -523,6 +523,11 @@ def _move_and_decode(lay: Layout, region, coords, sizes, reads, host):
     it = iter(start for start, _ in reads)
     file_starts = [next(it) if s else None for s in sizes]
 
+    # The device buffers are taken once the block's first file is read, so that a task waiting
+    # for its turn in the I/O pool holds no device memory (under a 4 GB budget, three threads
+    # holding them while they waited ran out of memory).
+    for job in reads[0][1] if reads else ():
+        job.result()
     # Both device buffers come from the pool's default-stream arena, as every task's arrays do:
     # CuPy keeps freed memory per stream, and buffers allocated on the pooled streams would fragment
     # a capped pool (seen as out-of-memory under a 4 GB limit with a third of it in use). The pool
