@@ -10,12 +10,14 @@ reads the layouts that the Zarr v3 (and v2) specifications define, and anything 
 
 One Dask task reads one block of whole chunks (or shards):
 
-1. the chunk files are read into one pinned host buffer, large files in pieces by a thread pool
-   (file reads release the GIL);
-2. one asynchronous copy moves the compressed bytes to the device, on the task thread's own
-   CUDA stream;
+1. the chunk files are read into one pinned host buffer (:mod:`pipeline.pinned`), large files in
+   pieces, by a pool of I/O threads that serves the earliest read first (file reads release the
+   GIL);
+2. each file's compressed bytes cross to the device by an asynchronous copy as soon as the file
+   is read, on the task thread's own CUDA stream;
 3. one nvCOMP batch decodes every zstd frame of the block (a chunk, or every inner chunk of a
-   shard) into its place in the output, or into a scratch buffer that one copy rearranges;
+   shard) into its place in the output, or into a scratch buffer that one copy rearranges; the
+   decode is queued without reading the frames' sizes back;
 4. the task waits for its stream only at the end, so threads overlap reading, copying and
    decoding.
 
