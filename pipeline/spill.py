@@ -82,7 +82,7 @@ def release() -> int:
 
 
 def to_host(block):
-    """A copy of ``block`` in host memory: pinned (:class:`_Pinned`), by one asynchronous copy on a
+    """A copy of ``block`` in host memory: pinned (:mod:`pipeline.pinned`), by one asynchronous copy on a
     stream of its own, for a CuPy block; a plain copy for a NumPy one."""
     if not B.is_cupy(block):
         out = np.array(block, copy=True)
