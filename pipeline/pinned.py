@@ -93,11 +93,6 @@ def give(buf: Buffer) -> None:
         _free.append(buf)
 
 
-def free_bytes() -> int:
-    with _lock:
-        return sum(b.nbytes for b in _free)
-
-
 def release() -> int:
     """Unpin and unmap the free buffers kept for reuse; returns their bytes."""
     with _lock:
