@@ -43,6 +43,9 @@ class GroupReduction:
     # of the block before it and the continuation after it.
     continuation: Callable | None = None
     close: Callable | None = None
+    # ``merge`` adds the fields: partials are then summed into one accumulator in place, rather
+    # than each aligned to the union of the groups first (a copy of every partial at full size)
+    additive: bool = False
 
 
 def _to_2d(block, axis):
@@ -89,14 +92,43 @@ def _align(p: dict, union: np.ndarray, red: GroupReduction) -> dict:
 
 
 def merge_partials(parts: list[dict], red: GroupReduction, groups: np.ndarray | None = None) -> dict:
-    """Merge partials given in axis order; on ``groups`` when given, else on the union of theirs."""
+    """Merge partials given in axis order; on ``groups`` when given, else on the union of theirs.
+
+    One partial at a time is aligned to ``groups`` (or, for additive reductions, none is: each is
+    added into the rows of its groups), so a merge holds its result and one aligned copy at most,
+    not one for every partial: merging four partials of a few months each into twelve months held
+    four copies at full size."""
     if groups is None:
         groups = np.unique(np.concatenate([p["groups"] for p in parts]))
-    aligned = [_align(p, groups, red) for p in parts]
-    acc = aligned[0]
-    for p in aligned[1:]:
+    if red.additive:
+        return _sum_partials(parts, red, groups)
+    acc = _align(parts[0], groups, red)
+    for p in parts[1:]:
+        p = _align(p, groups, red)
         acc = {**acc, "length": acc.get("length", 0) + p.get("length", 0), **red.merge(acc, p)}
     return acc
+
+
+def _sum_partials(parts: list[dict], red: GroupReduction, groups: np.ndarray) -> dict:
+    """The sum of additive partials on ``groups``, added in order into one accumulator per field
+    (the same additions, in the same order, as merging them one by one)."""
+    out = {k: v for k, v in parts[0].items() if k not in red.identity}
+    out["groups"] = groups
+    out["length"] = sum(p.get("length", 0) for p in parts)
+    for f, ident in red.identity.items():
+        first = parts[0][f]
+        xp = xp_of(first)
+        acc = xp.full((len(groups), *first.shape[1:]), ident, dtype=np.result_type(*(p[f].dtype for p in parts)))
+        for p in parts:
+            keep = np.isin(p["groups"], groups)
+            rows = np.searchsorted(groups, p["groups"][keep])
+            src = p[f] if keep.all() else p[f][xp.asarray(np.flatnonzero(keep))]
+            if np.array_equal(rows, np.arange(len(groups))):
+                acc += src
+            elif rows.size:
+                acc[xp.asarray(rows)] += src
+        out[f] = acc
+    return out
 
 
 def _finish(parts, red: GroupReduction, groups: np.ndarray, axis: int, out_dtype, before=None, after=None):
@@ -284,13 +316,13 @@ def _spells_close(m, before, after):
     return m
 
 
-MEAN = GroupReduction("pipeline-group-mean", _group_sum, {"sum": 0.0, "count": 0.0}, _add, _mean)
+MEAN = GroupReduction("pipeline-group-mean", _group_sum, {"sum": 0.0, "count": 0.0}, _add, _mean, additive=True)
 
 
 def count_above(threshold: float) -> GroupReduction:
     return GroupReduction(
         "pipeline-count-above", _group_sum, {"sum": 0.0, "count": 0.0}, _add, lambda p: p["sum"],
-        params={"threshold": float(threshold), "mode": 1},
+        params={"threshold": float(threshold), "mode": 1}, additive=True,
     )
 
 

@@ -189,3 +189,36 @@ def test_a_spell_across_new_year():
     cut = pipeline.ops.max_spell_length(x, threshold=0.5, freq="YS", resample_before_rl=True)
     assert whole.values.ravel().tolist() == [6, 0]
     assert cut.values.ravel().tolist() == [3, 3]
+
+
+def test_additive_merge_equals_merging_one_by_one(backend):
+    """Partials summed in place into one accumulator equal, bit for bit, the same partials aligned
+    to the union of their groups and merged one by one, and the per-group sums and counts of the
+    data; groups not asked for are dropped."""
+    from dataclasses import replace
+
+    from pipeline import groupby
+
+    xp = B.module(backend)
+    rng = np.random.default_rng(3)
+    labels = [np.array([1, 1, 2, 3]), np.array([3, 4, 4, 4, 5]), np.array([12, 1, 1]), np.array([5, 6])]
+    blocks = []
+    for lab in labels:
+        x = rng.standard_normal((lab.size, 7)).astype(np.float32)
+        x[rng.random(x.shape) < 0.3] = np.nan
+        blocks.append(x)
+    parts = [groupby.chunk_partial(xp.asarray(x), lab, groupby.MEAN, 0) for x, lab in zip(blocks, labels)]
+    data, every = np.concatenate(blocks).astype(np.float64), np.concatenate(labels)
+    one_by_one = replace(groupby.MEAN, additive=False)
+    for groups in (None, np.array([1, 3, 5, 12]), np.array([2, 6])):
+        summed = groupby.merge_partials(parts, groupby.MEAN, groups)
+        merged = groupby.merge_partials(parts, one_by_one, groups)
+        want = np.unique(every) if groups is None else groups
+        assert np.array_equal(summed["groups"], want) and np.array_equal(merged["groups"], want)
+        assert summed["length"] == merged["length"] == every.size
+        for f in ("sum", "count"):
+            assert type(summed[f]) is type(parts[0][f])
+            assert np.array_equal(B.to_numpy(summed[f]), B.to_numpy(merged[f]), equal_nan=True)
+        rows = [data[every == g] for g in want]
+        np.testing.assert_allclose(B.to_numpy(summed["sum"]), [np.nansum(r, axis=0) for r in rows], rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(B.to_numpy(summed["count"]), [np.sum(~np.isnan(r), axis=0) for r in rows])
