@@ -43,6 +43,32 @@ def flows(tas):
 
 def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, memory_limit: str | None,
         stealing: bool = True, locality: bool = True) -> dict:
+    """Each flow of ``names`` on ``n_gpus`` GPUs. Under ``memory_limit`` each flow gets the threads a
+    worker that the memory plan allows (at most ``threads``), one cluster for each such count."""
+    import dask
+
+    import pipeline
+    from pipeline.io import compute_threads
+
+    settings = {"pipeline.gpu.memory-limit": memory_limit} if memory_limit else {}
+    settings["pipeline.cluster.locality"] = locality  # read where the graph is submitted
+    if not stealing:  # read by the scheduler when the cluster starts
+        settings["distributed.scheduler.work-stealing"] = False
+    by_threads: dict[int, list[str]] = {}
+    with dask.config.set(settings):
+        for name in names:
+            n = threads
+            if memory_limit:  # this process sees the same GPUs as the workers
+                tas = pipeline.open_dataset(store, backend="gpu")["tas"]
+                n = min(threads, compute_threads(flows(tas)[name]()) or threads)
+            by_threads.setdefault(n, []).append(name)
+    out = {}
+    for n, group in by_threads.items():
+        out.update(run_on_cluster(store, n_gpus, group, repeat, n, settings))
+    return out
+
+
+def run_on_cluster(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, settings: dict) -> dict:
     import dask
     from dask_cuda import LocalCUDACluster
     from distributed import Client, get_task_stream
@@ -50,10 +76,6 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
     import pipeline
 
     visible = ",".join(str(i) for i in range(n_gpus))
-    settings = {"pipeline.gpu.memory-limit": memory_limit} if memory_limit else {}
-    settings["pipeline.cluster.locality"] = locality  # read where the graph is submitted
-    if not stealing:  # read by the scheduler when the cluster starts
-        settings["distributed.scheduler.work-stealing"] = False
     out = {}
     with dask.config.set(settings), LocalCUDACluster(CUDA_VISIBLE_DEVICES=visible, threads_per_worker=threads) as cluster, Client(cluster) as client:
         client.run(dask.config.set, settings)  # workers read the same settings
@@ -69,10 +91,11 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
                     t, t0 = time.perf_counter(), time.time()  # the task stream's clock is time.time()
                     value = pipeline.to_numpy(pipeline.compute(build()))
                     times.append(time.perf_counter() - t)
-            out[name] = {"seconds": statistics.median(times), "all": times, "checksum": float(np.nansum(np.asarray(value, dtype=np.float64))),
+            out[name] = {"seconds": statistics.median(times), "all": times, "threads": threads,
+                         "checksum": float(np.nansum(np.asarray(value, dtype=np.float64))),
                          "last_run": task_summary(stream.data, received(client), t0)}
             received_mb = sum(w.get("received_bytes", 0) for w in out[name]["last_run"].values()) / 1e6
-            print(f"{n_gpus} GPU(s) {name}: {out[name]['seconds']:.3f} s, {received_mb:.0f} MB moved between workers; "
+            print(f"{n_gpus} GPU(s) {name} ({threads} threads a worker): {out[name]['seconds']:.3f} s, {received_mb:.0f} MB moved between workers; "
                   f"last run per worker: {out[name]['last_run']}", flush=True)
             del result
     return out
@@ -152,7 +175,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--flows", default="standardized_anomaly")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=4)
-    ap.add_argument("--memory-limit", default=None, help="pipeline.gpu.memory-limit on each GPU")
+    ap.add_argument("--memory-limit", default=None,
+                    help="pipeline.gpu.memory-limit on each GPU; each flow then runs with the threads a worker that its memory plan allows")
     ap.add_argument("--no-work-stealing", action="store_true",
                     help="the scheduler keeps tasks where it placed them (no moving of blocks to idle workers)")
     ap.add_argument("--no-locality", action="store_true",

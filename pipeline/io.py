@@ -314,6 +314,18 @@ def _arrays_of(obj):
         yield obj
 
 
+def _graph_sizes(obj) -> tuple[str, int, int] | None:
+    """The backend of ``obj``'s arrays, their graphs' largest block and largest reduction
+    partial (:mod:`pipeline.memory`), or None without arrays."""
+    from . import memory
+
+    arrays = [a for a in _arrays_of(obj) if isinstance(a, da.Array)]
+    if not arrays:
+        return None
+    backend = "gpu" if any(B.backend_of(a) == "gpu" for a in arrays) else "cpu"
+    return backend, memory.graph_block_bytes(*arrays), memory.graph_partial_bytes(*arrays)
+
+
 def compute_threads(obj) -> int | None:
     """Threads for computing ``obj`` in this process, from :func:`pipeline.memory.threads_for`:
     ``pipeline.gpu.threads`` when its data is on the GPU (a few threads keep a GPU busy, and chunk
@@ -321,11 +333,8 @@ def compute_threads(obj) -> int | None:
     threads, each holding a few blocks, would exceed the backend's memory limit."""
     from . import memory
 
-    arrays = [a for a in _arrays_of(obj) if isinstance(a, da.Array)]
-    if not arrays:
-        return None
-    backend = "gpu" if any(B.backend_of(a) == "gpu" for a in arrays) else "cpu"
-    return memory.threads_for(backend, memory.graph_block_bytes(*arrays), memory.graph_partial_bytes(*arrays))
+    sizes = _graph_sizes(obj)
+    return None if sizes is None else memory.threads_for(*sizes)
 
 
 def active_client():
@@ -354,6 +363,11 @@ def compute(obj, progress: bool = False, threads: int | None = None):
 
     client = active_client()
     if client is not None:
+        from . import memory
+
+        sizes = _graph_sizes(obj)
+        if sizes is not None:  # the memory plan, with each worker's own budget and threads
+            memory.check_workers(client, *sizes)
         placed = False
         if config.get("cluster.locality", True):
             # each worker reads, maps and reduces a contiguous slab of blocks, in both passes of a

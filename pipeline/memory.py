@@ -142,10 +142,51 @@ def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0) -> i
         threads = int(config.get("gpu.threads", 8))
     else:
         threads = int(dask.config.get("num_workers", None) or CPU_COUNT)
+    fit = threads_that_fit(backend, block_bytes, partial_bytes)
+    return max(1, threads if fit is None else min(threads, fit))
+
+
+def threads_that_fit(backend: str, block_bytes: int = 0, partial_bytes: int = 0) -> int | None:
+    """How many threads, each holding ``BLOCKS_PER_THREAD`` blocks of ``block_bytes`` and
+    ``PARTIALS_PER_THREAD`` partials of ``partial_bytes``, fit this process's memory budget on
+    ``backend`` (None: nothing to hold)."""
     per_thread = BLOCKS_PER_THREAD * block_bytes + PARTIALS_PER_THREAD * partial_bytes
-    if per_thread:
-        threads = min(threads, int(B.memory_budget(backend) // per_thread))
-    return max(1, threads)
+    return int(B.memory_budget(backend) // per_thread) if per_thread else None
+
+
+def _fit_and_budget(backend: str, block_bytes: int, partial_bytes: int) -> tuple[int | None, int]:
+    return threads_that_fit(backend, block_bytes, partial_bytes), int(B.memory_budget(backend))
+
+
+def check_workers(client, backend: str, block_bytes: int, partial_bytes: int) -> None:
+    """On a distributed cluster the workers' threads are the cluster's, not the plan's: raise
+    InputError, before anything runs, when a worker has more threads than its own budget holds
+    (each worker evaluates :func:`threads_that_fit` with its own device and settings)."""
+    from dask.utils import format_bytes
+
+    if not block_bytes and not partial_bytes:
+        return
+    try:
+        answers = client.run(_fit_and_budget, backend, block_bytes, partial_bytes)
+    except Exception as e:  # e.g. workers that cannot import pipeline: nothing to check with
+        import warnings
+
+        warnings.warn(f"the workers' memory budgets were not checked: {type(e).__name__}: {e}", stacklevel=3)
+        return
+    nthreads = client.nthreads()
+    over = {w: (nthreads[w], n) for w, (n, _) in answers.items() if n is not None and w in nthreads and nthreads[w] > n}
+    if not over:
+        return
+    worker, (threads, n) = sorted(over.items())[0]
+    setting = "pipeline.gpu.memory-limit" if backend == "gpu" else "pipeline.cpu.memory-limit"
+    raise InputError(
+        f"{len(over)} of {len(nthreads)} workers (e.g. {worker}) run {threads} threads, but each thread may hold "
+        f"{BLOCKS_PER_THREAD} blocks of up to {format_bytes(block_bytes)}"
+        + (f" and {PARTIALS_PER_THREAD} partials of up to {format_bytes(partial_bytes)}" if partial_bytes else "")
+        + f", and {setting} allows {format_bytes(answers[worker][1])} a worker, enough for {n}: start the workers with "
+        f"at most {max(n, 1)} threads (--nthreads, or threads_per_worker in the cluster profile), raise the limit, "
+        "or read smaller chunks (source.chunks)"
+    )
 
 
 def plan(source: da.Array, *results: da.Array, backend: str | None = None) -> Plan:

@@ -118,3 +118,27 @@ def test_weighted_flow_on_two_workers_moves_partials_not_blocks(tmp_path):
     data_keys = [name for name, _ in crossed if name.startswith(("open_dataset", "cf_decode"))]
     assert not data_keys, f"data blocks crossed between workers: {crossed}"
     assert sum(nb for _, nb in crossed) < 3 * block
+
+
+def test_workers_with_more_threads_than_their_budget_holds_are_refused_before_anything_runs():
+    """On a cluster the workers' threads are the cluster's: a plan that needs more memory than a
+    worker's own budget allows (blocks a thread x its threads) is an error naming the threads that
+    fit, raised before any task runs; with the budget raised it computes."""
+    import dask
+    import dask.array as da
+    from distributed import Client, LocalCluster
+
+    import pipeline
+    from pipeline import memory
+
+    x = da.ones((40, 1000, 100), chunks=(10, 1000, 100))  # blocks of 8 MB
+    y = (x - x.mean(axis=0)).sum()
+    per_thread = memory.BLOCKS_PER_THREAD * 8_000_000 + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(y)
+    with LocalCluster(n_workers=2, threads_per_worker=3, processes=False, dashboard_address=None) as cluster, Client(cluster) as client:
+        before = sum(len(v) for v in client.processing().values())
+        with dask.config.set({"pipeline.cpu.memory-limit": int(per_thread * 2.5)}):  # workers in this process read it
+            with pytest.raises(InputError, match=r"run 3 threads.*enough for 2: start the workers with at most 2 threads"):
+                pipeline.compute(y)
+            assert sum(len(v) for v in client.processing().values()) == before == 0
+        with dask.config.set({"pipeline.cpu.memory-limit": per_thread * 3}):
+            assert float(pipeline.compute(y)) == pytest.approx(0.0, abs=1e-6)
