@@ -176,10 +176,13 @@ def tree_reduce(x: da.Array, red: GroupReduction, labels: np.ndarray, axis: int,
         meta=meta(backend_of(x), out_dtype, x.ndim),
     )
     # dask annotates the aggregate layer with one row along ``axis``; it has one per group, and
-    # pipeline.memory sizes the partials (a sum and a count per group) from it
+    # pipeline.memory sizes the partials (the fields, float64, of each group) from it
+    from .memory import PARTIAL_BYTES_KEY
+
     ann = getattr(out.dask.layers.get(out.name), "collection_annotations", None)
     if ann is not None:
         ann.update(shape=out.shape, chunks=out.chunks, chunksize=out.chunksize)
+        ann[PARTIAL_BYTES_KEY] = 8 * len(red.identity)
     return out
 
 

@@ -20,12 +20,15 @@ from . import backend as B
 from . import config
 from .errors import InputError
 
-# a thread's reading task holds its block and the block's compressed bytes, the op that follows one
-# output block, and partial results wait for their tree; measured under a 4 GB GPU limit, three
-# blocks a thread ran out of memory
-BLOCKS_PER_THREAD = 4
-# and a thread merging partials holds two of them besides its blocks; measured under a 4 GB GPU
-# limit (18.2 GB, blocks of 303 MB): monthly means ran with two threads and ran out of memory with three
+# a thread holds about three blocks at a time: its input, its output and one temporary (for a
+# reading task, the block's compressed bytes). Measured under a 4 GB GPU limit (18.2 GB in blocks
+# of 303 MB): monthly means ran with three threads (device pool peak 3.33 GiB) and the
+# standardized anomaly with five (3.39 GiB)
+BLOCKS_PER_THREAD = 3
+# and moving-window ops (pipeline.overlap's halos) one more: in the same runs, the rolling maximum
+# ran with three threads (3.68 GiB) and ran out of memory with four
+HALO_BLOCKS = 1
+# a thread merging partials holds two of them besides its blocks (its result and one input)
 PARTIALS_PER_THREAD = 2
 
 
@@ -38,10 +41,11 @@ class Plan:
     budget_bytes: int
     out_of_core: bool
     partial_bytes: int = 0  # the largest partial of a reduction
+    blocks_per_thread: int = BLOCKS_PER_THREAD
 
     @property
     def peak_bytes(self) -> int:
-        return self.threads * (self.block_bytes * BLOCKS_PER_THREAD + self.partial_bytes * PARTIALS_PER_THREAD)
+        return self.threads * per_thread_bytes(self.block_bytes, self.partial_bytes, self.blocks_per_thread)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "peak_bytes": self.peak_bytes}
@@ -59,7 +63,8 @@ def block_target(backend: str) -> int:
     if not size:
         return 0
     threads = int(config.get("gpu.threads", 8))
-    return min(parse_bytes(size), int(B.memory_budget("gpu") // (threads * BLOCKS_PER_THREAD)))
+    # before any op is known: as many blocks a thread as the ops that hold the most
+    return min(parse_bytes(size), int(B.memory_budget("gpu") // (threads * (BLOCKS_PER_THREAD + HALO_BLOCKS))))
 
 
 def largest_block(*arrays: da.Array) -> int:
@@ -69,9 +74,12 @@ def largest_block(*arrays: da.Array) -> int:
 
 # the steps of dask's tree reductions (dask.array.reduction): NAME-partial-TOKEN, NAME-aggregate-TOKEN
 _TREE_STEP = re.compile(r"^(?P<name>.+)-(partial|aggregate)-[0-9a-f]+$")
-# a partial holds a few float64 fields (a sum and a count; count, mean and M2) for each value of
-# the reduction's result: counted at this many bytes per value of the result's blocks
+# a partial holds a few float64 fields (count, mean and M2 of moments) for each value of the
+# reduction's result: counted at this many bytes per value of the result's blocks, unless the
+# reduction's aggregate layer says how many (PARTIAL_BYTES_KEY in its annotations: group means
+# hold a sum and a count)
 PARTIAL_BYTES_PER_VALUE = 3 * 8
+PARTIAL_BYTES_KEY = "pipeline-partial-bytes-per-value"
 
 
 def _layer_bytes(layer, per_value: int | None = None) -> int | None:
@@ -120,6 +128,15 @@ def graph_block_bytes(*arrays: da.Array) -> int:
     return best
 
 
+def graph_blocks_per_thread(*arrays: da.Array) -> int:
+    """Blocks a thread may hold at once in the graphs of ``arrays``: BLOCKS_PER_THREAD, and
+    HALO_BLOCKS more where a moving-window op cuts halos (pipeline.overlap's ``halo-`` layers)."""
+    for a in arrays:
+        if any(str(name).startswith("halo-") for name in getattr(a.__dask_graph__(), "layers", {})):
+            return BLOCKS_PER_THREAD + HALO_BLOCKS
+    return BLOCKS_PER_THREAD
+
+
 def graph_partial_bytes(*arrays: da.Array) -> int:
     """The largest partial of the tree reductions in the graphs of ``arrays``, from the blocks of
     each reduction's result (PARTIAL_BYTES_PER_VALUE a value)."""
@@ -127,14 +144,22 @@ def graph_partial_bytes(*arrays: da.Array) -> int:
     for a in arrays:
         graph = a.__dask_graph__()
         for aggregate in set(_partial_layers(graph).values()):
-            best = max(best, _layer_bytes(graph.layers[aggregate], PARTIAL_BYTES_PER_VALUE) or 0)
+            layer = graph.layers[aggregate]
+            per_value = (getattr(layer, "collection_annotations", None) or {}).get(PARTIAL_BYTES_KEY, PARTIAL_BYTES_PER_VALUE)
+            best = max(best, _layer_bytes(layer, per_value) or 0)
     return best
 
 
-def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0) -> int:
-    """Threads for a computation of ``block_bytes`` blocks and ``partial_bytes`` partials: the
-    configured number (``pipeline.gpu.threads``, or dask's ``num_workers`` / one per core), fewer
-    when that many threads would hold more than the backend's memory budget, at least one."""
+def per_thread_bytes(block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD) -> int:
+    """Bytes one thread may hold: ``blocks`` blocks and PARTIALS_PER_THREAD partials."""
+    return blocks * block_bytes + PARTIALS_PER_THREAD * partial_bytes
+
+
+def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD) -> int:
+    """Threads for a computation of ``block_bytes`` blocks (``blocks`` of them a thread) and
+    ``partial_bytes`` partials: the configured number (``pipeline.gpu.threads``, or dask's
+    ``num_workers`` / one per core), fewer when that many threads would hold more than the
+    backend's memory budget, at least one."""
     import dask
     from dask.system import CPU_COUNT
 
@@ -142,23 +167,23 @@ def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0) -> i
         threads = int(config.get("gpu.threads", 8))
     else:
         threads = int(dask.config.get("num_workers", None) or CPU_COUNT)
-    fit = threads_that_fit(backend, block_bytes, partial_bytes)
+    fit = threads_that_fit(backend, block_bytes, partial_bytes, blocks)
     return max(1, threads if fit is None else min(threads, fit))
 
 
-def threads_that_fit(backend: str, block_bytes: int = 0, partial_bytes: int = 0) -> int | None:
-    """How many threads, each holding ``BLOCKS_PER_THREAD`` blocks of ``block_bytes`` and
-    ``PARTIALS_PER_THREAD`` partials of ``partial_bytes``, fit this process's memory budget on
+def threads_that_fit(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD) -> int | None:
+    """How many threads, each holding ``blocks`` blocks of ``block_bytes`` and
+    PARTIALS_PER_THREAD partials of ``partial_bytes``, fit this process's memory budget on
     ``backend`` (None: nothing to hold)."""
-    per_thread = BLOCKS_PER_THREAD * block_bytes + PARTIALS_PER_THREAD * partial_bytes
+    per_thread = per_thread_bytes(block_bytes, partial_bytes, blocks)
     return int(B.memory_budget(backend) // per_thread) if per_thread else None
 
 
-def _fit_and_budget(backend: str, block_bytes: int, partial_bytes: int) -> tuple[int | None, int]:
-    return threads_that_fit(backend, block_bytes, partial_bytes), int(B.memory_budget(backend))
+def _fit_and_budget(backend: str, block_bytes: int, partial_bytes: int, blocks: int) -> tuple[int | None, int]:
+    return threads_that_fit(backend, block_bytes, partial_bytes, blocks), int(B.memory_budget(backend))
 
 
-def check_workers(client, backend: str, block_bytes: int, partial_bytes: int) -> None:
+def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD) -> None:
     """On a distributed cluster the workers' threads are the cluster's, not the plan's: raise
     InputError, before anything runs, when a worker has more threads than its own budget holds
     (each worker evaluates :func:`threads_that_fit` with its own device and settings)."""
@@ -167,7 +192,7 @@ def check_workers(client, backend: str, block_bytes: int, partial_bytes: int) ->
     if not block_bytes and not partial_bytes:
         return
     try:
-        answers = client.run(_fit_and_budget, backend, block_bytes, partial_bytes)
+        answers = client.run(_fit_and_budget, backend, block_bytes, partial_bytes, blocks)
     except Exception as e:  # e.g. workers that cannot import pipeline: nothing to check with
         import warnings
 
@@ -181,7 +206,7 @@ def check_workers(client, backend: str, block_bytes: int, partial_bytes: int) ->
     setting = "pipeline.gpu.memory-limit" if backend == "gpu" else "pipeline.cpu.memory-limit"
     raise InputError(
         f"{len(over)} of {len(nthreads)} workers (e.g. {worker}) run {threads} threads, but each thread may hold "
-        f"{BLOCKS_PER_THREAD} blocks of up to {format_bytes(block_bytes)}"
+        f"{blocks} blocks of up to {format_bytes(block_bytes)}"
         + (f" and {PARTIALS_PER_THREAD} partials of up to {format_bytes(partial_bytes)}" if partial_bytes else "")
         + f", and {setting} allows {format_bytes(answers[worker][1])} a worker, enough for {n}: start the workers with "
         f"at most {max(n, 1)} threads (--nthreads, or threads_per_worker in the cluster profile), raise the limit, "
@@ -194,11 +219,13 @@ def plan(source: da.Array, *results: da.Array, backend: str | None = None) -> Pl
     budget = B.memory_budget(backend)
     block = max(largest_block(source, *results), graph_block_bytes(*results))
     partial = graph_partial_bytes(*results)
+    blocks = graph_blocks_per_thread(*results)
     return Plan(
         backend=backend,
-        threads=threads_for(backend, block, partial),
+        threads=threads_for(backend, block, partial, blocks),
         block_bytes=block,
         partial_bytes=partial,
+        blocks_per_thread=blocks,
         input_bytes=int(source.nbytes),
         budget_bytes=int(budget),
         out_of_core=source.nbytes > budget / 2,
@@ -214,7 +241,7 @@ def check(p: Plan, where: str = "") -> None:
     setting = "pipeline.gpu.threads" if p.backend == "gpu" else "dask's num_workers"
     raise InputError(
         f"{where}the plan needs about {format_bytes(p.peak_bytes)} of {p.backend.upper()} memory "
-        f"({p.threads} threads x {BLOCKS_PER_THREAD} blocks of up to {format_bytes(p.block_bytes)}"
+        f"({p.threads} threads x {p.blocks_per_thread} blocks of up to {format_bytes(p.block_bytes)}"
         + (f" and {PARTIALS_PER_THREAD} partials of up to {format_bytes(p.partial_bytes)}" if p.partial_bytes else "")
         + ") but "
         f"pipeline.{p.backend}.memory-limit allows {format_bytes(p.budget_bytes)}: raise the limit, "
