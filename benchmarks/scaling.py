@@ -42,7 +42,7 @@ def flows(tas):
 
 
 def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, memory_limit: str | None,
-        stealing: bool = True, locality: bool = True) -> dict:
+        stealing: bool = True, locality: bool = True, device_memory_limit: str | None = None) -> dict:
     """Each flow of ``names`` on ``n_gpus`` GPUs. Under ``memory_limit`` each flow gets the threads a
     worker that the memory plan allows (at most ``threads``), one cluster for each such count."""
     import dask
@@ -64,11 +64,12 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
             by_threads.setdefault(n, []).append(name)
     out = {}
     for n, group in by_threads.items():
-        out.update(run_on_cluster(store, n_gpus, group, repeat, n, settings))
+        out.update(run_on_cluster(store, n_gpus, group, repeat, n, settings, device_memory_limit))
     return out
 
 
-def run_on_cluster(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, settings: dict) -> dict:
+def run_on_cluster(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, settings: dict,
+                   device_memory_limit: str | None = None) -> dict:
     import dask
     from dask_cuda import LocalCUDACluster
     from distributed import Client, get_task_stream
@@ -77,13 +78,20 @@ def run_on_cluster(store: str, n_gpus: int, names: list[str], repeat: int, threa
 
     visible = ",".join(str(i) for i in range(n_gpus))
     out = {}
-    with dask.config.set(settings), LocalCUDACluster(CUDA_VISIBLE_DEVICES=visible, threads_per_worker=threads) as cluster, Client(cluster) as client:
+    with dask.config.set(settings), LocalCUDACluster(
+            CUDA_VISIBLE_DEVICES=visible, threads_per_worker=threads,
+            **({"device_memory_limit": device_memory_limit} if device_memory_limit else {})) as cluster, Client(cluster) as client:
         client.run(dask.config.set, settings)  # workers read the same settings
         out["workers"] = workers(client)
         tas = pipeline.open_dataset(store, backend="gpu")["tas"]
         for name in names:
             build = flows(tas)[name]
-            result = pipeline.to_numpy(pipeline.compute(build()))  # warm-up
+            try:
+                result = pipeline.to_numpy(pipeline.compute(build()))  # warm-up
+            except Exception as e:  # report it, and go on with the other flows
+                out[name] = {"failed": f"{type(e).__name__}: {e}"}
+                print(f"{n_gpus} GPU(s) {name} ({threads} threads a worker): FAILED {out[name]['failed'][:300]}", flush=True)
+                continue
             times = []
             for i in range(repeat):
                 clear_transfer_logs(client)
@@ -177,6 +185,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--memory-limit", default=None,
                     help="pipeline.gpu.memory-limit on each GPU; each flow then runs with the threads a worker that its memory plan allows")
+    ap.add_argument("--device-memory-limit", default=None,
+                    help="dask-cuda's device_memory_limit a worker: task outputs past it spill to host memory")
     ap.add_argument("--no-work-stealing", action="store_true",
                     help="the scheduler keeps tasks where it placed them (no moving of blocks to idle workers)")
     ap.add_argument("--no-locality", action="store_true",
@@ -203,7 +213,7 @@ def main(argv=None) -> dict:
     for n in counts:
         try:
             results[n] = run(args.store, n, names, args.repeat, args.threads, args.memory_limit, stealing=not args.no_work_stealing,
-                             locality=not args.no_locality)
+                             locality=not args.no_locality, device_memory_limit=args.device_memory_limit)
         except Exception as e:  # report it, and go on with the other counts
             print(f"{n} GPU(s): FAILED {type(e).__name__}: {e}", flush=True)
     counts = [n for n in counts if n in results]
@@ -214,10 +224,13 @@ def main(argv=None) -> dict:
     base = results[counts[0]]
     print(f"{'flow':<22}" + "".join(f"{n:>4} GPU s  speed-up" for n in counts))
     for name in names:
-        row = "".join(f"{results[n][name]['seconds']:>10.3f} {base[name]['seconds'] / results[n][name]['seconds']:>8.2f}x" for n in counts)
+        ran = [n for n in counts if "seconds" in results[n].get(name, {})]
+        first = base.get(name, {}).get("seconds")
+        row = "".join(f"{results[n][name]['seconds']:>10.3f} {first / results[n][name]['seconds']:>8.2f}x" if n in ran and first
+                      else f"{results[n][name]['seconds']:>10.3f} {'':>9}" if n in ran else f"{'failed':>10} {'':>9}" for n in counts)
         print(f"{name:<22}{row}")
-        sums = [results[n][name]["checksum"] for n in counts]
-        agree = all(abs(s - sums[0]) <= 1e-6 * max(1.0, abs(sums[0])) for s in sums)
+        sums = [results[n][name]["checksum"] for n in ran]
+        agree = bool(sums) and all(abs(s - sums[0]) <= 1e-6 * max(1.0, abs(sums[0])) for s in sums)
         table.setdefault("agree", {})[name] = agree
         print(f"  results agree across GPU counts: {agree}")
     if args.json:
