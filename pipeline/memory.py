@@ -25,9 +25,9 @@ from .errors import InputError
 # of 303 MB): monthly means ran with three threads (device pool peak 3.33 GiB) and the
 # standardized anomaly with five (3.39 GiB)
 BLOCKS_PER_THREAD = 3
-# and moving-window ops (pipeline.overlap's halos) one more: in the same runs, the rolling maximum
-# ran with three threads (3.68 GiB) and ran out of memory with four
-HALO_BLOCKS = 1
+# and moving-window ops (pipeline.overlap's halos) two more: in the same runs, the rolling maximum
+# peaked at 3.68 GiB with three threads, ran out of memory with three in a later run, and with four
+HALO_BLOCKS = 2
 # a thread merging partials holds two of them besides its blocks (its result and one input)
 PARTIALS_PER_THREAD = 2
 
