@@ -42,7 +42,7 @@ def flows(tas):
 
 
 def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, memory_limit: str | None,
-        stealing: bool = True, locality: bool = True, device_memory_limit: str | None = None) -> dict:
+        stealing: bool = True, locality: bool = True, device_memory_limit: str | None = None, protocol: str | None = None) -> dict:
     """Each flow of ``names`` on ``n_gpus`` GPUs. Under ``memory_limit`` each flow gets the threads a
     worker that the memory plan allows (at most ``threads``), one cluster for each such count."""
     import dask
@@ -64,12 +64,12 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
             by_threads.setdefault(n, []).append(name)
     out = {}
     for n, group in by_threads.items():
-        out.update(run_on_cluster(store, n_gpus, group, repeat, n, settings, device_memory_limit))
+        out.update(run_on_cluster(store, n_gpus, group, repeat, n, settings, device_memory_limit, protocol))
     return out
 
 
 def run_on_cluster(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, settings: dict,
-                   device_memory_limit: str | None = None) -> dict:
+                   device_memory_limit: str | None = None, protocol: str | None = None) -> dict:
     import dask
     from dask_cuda import LocalCUDACluster
     from distributed import Client, get_task_stream
@@ -80,7 +80,8 @@ def run_on_cluster(store: str, n_gpus: int, names: list[str], repeat: int, threa
     out = {}
     with dask.config.set(settings), LocalCUDACluster(
             CUDA_VISIBLE_DEVICES=visible, threads_per_worker=threads,
-            **({"device_memory_limit": device_memory_limit} if device_memory_limit else {})) as cluster, Client(cluster) as client:
+            **({"device_memory_limit": device_memory_limit} if device_memory_limit else {}),
+            **({"protocol": protocol} if protocol else {})) as cluster, Client(cluster) as client:
         client.run(dask.config.set, settings)  # workers read the same settings
         out["workers"] = workers(client)
         tas = pipeline.open_dataset(store, backend="gpu")["tas"]
@@ -101,7 +102,8 @@ def run_on_cluster(store: str, n_gpus: int, names: list[str], repeat: int, threa
                     times.append(time.perf_counter() - t)
             out[name] = {"seconds": statistics.median(times), "all": times, "threads": threads,
                          "checksum": float(np.nansum(np.asarray(value, dtype=np.float64))),
-                         "last_run": task_summary(stream.data, received(client), t0)}
+                         "last_run": task_summary(stream.data, received(client), t0),
+                         "timeline": timeline(stream.data, t0)}
             received_mb = sum(w.get("received_bytes", 0) for w in out[name]["last_run"].values()) / 1e6
             print(f"{n_gpus} GPU(s) {name} ({threads} threads a worker): {out[name]['seconds']:.3f} s, {received_mb:.0f} MB moved between workers; "
                   f"last run per worker: {out[name]['last_run']}", flush=True)
@@ -147,6 +149,20 @@ def received(client) -> dict:
     return client.run(log)
 
 
+def timeline(records: list[dict], t0: float) -> list[list]:
+    """The last run's task stream, one row per step: worker, task name (its key's prefix), block
+    index, action (compute, transfer, ...), start and stop in seconds after ``t0``."""
+    from dask.utils import key_split
+
+    rows = []
+    for r in records:
+        key = r.get("key")
+        index = list(key[1:]) if isinstance(key, tuple) else []
+        for st in r.get("startstops", ()):
+            rows.append([r.get("worker", "?"), key_split(key), index, st["action"], round(st["start"] - t0, 4), round(st["stop"] - t0, 4)])
+    return sorted(rows, key=lambda row: row[4])
+
+
 def task_summary(records: list[dict], incoming: dict | None = None, t0: float | None = None) -> dict:
     """Per worker: tasks, seconds computing, seconds moving data in from other workers, bytes of
     the task outputs it made and, with ``incoming`` (from :func:`received`), the bytes and the
@@ -187,6 +203,8 @@ def main(argv=None) -> dict:
                     help="pipeline.gpu.memory-limit on each GPU; each flow then runs with the threads a worker that its memory plan allows")
     ap.add_argument("--device-memory-limit", default=None,
                     help="dask-cuda's device_memory_limit a worker: task outputs past it spill to host memory")
+    ap.add_argument("--protocol", default=None,
+                    help="the workers' comms: tcp (distributed's default), or ucx (needs distributed-ucxx: GPU to GPU over NVLink)")
     ap.add_argument("--no-work-stealing", action="store_true",
                     help="the scheduler keeps tasks where it placed them (no moving of blocks to idle workers)")
     ap.add_argument("--no-locality", action="store_true",
@@ -213,7 +231,8 @@ def main(argv=None) -> dict:
     for n in counts:
         try:
             results[n] = run(args.store, n, names, args.repeat, args.threads, args.memory_limit, stealing=not args.no_work_stealing,
-                             locality=not args.no_locality, device_memory_limit=args.device_memory_limit)
+                             locality=not args.no_locality, device_memory_limit=args.device_memory_limit,
+                             protocol=args.protocol)
         except Exception as e:  # report it, and go on with the other counts
             print(f"{n} GPU(s): FAILED {type(e).__name__}: {e}", flush=True)
     counts = [n for n in counts if n in results]

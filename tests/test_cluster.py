@@ -142,3 +142,18 @@ def test_workers_with_more_threads_than_their_budget_holds_are_refused_before_an
             assert sum(len(v) for v in client.processing().values()) == before == 0
         with dask.config.set({"pipeline.cpu.memory-limit": per_thread * 3}):
             assert float(pipeline.compute(y)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_protocol_auto_takes_ucx_for_gpu_workers_only_where_it_is_installed(monkeypatch):
+    import importlib.util
+
+    from pipeline.cluster import comms_protocol
+
+    assert comms_protocol("tcp") == "tcp" and comms_protocol(None) is None and comms_protocol("ucx", gpu=False) == "ucx"
+    real = importlib.util.find_spec
+    for installed in (False, True):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: (object() if installed else None) if name == "distributed_ucxx" else real(name, *a))
+        assert comms_protocol("auto") == ("ucx" if installed else "tcp")
+        assert comms_protocol("auto", gpu=False) == "tcp"
+    assert load_profile(str(REPO / "configs" / "local-gpu.yaml")).protocol == "auto"
