@@ -30,7 +30,9 @@ for part in $parts; do
       echo "exit $?" >> "$out/ooc.txt"; grep -E "^(ooc|---|\*)|budget|exit|FAILED" "$out/ooc.txt" ;;
     scaling)
       gpus=$(python3 -c "import cupy; n = cupy.cuda.runtime.getDeviceCount(); print(','.join(str(k) for k in (1, 2, 4, 8) if k <= n))")
-      timeout 420 python3 benchmarks/scaling.py --workdir "$work" --shape 4380,721,1440 --gpus "$gpus" \
+      # UCX where distributed-ucxx is installed: GPU to GPU between the workers, not through host memory
+      protocol=$(python3 -c "import importlib.util as u; print('ucx' if u.find_spec('distributed_ucxx') else 'tcp')")
+      timeout 420 python3 benchmarks/scaling.py --workdir "$work" --shape 4380,721,1440 --gpus "$gpus" --protocol "$protocol" \
         --flows standardized_anomaly,monthly_anomaly,rolling --repeat 2 --threads 8 --json "$out/scaling.json" > "$out/scaling.txt" 2>&1
       echo "exit $?" >> "$out/scaling.txt"; grep -v -i warn "$out/scaling.txt" | tail -12 ;;
     *) echo "unknown part $part (tests, fit, ooc, scaling)"; exit 2 ;;
