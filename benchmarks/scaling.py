@@ -42,7 +42,8 @@ def flows(tas):
 
 
 def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, memory_limit: str | None,
-        stealing: bool = True, locality: bool = True, device_memory_limit: str | None = None, protocol: str | None = None) -> dict:
+        stealing: bool = True, locality: bool = True, device_memory_limit: str | None = None, protocol: str | None = None,
+        worker_saturation: float | None = None) -> dict:
     """Each flow of ``names`` on ``n_gpus`` GPUs. Under ``memory_limit`` each flow gets the threads a
     worker that the memory plan allows (at most ``threads``), one cluster for each such count."""
     import dask
@@ -54,6 +55,8 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
     settings["pipeline.cluster.locality"] = locality  # read where the graph is submitted
     if not stealing:  # read by the scheduler when the cluster starts
         settings["distributed.scheduler.work-stealing"] = False
+    if worker_saturation is not None:  # also read by the scheduler when it starts
+        settings["distributed.scheduler.worker-saturation"] = worker_saturation
     by_threads: dict[int, list[str]] = {}
     with dask.config.set(settings):
         for name in names:
@@ -205,6 +208,8 @@ def main(argv=None) -> dict:
                     help="dask-cuda's device_memory_limit a worker: task outputs past it spill to host memory")
     ap.add_argument("--protocol", default=None,
                     help="the workers' comms: tcp (distributed's default), or ucx (needs distributed-ucxx: GPU to GPU over NVLink)")
+    ap.add_argument("--worker-saturation", type=float, default=None,
+                    help="distributed.scheduler.worker-saturation (dask's default 1.1; pipeline's cluster profiles take 1.0)")
     ap.add_argument("--no-work-stealing", action="store_true",
                     help="the scheduler keeps tasks where it placed them (no moving of blocks to idle workers)")
     ap.add_argument("--no-locality", action="store_true",
@@ -232,7 +237,7 @@ def main(argv=None) -> dict:
         try:
             results[n] = run(args.store, n, names, args.repeat, args.threads, args.memory_limit, stealing=not args.no_work_stealing,
                              locality=not args.no_locality, device_memory_limit=args.device_memory_limit,
-                             protocol=args.protocol)
+                             protocol=args.protocol, worker_saturation=args.worker_saturation)
         except Exception as e:  # report it, and go on with the other counts
             print(f"{n} GPU(s): FAILED {type(e).__name__}: {e}", flush=True)
     counts = [n for n in counts if n in results]

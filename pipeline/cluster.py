@@ -42,6 +42,11 @@ class ClusterProfile(BaseModel):
     # the workers' comms: tcp, ucx (distributed-ucxx), or auto: ucx for GPU workers where
     # distributed-ucxx is installed, else tcp
     protocol: str | None = None
+    # local / local-cuda: distributed.scheduler.worker-saturation of the scheduler started here.
+    # dask's default, 1.1, sends a worker more reads than it has threads (ceil(1.1 x threads)):
+    # one block more a worker than the same threads hold in one process, the margin by which
+    # tightly budgeted GPU runs ran out of memory (benchmarks/RESULTS.md); 1.0 sends one a thread
+    worker_saturation: float | None = None
     # scheduler
     address: str | None = None
     scheduler_file: str | None = None
@@ -56,6 +61,9 @@ class ClusterProfile(BaseModel):
         gpu_keys = ("CUDA_VISIBLE_DEVICES", "device_memory_limit", "rmm_pool_size")
         if self.kind != "local-cuda" and any(getattr(self, k) is not None for k in gpu_keys):
             raise ValueError(f"{', '.join(gpu_keys)} belong to kind 'local-cuda', not {self.kind!r}")
+        if self.kind not in ("local", "local-cuda") and self.worker_saturation is not None:
+            raise ValueError(f"worker_saturation belongs to the clusters started here (kinds 'local' and 'local-cuda'), not {self.kind!r}: "
+                             "set distributed.scheduler.worker-saturation where the scheduler runs")
         return self
 
 
@@ -168,25 +176,11 @@ def open_cluster(profile: ClusterProfile) -> Iterator[object | None]:
         ).items()
         if v is not None
     }
-    if profile.kind == "local":
-        from distributed import LocalCluster
+    import dask
 
-        cluster = LocalCluster(processes=profile.processes, **kwargs)
-    else:
-        try:
-            from dask_cuda import LocalCUDACluster
-        except ImportError as e:
-            raise InputError("cluster kind 'local-cuda' needs dask-cuda: install the 'gpu' extra") from e
-        devices = profile.CUDA_VISIBLE_DEVICES
-        if isinstance(devices, list):
-            devices = ",".join(map(str, devices))
-        kwargs.pop("n_workers", None)  # one worker per visible GPU
-        cluster = LocalCUDACluster(
-            CUDA_VISIBLE_DEVICES=devices,
-            device_memory_limit=profile.device_memory_limit,
-            rmm_pool_size=profile.rmm_pool_size,
-            **kwargs,
-        )
+    saturation = {} if profile.worker_saturation is None else {"distributed.scheduler.worker-saturation": profile.worker_saturation}
+    with dask.config.set(saturation):  # read when the scheduler starts
+        cluster = _start_cluster(profile, kwargs)
     try:
         client = Client(cluster)
         try:
@@ -195,6 +189,27 @@ def open_cluster(profile: ClusterProfile) -> Iterator[object | None]:
             client.close()
     finally:
         cluster.close()
+
+
+def _start_cluster(profile: ClusterProfile, kwargs: dict):
+    if profile.kind == "local":
+        from distributed import LocalCluster
+
+        return LocalCluster(processes=profile.processes, **kwargs)
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError as e:
+        raise InputError("cluster kind 'local-cuda' needs dask-cuda: install the 'gpu' extra") from e
+    devices = profile.CUDA_VISIBLE_DEVICES
+    if isinstance(devices, list):
+        devices = ",".join(map(str, devices))
+    kwargs.pop("n_workers", None)  # one worker per visible GPU
+    return LocalCUDACluster(
+        CUDA_VISIBLE_DEVICES=devices,
+        device_memory_limit=profile.device_memory_limit,
+        rmm_pool_size=profile.rmm_pool_size,
+        **kwargs,
+    )
 
 
 def describe(client) -> dict:

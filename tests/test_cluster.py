@@ -31,6 +31,7 @@ def test_local_gpu_profile_spills_to_host_and_disk():
         ("kind: cloud\n", "kind: Input should be"),
         ("kind: scheduler\n", "needs 'address' or 'scheduler_file'"),
         ("kind: local\ndevice_memory_limit: 1GB\n", "belong to kind 'local-cuda'"),
+        ("kind: scheduler\naddress: tcp://h:8786\nworker_saturation: 1.0\n", "set distributed.scheduler.worker-saturation where the scheduler runs"),
         ("- a list\n", "expected a mapping"),
     ],
 )
@@ -157,3 +158,16 @@ def test_protocol_auto_takes_ucx_for_gpu_workers_only_where_it_is_installed(monk
         assert comms_protocol("auto") == ("ucx" if installed else "tcp")
         assert comms_protocol("auto", gpu=False) == "tcp"
     assert load_profile(str(REPO / "configs" / "local-gpu.yaml")).protocol == "auto"
+
+
+def test_a_cluster_started_here_takes_the_profiles_worker_saturation():
+    """dask's default (1.1) sends a worker ceil(1.1 x threads) reads at a time: one block more than
+    the memory plan counts; the shipped profiles start their scheduler with 1.0."""
+    import dask
+
+    for name in ("local-cpu", "local-gpu"):
+        assert load_profile(str(REPO / "configs" / f"{name}.yaml")).worker_saturation == 1.0
+    profile = ClusterProfile(kind="local", n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None, worker_saturation=1.0)
+    with open_cluster(profile) as client:
+        assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.WORKER_SATURATION) == 1.0
+    assert dask.config.get("distributed.scheduler.worker-saturation") != 1.0  # only while it started
