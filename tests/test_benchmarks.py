@@ -69,3 +69,19 @@ def test_peers_smoke_gpu(tmp_path):
     out = run_peers(tmp_path, "cpu-peer,naive-gpu-peer,pipeline-cpu,pipeline-gpu")
     check_runs(out, {"cpu-peer", "naive-gpu-peer", "pipeline-cpu", "pipeline-gpu"})
     assert out["ceilings"]["h2d_pinned_GBps"] > 0 and out["machine"]["gpu_name"]
+
+
+def test_live_blocks_smoke(tmp_path):
+    """Blocks alive at once, in one process and on one distributed worker: counted, bounded by a
+    few a thread, and the block functions unwrapped again afterwards."""
+    from pipeline.kernels import elementwise
+
+    before = elementwise.cf_decode_cpu
+    bench = load("live_blocks")
+    out = bench.main(["--workdir", str(tmp_path), "--shape", "365,9,16", "--threads", "2", "--saturation", "1.0",
+                      "--flows", "monthly_anomaly,rolling", "--repeat", "1"])
+    assert set(out) == {"monthly_anomaly, 2 threads", "rolling, 2 threads"}
+    for row in out.values():
+        assert set(row) == {"one process", "one worker, saturation 1.0"}
+        assert all(1 <= n <= 5 * 2 for n in row.values()), row  # 5 blocks (365 steps) at most in all
+    assert elementwise.cf_decode_cpu is before
