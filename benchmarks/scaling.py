@@ -87,6 +87,9 @@ def run_on_cluster(store: str, n_gpus: int, names: list[str], repeat: int, threa
             **({"protocol": protocol} if protocol else {})) as cluster, Client(cluster) as client:
         client.run(dask.config.set, settings)  # workers read the same settings
         out["workers"] = workers(client)
+        if n_gpus > 1:
+            out["transfer_200MB_s"] = transfer_seconds(client)
+            print(f"{n_gpus} GPU(s): 200 MB from one worker's GPU to another's: {out['transfer_200MB_s']:.3f} s", flush=True)
         tas = pipeline.open_dataset(store, backend="gpu")["tas"]
         for name in names:
             build = flows(tas)[name]
@@ -112,6 +115,32 @@ def run_on_cluster(store: str, n_gpus: int, names: list[str], repeat: int, threa
                   f"last run per worker: {out[name]['last_run']}", flush=True)
             del result
     return out
+
+
+def _ones(n: int, seed: int):
+    import cupy
+
+    return cupy.full(n, seed, dtype="f8")
+
+
+def _head(x) -> float:
+    return float(x[:10].sum())
+
+
+def transfer_seconds(client, nbytes: int = 200_000_000, repeat: int = 3) -> float:
+    """Median seconds to move a CuPy array of ``nbytes`` made on one worker to another and run a
+    tiny task there: the comms' cost (TCP goes through host memory, UCX GPU to GPU)."""
+    from distributed import wait
+
+    a, b = sorted(client.nthreads())[:2]
+    times = []
+    for i in range(repeat):
+        x = client.submit(_ones, nbytes // 8, i, workers=[a], pure=False)
+        wait(x)
+        t = time.perf_counter()
+        client.submit(_head, x, workers=[b], pure=False).result()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
 def workers(client) -> dict:

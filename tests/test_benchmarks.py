@@ -85,3 +85,15 @@ def test_live_blocks_smoke(tmp_path):
         assert set(row) == {"one process", "one worker, saturation 1.0"}
         assert all(1 <= n <= 5 * 2 for n in row.values()), row  # 5 blocks (365 steps) at most in all
     assert elementwise.cf_decode_cpu is before
+
+
+def test_host_read_smoke(tmp_path, monkeypatch):
+    """Processes reading their slabs at once: every block is read once across them."""
+    import importlib
+
+    peers = load("peers")
+    store = peers.ensure_store(tmp_path, (146, 9, 16), 73, 0)[0]
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the spawned processes import it by name
+    out = importlib.import_module("host_read").main(["--store", str(store), "--gpus", "1,2", "--repeat", "1", "--backend", "cpu"])
+    assert [r["gpus"] for r in out] == [1, 2]
+    assert all(r["bytes"] == 146 * 9 * 16 * 4 and r["seconds"] > 0 and len(r["per_process"]) == r["gpus"] for r in out)
