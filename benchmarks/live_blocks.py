@@ -1,5 +1,5 @@
-"""How many input-sized blocks a flow holds at once: in one process on dask's threads, and on one
-distributed worker with the same threads, by ``distributed.scheduler.worker-saturation``.
+"""How many input-sized blocks a flow holds at once: in one process on dask's threads, and on
+distributed workers with the same threads in all, by ``distributed.scheduler.worker-saturation``.
 
 On the CPU backend, out of core (``pipeline.cpu.memory-limit`` well under the input), each block
 that pipeline decodes, each anomaly block and each rolling block is followed by a weak reference,
@@ -9,6 +9,7 @@ on a distributed worker with the threads that fit in one process; this shows why
 in seconds.
 
     python benchmarks/live_blocks.py --threads 2,3 --saturation 1.1,1.0
+    python benchmarks/live_blocks.py --threads 2 --workers 2 [--no-locality]
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--saturation", default="1.1,1.0", help="worker-saturation values for the distributed worker")
     ap.add_argument("--flows", default="monthly_anomaly,rolling")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=1, help="distributed workers (the threads in one process: workers x threads)")
+    ap.add_argument("--memory-limit", default="16MB", help="pipeline.cpu.memory-limit: well under the input, so two-pass flows read twice")
+    ap.add_argument("--no-locality", action="store_true", help="pipeline.cluster.locality false: the scheduler places every block")
     args = ap.parse_args(argv)
 
     import peers
@@ -92,7 +96,8 @@ def _measure(args, me, store) -> dict:
     import peers
     import pipeline
 
-    settings = {"pipeline.backend": "cpu", "pipeline.cpu.memory-limit": "16MB"}  # out of core: read twice
+    # out of core: the two-pass flows read twice
+    settings = {"pipeline.backend": "cpu", "pipeline.cpu.memory-limit": args.memory_limit, "pipeline.cluster.locality": not args.no_locality}
 
     def peak(compute, flow) -> int:
         peaks = []
@@ -108,12 +113,12 @@ def _measure(args, me, store) -> dict:
         for flow in args.flows.split(","):
             for n in (int(t) for t in args.threads.split(",")):
                 row = table.setdefault(f"{flow}, {n} threads", {})
-                row["one process"] = peak(lambda outs: pipeline.compute(outs, threads=n), flow)
+                row["one process"] = peak(lambda outs: pipeline.compute(outs, threads=n * args.workers), flow)
                 for sat in args.saturation.split(","):
                     with dask.config.set({"distributed.scheduler.worker-saturation": float(sat)}), \
-                            LocalCluster(n_workers=1, threads_per_worker=n, processes=False, dashboard_address=None) as cluster, \
+                            LocalCluster(n_workers=args.workers, threads_per_worker=n, processes=False, dashboard_address=None) as cluster, \
                             Client(cluster, set_as_default=False) as client, client.as_current():
-                        row[f"one worker, saturation {sat}"] = peak(pipeline.compute, flow)
+                        row[f"{args.workers} worker(s), saturation {sat}"] = peak(pipeline.compute, flow)
                 print(f"{flow}, {n} threads: {row}", flush=True)
     return table
 

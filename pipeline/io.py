@@ -366,10 +366,17 @@ def compute(obj, progress: bool = False, threads: int | None = None):
         from . import memory
 
         sizes = _graph_sizes(obj)
-        if sizes is not None:  # the memory plan, with each worker's own budget and threads
-            memory.check_workers(client, *sizes)
+        # the memory plan, with each worker's own budget and threads
+        fits = memory.check_workers(client, *sizes) if sizes is not None else {}
+        nthreads = client.nthreads()
+        # Placing slabs pins each worker's reads, and the scheduler queues no pinned task: a
+        # worker reads ahead of its threads, up to twice the blocks that the same threads hold in
+        # one process (benchmarks/live_blocks.py). Where the workers' threads need more than half
+        # of their budget, the scheduler places the blocks instead, and its queuing bounds the
+        # reads a worker holds (worker-saturation).
+        roomy = all(nthreads.get(w, 0) <= n // 2 for w, n in fits.items())
         placed = False
-        if config.get("cluster.locality", True):
+        if config.get("cluster.locality", True) and roomy:
             # each worker reads, maps and reduces a contiguous slab of blocks, in both passes of a
             # two-pass op, so that only partials and statistics cross workers (pipeline.locality)
             from .locality import ReleasePins, place

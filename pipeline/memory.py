@@ -183,25 +183,26 @@ def _fit_and_budget(backend: str, block_bytes: int, partial_bytes: int, blocks: 
     return threads_that_fit(backend, block_bytes, partial_bytes, blocks), int(B.memory_budget(backend))
 
 
-def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD) -> None:
+def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD) -> dict[str, int]:
     """On a distributed cluster the workers' threads are the cluster's, not the plan's: raise
     InputError, before anything runs, when a worker has more threads than its own budget holds
-    (each worker evaluates :func:`threads_that_fit` with its own device and settings)."""
+    (each worker evaluates :func:`threads_that_fit` with its own device and settings). Returns
+    the threads that fit each worker (``{}`` when nothing was checked)."""
     from dask.utils import format_bytes
 
     if not block_bytes and not partial_bytes:
-        return
+        return {}
     try:
         answers = client.run(_fit_and_budget, backend, block_bytes, partial_bytes, blocks)
     except Exception as e:  # e.g. workers that cannot import pipeline: nothing to check with
         import warnings
 
         warnings.warn(f"the workers' memory budgets were not checked: {type(e).__name__}: {e}", stacklevel=3)
-        return
+        return {}
     nthreads = client.nthreads()
     over = {w: (nthreads[w], n) for w, (n, _) in answers.items() if n is not None and w in nthreads and nthreads[w] > n}
     if not over:
-        return
+        return {w: n for w, (n, _) in answers.items() if n is not None}
     worker, (threads, n) = sorted(over.items())[0]
     setting = "pipeline.gpu.memory-limit" if backend == "gpu" else "pipeline.cpu.memory-limit"
     raise InputError(

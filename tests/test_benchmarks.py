@@ -82,7 +82,7 @@ def test_live_blocks_smoke(tmp_path):
                       "--flows", "monthly_anomaly,rolling", "--repeat", "1"])
     assert set(out) == {"monthly_anomaly, 2 threads", "rolling, 2 threads"}
     for row in out.values():
-        assert set(row) == {"one process", "one worker, saturation 1.0"}
+        assert set(row) == {"one process", "1 worker(s), saturation 1.0"}
         assert all(1 <= n <= 5 * 2 for n in row.values()), row  # 5 blocks (365 steps) at most in all
     assert elementwise.cf_decode_cpu is before
 

@@ -171,3 +171,27 @@ def test_a_cluster_started_here_takes_the_profiles_worker_saturation():
     with open_cluster(profile) as client:
         assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.WORKER_SATURATION) == 1.0
     assert dask.config.get("distributed.scheduler.worker-saturation") != 1.0  # only while it started
+
+
+def test_blocks_are_placed_on_workers_only_where_their_budget_leaves_room_to_read_ahead(monkeypatch):
+    """Placed slabs let a worker read ahead of its threads (up to twice the blocks): where the
+    workers' threads need more than half of their budget, the scheduler places the blocks."""
+    import dask
+    import dask.array as da
+    from distributed import Client, LocalCluster
+
+    import pipeline
+    from pipeline import locality, memory
+
+    calls = []
+    real = locality.place
+    monkeypatch.setattr(locality, "place", lambda obj, nthreads: calls.append(1) or real(obj, nthreads))
+    x = da.ones((40, 1000, 100), chunks=(10, 1000, 100))  # blocks of 8 MB
+    y = (x - x.mean(axis=0)).sum()
+    per_thread = memory.BLOCKS_PER_THREAD * 8_000_000 + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(y)
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, Client(cluster):
+        for budget, placed in ((per_thread * 4, True), (per_thread * 3, False)):
+            calls.clear()
+            with dask.config.set({"pipeline.cpu.memory-limit": budget}):
+                assert float(pipeline.compute(y)) == pytest.approx(0.0, abs=1e-6)
+            assert bool(calls) == placed, budget
