@@ -337,6 +337,23 @@ def compute_threads(obj) -> int | None:
     return None if sizes is None else memory.threads_for(*sizes)
 
 
+def _room_to_read_ahead(obj, fits: dict, nthreads: dict) -> bool:
+    """Whether each worker can hold what it may read ahead once its slab is placed on it.
+
+    Placing slabs pins each worker's reads, and the scheduler queues no pinned task: a worker
+    reads ahead of its threads, up to twice the blocks that the same threads hold in one process
+    (benchmarks/live_blocks.py), or at most its whole slab. Where neither fits a worker's budget
+    (``fits``: threads that fit and budget, from :func:`pipeline.memory.check_workers`), the
+    scheduler places the blocks instead, and its queuing bounds the reads a worker holds
+    (worker-saturation)."""
+    from . import memory
+
+    if not fits:
+        return True
+    slab = memory.graph_array_bytes(*(a for a in _arrays_of(obj) if isinstance(a, da.Array))) / max(len(nthreads), 1)
+    return all(nthreads.get(w, 0) <= fit // 2 or slab <= budget / 2 for w, (fit, budget) in fits.items())
+
+
 def active_client():
     """The distributed client computations go to (``distributed.default_client()``), or None."""
     try:
@@ -368,15 +385,8 @@ def compute(obj, progress: bool = False, threads: int | None = None):
         sizes = _graph_sizes(obj)
         # the memory plan, with each worker's own budget and threads
         fits = memory.check_workers(client, *sizes) if sizes is not None else {}
-        nthreads = client.nthreads()
-        # Placing slabs pins each worker's reads, and the scheduler queues no pinned task: a
-        # worker reads ahead of its threads, up to twice the blocks that the same threads hold in
-        # one process (benchmarks/live_blocks.py). Where the workers' threads need more than half
-        # of their budget, the scheduler places the blocks instead, and its queuing bounds the
-        # reads a worker holds (worker-saturation).
-        roomy = all(nthreads.get(w, 0) <= n // 2 for w, n in fits.items())
         placed = False
-        if config.get("cluster.locality", True) and roomy:
+        if config.get("cluster.locality", True) and _room_to_read_ahead(obj, fits, client.nthreads()):
             # each worker reads, maps and reduces a contiguous slab of blocks, in both passes of a
             # two-pass op, so that only partials and statistics cross workers (pipeline.locality)
             from .locality import ReleasePins, place

@@ -112,20 +112,35 @@ def _partial_layers(graph) -> dict:
     return found
 
 
-def graph_block_bytes(*arrays: da.Array) -> int:
-    """The largest block of any array in the graphs of ``arrays``: their inputs and intermediates
-    too, as dask records them on each layer, not only the (often tiny) results. Broadcasts are
-    left out (their blocks are views of a smaller array), and so are reductions' partials
-    (:func:`graph_partial_bytes`)."""
-    best = largest_block(*arrays)
+def _array_layers(arrays):
+    """The layers of the graphs of ``arrays`` that hold arrays of their own: not broadcasts
+    (views of a smaller array), nor reductions' partials (:func:`graph_partial_bytes`)."""
     for a in arrays:
         graph = a.__dask_graph__()
         partials = _partial_layers(graph)
         for name, layer in getattr(graph, "layers", {}).items():
-            if str(name).startswith("broadcast_to-") or name in partials:
-                continue
-            best = max(best, _layer_bytes(layer) or 0)
-    return best
+            if not (str(name).startswith("broadcast_to-") or name in partials):
+                yield layer
+
+
+def graph_block_bytes(*arrays: da.Array) -> int:
+    """The largest block of any array in the graphs of ``arrays``: their inputs and intermediates
+    too, as dask records them on each layer, not only the (often tiny) results."""
+    return max([largest_block(*arrays), *(_layer_bytes(layer) or 0 for layer in _array_layers(arrays))])
+
+
+def graph_array_bytes(*arrays: da.Array) -> int:
+    """The largest whole array in the graphs of ``arrays`` (typically their input)."""
+    import numpy as np
+
+    sizes = [a.nbytes for a in arrays]
+    for layer in _array_layers(arrays):
+        ann = getattr(layer, "collection_annotations", None) or {}
+        try:
+            sizes.append(math.prod(ann["shape"]) * np.dtype(ann["dtype"]).itemsize)
+        except (KeyError, TypeError):  # a layer that is not an array's
+            pass
+    return int(max(sizes, default=0))
 
 
 def graph_blocks_per_thread(*arrays: da.Array) -> int:
@@ -183,11 +198,12 @@ def _fit_and_budget(backend: str, block_bytes: int, partial_bytes: int, blocks: 
     return threads_that_fit(backend, block_bytes, partial_bytes, blocks), int(B.memory_budget(backend))
 
 
-def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD) -> dict[str, int]:
+def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD) -> dict[str, tuple[int, int]]:
     """On a distributed cluster the workers' threads are the cluster's, not the plan's: raise
     InputError, before anything runs, when a worker has more threads than its own budget holds
-    (each worker evaluates :func:`threads_that_fit` with its own device and settings). Returns
-    the threads that fit each worker (``{}`` when nothing was checked)."""
+    (each worker evaluates :func:`threads_that_fit` with its own device and settings). Returns,
+    for each worker, the threads that fit and its budget in bytes (``{}`` when nothing was
+    checked)."""
     from dask.utils import format_bytes
 
     if not block_bytes and not partial_bytes:
@@ -202,7 +218,7 @@ def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, bl
     nthreads = client.nthreads()
     over = {w: (nthreads[w], n) for w, (n, _) in answers.items() if n is not None and w in nthreads and nthreads[w] > n}
     if not over:
-        return {w: n for w, (n, _) in answers.items() if n is not None}
+        return {w: (n, budget) for w, (n, budget) in answers.items() if n is not None}
     worker, (threads, n) = sorted(over.items())[0]
     setting = "pipeline.gpu.memory-limit" if backend == "gpu" else "pipeline.cpu.memory-limit"
     raise InputError(

@@ -174,8 +174,8 @@ def test_a_cluster_started_here_takes_the_profiles_worker_saturation():
 
 
 def test_blocks_are_placed_on_workers_only_where_their_budget_leaves_room_to_read_ahead(monkeypatch):
-    """Placed slabs let a worker read ahead of its threads (up to twice the blocks): where the
-    workers' threads need more than half of their budget, the scheduler places the blocks."""
+    """Placed slabs let a worker read ahead of its threads (up to twice the blocks, or its whole
+    slab): where neither fits the budget, the scheduler places the blocks."""
     import dask
     import dask.array as da
     from distributed import Client, LocalCluster
@@ -186,11 +186,13 @@ def test_blocks_are_placed_on_workers_only_where_their_budget_leaves_room_to_rea
     calls = []
     real = locality.place
     monkeypatch.setattr(locality, "place", lambda obj, nthreads: calls.append(1) or real(obj, nthreads))
-    x = da.ones((40, 1000, 100), chunks=(10, 1000, 100))  # blocks of 8 MB
+    x = da.ones((200, 1000, 100), chunks=(50, 1000, 100))  # blocks of 40 MB; 2 workers: slabs of 80 MB
     y = (x - x.mean(axis=0)).sum()
-    per_thread = memory.BLOCKS_PER_THREAD * 8_000_000 + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(y)
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, Client(cluster):
-        for budget, placed in ((per_thread * 4, True), (per_thread * 3, False)):
+    per_thread = memory.BLOCKS_PER_THREAD * 40_000_000 + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(y)
+    assert memory.graph_array_bytes(y) == 160_000_000
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, Client(cluster):
+        # room for twice the thread's blocks; for neither that nor a whole slab; for a slab, in half of it
+        for budget, placed in ((2 * per_thread, True), (int(1.2 * per_thread), False), (170_000_000, True)):
             calls.clear()
             with dask.config.set({"pipeline.cpu.memory-limit": budget}):
                 assert float(pipeline.compute(y)) == pytest.approx(0.0, abs=1e-6)
