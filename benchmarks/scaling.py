@@ -44,8 +44,9 @@ def flows(tas):
 def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, memory_limit: str | None,
         stealing: bool = True, locality: bool = True, device_memory_limit: str | None = None, protocol: str | None = None,
         worker_saturation: float | None = None) -> dict:
-    """Each flow of ``names`` on ``n_gpus`` GPUs. Under ``memory_limit`` each flow gets the threads a
-    worker that the memory plan allows (at most ``threads``), one cluster for each such count."""
+    """Each flow of ``names`` on ``n_gpus`` GPUs. Under ``memory_limit`` each flow gets as many
+    threads a worker as its memory plan allows (at most ``threads``), one cluster for each such
+    count."""
     import dask
 
     import pipeline
@@ -232,7 +233,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--memory-limit", default=None,
-                    help="pipeline.gpu.memory-limit on each GPU; each flow then runs with the threads a worker that its memory plan allows")
+                    help="pipeline.gpu.memory-limit on each GPU; each flow then runs with as many threads a worker as its memory plan allows")
     ap.add_argument("--device-memory-limit", default=None,
                     help="dask-cuda's device_memory_limit a worker: task outputs past it spill to host memory")
     ap.add_argument("--protocol", default=None,
