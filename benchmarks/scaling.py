@@ -107,12 +107,17 @@ def run_on_cluster(store: str, n_gpus: int, names: list[str], repeat: int, threa
                     t, t0 = time.perf_counter(), time.time()  # the task stream's clock is time.time()
                     value = pipeline.to_numpy(pipeline.compute(build()))
                     times.append(time.perf_counter() - t)
+            from pipeline.pinned import pinned_files_bytes
+
             out[name] = {"seconds": statistics.median(times), "all": times, "threads": threads,
+                         "pinned_files_bytes": client.run(pinned_files_bytes),  # chunk files pinned by each worker
                          "checksum": float(np.nansum(np.asarray(value, dtype=np.float64))),
                          "last_run": task_summary(stream.data, received(client), t0),
                          "timeline": timeline(stream.data, t0)}
             received_mb = sum(w.get("received_bytes", 0) for w in out[name]["last_run"].values()) / 1e6
-            print(f"{n_gpus} GPU(s) {name} ({threads} threads a worker): {out[name]['seconds']:.3f} s, {received_mb:.0f} MB moved between workers; "
+            pinned_gb = sum(out[name]["pinned_files_bytes"].values()) / 1e9
+            print(f"{n_gpus} GPU(s) {name} ({threads} threads a worker): {out[name]['seconds']:.3f} s, {received_mb:.0f} MB moved between workers, "
+                  f"{pinned_gb:.1f} GB of files pinned; "
                   f"last run per worker: {out[name]['last_run']}", flush=True)
             del result
     return out

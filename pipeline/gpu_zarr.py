@@ -12,7 +12,8 @@ One Dask task reads one block of whole chunks (or shards):
 
 1. the chunk files are read into one pinned host buffer (:mod:`pipeline.pinned`), large files in
    pieces, by a pool of I/O threads that serves the earliest read first (file reads release the
-   GIL);
+   GIL); or, where ``pipeline.gpu.pinned-files`` leaves room, each file is pinned where it lies in
+   the page cache, once, and later reads of it skip the copy to a buffer;
 2. each file's compressed bytes cross to the device by an asynchronous copy as soon as the file
    is read, on the task thread's own CUDA stream;
 3. one nvCOMP batch decodes every zstd frame of the block (a chunk, or every inner chunk of a
@@ -313,6 +314,15 @@ def _read_into(path: str, view: memoryview) -> None:
         raise OSError(f"{path}: short read ({got} of {len(view)} bytes)")
 
 
+def _pin_or_read(path: str, st: os.stat_result, view: memoryview):
+    """The file pinned in the page cache (:func:`pipeline.pinned.pin_file`), or, where it is not,
+    read into ``view``."""
+    f = pinned.pin_file(path, st)
+    if f is None:
+        _read_into(path, view)
+    return f
+
+
 def _pread_piece(path: str, view: memoryview, offset: int) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -323,18 +333,23 @@ def _pread_piece(path: str, view: memoryview, offset: int) -> None:
         raise OSError(f"{path}: short read at {offset}")
 
 
-def submit_reads(paths: list[str], sizes: list[int], buffer: np.ndarray) -> list[tuple[int, list[Future]]]:
+def submit_reads(paths: list[str], sizes: list[int], buffer: np.ndarray, stats=None) -> list[tuple[int, list[Future]]]:
     """Start reading whole files one after another into ``buffer``: (start, jobs) for each file,
     in order. Large files are split into pieces that the I/O pool reads in parallel; all pieces
-    share one place in the pool's order."""
+    share one place in the pool's order. With ``stats`` (each file's ``os.stat``), a file that
+    :func:`pipeline.pinned.may_pin` is pinned by one job instead, whose result is the pinned file
+    (None where it was read into ``buffer`` after all)."""
     starts = list(itertools.accumulate([0] + sizes[:-1]))
     mv = memoryview(buffer)
     pool = _pool()
     ticket = pool.ticket()
     files = []
-    for path, size, start in zip(paths, sizes, starts):
-        if size <= PIECE:
-            jobs = [pool.submit(_read_into, path, mv[start:start + size], ticket=ticket)]
+    for k, (path, size, start) in enumerate(zip(paths, sizes, starts)):
+        view = mv[start:start + size]
+        if stats is not None and pinned.may_pin(size):
+            jobs = [pool.submit(_pin_or_read, path, stats[k], view, ticket=ticket)]
+        elif size <= PIECE:
+            jobs = [pool.submit(_read_into, path, view, ticket=ticket)]
         else:
             jobs = [pool.submit(_pread_piece, path, mv[start + off:start + off + min(PIECE, size - off)], off, ticket=ticket)
                     for off in range(0, size, PIECE)]
@@ -503,68 +518,111 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
     counts = [math.ceil(n / c) for n, c in zip(shape, lay.chunk)]
     coords = list(itertools.product(*(range(f, f + k) for f, k in zip(first, counts))))
     paths = [lay.path(c) for c in coords]
-    sizes = [os.path.getsize(p) if os.path.exists(p) else 0 for p in paths]
+    stats = [_stat(p) for p in paths]
+    sizes = [st.st_size if st else 0 for st in stats]
 
-    staging = pinned.take(sum(sizes))
-    host = staging.bytes[:max(1, sum(sizes))]
-    reads = submit_reads([p for p, s in zip(paths, sizes) if s], [s for s in sizes if s], host)
+    # files pinned in the page cache cross from there (pipeline.pinned); the others are read into
+    # a pinned buffer, or pinned by the I/O threads where there is room
+    held = [pinned.lookup(p, st) if st and st.st_size else None for p, st in zip(paths, stats)]
+    unread = [k for k, size in enumerate(sizes) if size and held[k] is None]
+    staging = pinned.take(sum(sizes[k] for k in unread))
+    jobs = submit_reads([paths[k] for k in unread], [sizes[k] for k in unread], staging.bytes,
+                        [stats[k] for k in unread])
     try:
-        return _move_and_decode(lay, region, coords, sizes, reads, host)
+        files, it = [], iter(jobs)
+        for k, size in enumerate(sizes):
+            if held[k] is not None:
+                files.append(functools.partial(getattr, held[k], "bytes"))
+            elif size:
+                files.append(functools.partial(_arrived, staging.bytes, *next(it), size))
+            else:
+                files.append(None)
+        return _move_and_decode(lay, region, coords, files, sizes)
     finally:
         # whatever happened (the block's stream was synchronized on the way out), no read may
-        # still be writing into the buffer when it goes back
-        futures_wait([j for _, jobs in reads for j in jobs])
+        # still be writing into the buffer, nor a copy reading a pinned file, when they go back
+        futures_wait([j for _, waits in jobs for j in waits])
         pinned.give(staging)
+        for f in held + [_pinned_by(waits) for _, waits in jobs]:
+            if f is not None:
+                pinned.unpin_file(f)
 
 
-def _move_and_decode(lay: Layout, region, coords, sizes, reads, host):
+def _arrived(buffer: np.ndarray, start: int, waits: list[Future], size: int) -> np.ndarray:
+    """A file's bytes in pinned memory once its jobs are done: the file pinned by its job, or its
+    place in ``buffer``."""
+    for job in waits:
+        job.result()
+    f = _pinned_by(waits)
+    return f.bytes if f is not None else buffer[start:start + size]
+
+
+def _pinned_by(waits: list[Future]):
+    """The file that a read's one job pinned, if it did (None for reads into buffers, or failed)."""
+    if len(waits) == 1 and waits[0].done() and not waits[0].exception():
+        result = waits[0].result()
+        if isinstance(result, pinned.PinnedFile):
+            return result
+    return None
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:  # a missing chunk holds the fill value
+        return None
+
+
+def _move_and_decode(lay: Layout, region, coords, files, sizes):
+    """``files``: for each chunk of ``coords``, a function that waits for its file's bytes in pinned
+    host memory and returns them (None for a chunk with no file); ``sizes``: the files' sizes."""
     import cupy as cp
 
     starts = [s.start for s in region]
     shape = tuple(s.stop - s.start for s in region)
-    it = iter(start for start, _ in reads)
-    file_starts = [next(it) if s else None for s in sizes]
+    file_starts = list(itertools.accumulate([0] + sizes[:-1]))  # places in the device buffer
 
-    # The device buffers are taken once the block's first file is read, so that a task waiting
+    # The device buffers are taken once the block's first file is there, so that a task waiting
     # for its turn in the I/O pool holds no device memory (under a 4 GB budget, three threads
     # holding them while they waited ran out of memory).
-    for job in reads[0][1] if reads else ():
-        job.result()
+    present = [f for f in files if f]
+    if present:
+        present[0]()
     # Both device buffers come from the pool's default-stream arena, as every task's arrays do:
     # CuPy keeps freed memory per stream, and buffers allocated on the pooled streams would fragment
     # a capped pool (seen as out-of-memory under a 4 GB limit with a third of it in use). The pool
     # may hand them memory that kernels queued earlier on the default stream still read, so this
     # block's stream writes into them only after those kernels.
     out = cp.empty(shape, dtype=lay.dtype)
-    dev = cp.empty(host.size, dtype=np.uint8)
+    dev = cp.empty(max(1, sum(sizes)), dtype=np.uint8)
     ready = cp.cuda.Stream.null.record()
 
     with context() as ctx, ctx.stream:
         stream = ctx.stream
         stream.wait_event(ready)
-        # each file crosses the bus as soon as it is read, while the block's later files are read
-        for k, (start, jobs) in enumerate(reads):
-            for job in jobs:
-                job.result()
-            stop = reads[k + 1][0] if k + 1 < len(reads) else host.size
-            dev[start:stop].set(host[start:stop], stream=stream)
-        # plan: each chunk decodes straight into ``out`` when its place there is one contiguous
+        # each file crosses the bus as soon as it is there, while the block's later files are read
+        blobs = []
+        for f, start, size in zip(files, file_starts, sizes):
+            blobs.append(f() if f else None)
+            if f:
+                dev[start:start + size].set(blobs[-1], stream=stream)
+    # plan: each chunk decodes straight into ``out`` when its place there is one contiguous
         # run and whole; else into a scratch chunk that one copy puts in place. The block's frames
         # decode in one batch: decoding each file as soon as it is across, while the next is read,
         # was slower (0.25 s against 0.19-0.21 s for 6.1 GB in blocks of 3-5 shards), since
         # nvCOMP's speed comes from the frames it decodes at once.
         direct, scratch = [], []
-        for coord, start, size in zip(coords, file_starts, sizes):
+        for coord, start, blob in zip(coords, file_starts, blobs):
             local = tuple(slice(c * n - s0, min((c + 1) * n - s0, ln))
                           for c, n, s0, ln in zip(coord, lay.chunk, starts, shape))
             target = out[local]
             whole = tuple(sl.stop - sl.start for sl in local) == lay.chunk
-            if size == 0:
+            if blob is None:
                 target.fill(lay.fill_value)
             elif whole and target.flags.c_contiguous and lay.contiguous_inner:
-                direct.append((target, start, host[start:start + size]))
+                direct.append((target, start, blob))
             else:
-                scratch.append((local, start, host[start:start + size]))
+                scratch.append((local, start, blob))
         if lay.sharded or lay.inner_nbytes <= NVCOMP_MAX_FRAME:
             _decode_into_place(lay, direct, dev, out)
             _decode_scratch(lay, scratch, dev, out)

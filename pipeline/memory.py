@@ -283,6 +283,9 @@ def usage(backend: str) -> dict:
         from .spill import spilled_bytes
 
         out["host_held_bytes"] = spilled_bytes()  # copied to pinned memory between passes
+        from .pinned import pinned_files_bytes
+
+        out["host_pinned_files_bytes"] = pinned_files_bytes()  # chunk files pinned in the page cache
     return out
 
 

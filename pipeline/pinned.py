@@ -1,4 +1,5 @@
-"""Pinned host memory: the buffers that chunk files are read into and that held blocks wait in.
+"""Pinned host memory: the buffers that chunk files are read into and that held blocks wait in,
+and chunk files pinned where they lie in the page cache (:func:`pin_file`).
 
 Not CuPy's pinned pool. Measured on the H200 machine (benchmarks/RESULTS.md), pinning fresh memory
 took 1.5 GB/s through ``cupyx.empty_pinned`` and 3.1 GB/s through ``cudaHostAlloc``; the kernel
@@ -17,7 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 import threading
+import time
+from collections import OrderedDict
 
 import numpy as np
 
@@ -94,10 +98,244 @@ def give(buf: Buffer) -> None:
 
 
 def release() -> int:
-    """Unpin and unmap the free buffers kept for reuse; returns their bytes."""
+    """Unpin and unmap the free buffers kept for reuse, and the pinned chunk files
+    (:func:`release_files`); returns their bytes."""
     with _lock:
         bufs = list(_free)
         _free.clear()
     for b in bufs:
         b.close()
-    return sum(b.nbytes for b in bufs)
+    return sum(b.nbytes for b in bufs) + release_files()
+
+
+# --- chunk files pinned in the page cache ------------------------------------------------------------
+#
+# Reading a file into a pinned buffer copies it from the page cache: host memory is read and written
+# once more before the device reads it. Measured on the 4-GPU H200 machine (benchmarks/host_read.py,
+# 13.7 GB of compressed shards, processes at once), that copy bounds the host: 44 GB/s in one process,
+# 79 GB/s in four, as plain memory copies (46 and 79 GB/s); the same files mapped, pinned where they
+# lie (cudaHostRegister, read-only) and copied to the device from there moved 55 GB/s in one process,
+# 105 in two and 168 in four. Pinning costs about as much as one read (49 GB/s), so a pinned file is
+# kept for the next read of it: the second and later runs over a store skip the host copy.
+#
+# A file stays pinned until it changes (its inode, size or modification time, checked at every
+# read), or until release(). At most ``pipeline.gpu.pinned-files`` bytes are pinned (bytes, or a
+# fraction of the host memory: of the worker's memory limit in a distributed worker, whose memory
+# monitor counts the mapped pages). Once full, the files least recently read are unpinned if no read
+# has used them for IDLE seconds or their file changed or went away (a store deleted or rewritten
+# under a long-lived worker); otherwise further files are read into buffers as before, which keeps
+# the files pinned first, rather than replacing them all in each scan over a larger store.
+
+REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly: the device only reads the mapping
+IDLE = 60.0  # seconds after its last read that a pinned file may make room for another
+
+
+def _register(ptr: int, nbytes: int) -> None:
+    import cupy as cp
+
+    cp.cuda.runtime.hostRegister(ptr, nbytes, REGISTER_READ_ONLY)
+
+
+def _unregister(ptr: int) -> None:
+    import cupy as cp
+
+    cp.cuda.runtime.hostUnregister(ptr)
+
+
+class PinnedFile:
+    """One whole file, mapped read-only and pinned; ``bytes`` is a NumPy view of it. Lent by
+    :func:`pin_file` and handed back by :func:`unpin_file` once nothing reads it."""
+
+    def __init__(self, path: str, key: tuple, nbytes: int):
+        self.path, self.key, self.nbytes = path, key, nbytes
+        self.users = 0
+        self.last_used = time.monotonic()
+        self.cached = True  # False once replaced (its file changed) or released: closed when unused
+        self.closed = False
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            self.map = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                                 prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        self.bytes = np.frombuffer(self.map, dtype=np.uint8)
+        self.ptr = self.bytes.ctypes.data
+        try:
+            _register(self.ptr, nbytes)
+        except BaseException:
+            del self.bytes
+            self.map.close()
+            raise
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        _unregister(self.ptr)
+        del self.bytes
+        with contextlib.suppress(BufferError):  # a view still exported: the mapping goes with it
+            self.map.close()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):  # as Buffer's: no range may stay registered unmapped
+            self.close()
+
+
+_files: OrderedDict[str, PinnedFile] = OrderedDict()
+_files_bytes = [0]
+_pin_failed: list[str] = []
+
+
+def file_key(st: os.stat_result) -> tuple:
+    """What identifies a file's contents: a file rewritten or replaced gets another key."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def pinned_files_limit() -> int:
+    """Bytes of chunk files that may stay pinned in this process (``pipeline.gpu.pinned-files``)."""
+    import psutil
+
+    from . import config
+    from .backend import _bytes_or_fraction
+
+    total = psutil.virtual_memory().total
+    with contextlib.suppress(ImportError, ValueError):
+        from distributed import get_worker
+
+        limit = getattr(getattr(get_worker(), "memory_manager", None), "memory_limit", None)
+        if limit:
+            total = int(limit)
+    return _bytes_or_fraction(config.get("gpu.pinned-files", 0), total)
+
+
+def lookup(path: str, st: os.stat_result) -> PinnedFile | None:
+    """The file at ``path`` (whose ``os.stat`` is ``st``) if it is pinned with these contents, lent
+    until :func:`unpin_file`; None if not (a pinned copy of other contents is dropped)."""
+    key = file_key(st)
+    with _lock:
+        f = _files.get(path)
+        if f is not None and f.key == key:
+            f.users += 1
+            f.last_used = time.monotonic()
+            _files.move_to_end(path)
+            return f
+        stale = _drop(path) if f is not None else None  # the file changed: its pages are not what it holds
+    if stale is not None:
+        stale.close()
+    return None
+
+
+def may_pin(nbytes: int) -> bool:
+    """Whether a file of ``nbytes`` would be pinned now (room under the limit, no failure)."""
+    unused: list[PinnedFile] = []
+    with _lock:
+        room = _room(nbytes, pinned_files_limit(), unused)
+    for f in unused:
+        f.close()
+    return room
+
+
+def _room(nbytes: int, limit: int, unused: list[PinnedFile]) -> bool:
+    """Under the lock: whether ``nbytes`` more fit the limit, after unpinning the least recently
+    read files that are idle or changed (appended to ``unused``, to close outside the lock)."""
+    if _pin_failed or not 0 < nbytes <= limit:
+        return False
+    now = time.monotonic()
+    while _files_bytes[0] + nbytes > limit and _files:
+        path, f = next(iter(_files.items()))
+        if f.users or (now - f.last_used < IDLE and not _changed(f)):
+            return False
+        unused.append(_drop(path))
+    return _files_bytes[0] + nbytes <= limit
+
+
+def _changed(f: PinnedFile) -> bool:
+    try:
+        return file_key(os.stat(f.path)) != f.key
+    except OSError:
+        return True
+
+
+def pin_file(path: str, st: os.stat_result) -> PinnedFile | None:
+    """The file at ``path`` (whose ``os.stat`` is ``st``), pinned, or None where it is not: the
+    limit is reached, the file is empty, or pinning a mapping failed here once (then it is never
+    tried again in this process, and the reason is kept in :func:`pin_failure`). Lent until
+    :func:`unpin_file`."""
+    f = lookup(path, st)
+    if f is not None:
+        return f
+    unused: list[PinnedFile] = []
+    with _lock:
+        room = _room(st.st_size, pinned_files_limit(), unused)
+        if room:
+            _files_bytes[0] += st.st_size  # reserved before pinning, which runs outside the lock
+    for old in unused:
+        old.close()
+    if not room:
+        return None
+    key = file_key(st)
+    try:
+        f = PinnedFile(path, key, st.st_size)
+    except Exception as e:  # e.g. a driver that refuses read-only registration of file pages
+        try:
+            changed = file_key(os.stat(path)) != key
+        except OSError:
+            changed = True
+        with _lock:
+            _files_bytes[0] -= st.st_size
+            if not changed and not _pin_failed:  # a file that changed meanwhile is no reason to stop
+                _pin_failed.append(f"{type(e).__name__}: {e}")
+        return None
+    with _lock:
+        other = _files.get(path)
+        if other is not None and other.key == key:  # another thread pinned it meanwhile: use that one
+            _files_bytes[0] -= st.st_size
+            other.users += 1
+            spare, f = f, other
+        else:
+            spare = _drop(path) if other is not None else None  # changed again meanwhile
+            f.users = 1
+            _files[path] = f
+    if spare is not None:
+        spare.close()
+    return f
+
+
+def _drop(path: str) -> PinnedFile | None:
+    """Take ``path``'s file out of the cache (under the lock); the file to close now, if unused."""
+    f = _files.pop(path)
+    _files_bytes[0] -= f.nbytes
+    f.cached = False
+    return f if f.users == 0 else None
+
+
+def unpin_file(f: PinnedFile) -> None:
+    """``f`` back from :func:`pin_file`: nothing reads its pages any more."""
+    with _lock:
+        f.users -= 1
+        f.last_used = time.monotonic()
+        close = f.users == 0 and not f.cached
+    if close:
+        f.close()
+
+
+def pinned_files_bytes() -> int:
+    """Bytes of chunk files pinned now."""
+    with _lock:
+        return _files_bytes[0]
+
+
+def pin_failure() -> str | None:
+    """Why pinning files failed in this process, if it did (then every file is read into buffers)."""
+    return _pin_failed[0] if _pin_failed else None
+
+
+def release_files() -> int:
+    """Unpin every pinned file (those in use once given back); returns their bytes."""
+    with _lock:
+        total = _files_bytes[0]
+        unused = [_drop(p) for p in list(_files)]
+    for f in unused:
+        if f is not None:
+            f.close()
+    return total

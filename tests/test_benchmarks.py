@@ -88,12 +88,21 @@ def test_live_blocks_smoke(tmp_path):
 
 
 def test_host_read_smoke(tmp_path, monkeypatch):
-    """Processes reading their slabs at once: every block is read once across them."""
+    """Processes reading their slabs at once: every block is read once across them, and the files
+    read (or copied) are the store's whole files, once each."""
     import importlib
 
     peers = load("peers")
     store = peers.ensure_store(tmp_path, (146, 9, 16), 73, 0)[0]
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # the spawned processes import it by name
-    out = importlib.import_module("host_read").main(["--store", str(store), "--gpus", "1,2", "--repeat", "1", "--backend", "cpu"])
-    assert [r["gpus"] for r in out] == [1, 2]
-    assert all(r["bytes"] == 146 * 9 * 16 * 4 and r["seconds"] > 0 and len(r["per_process"]) == r["gpus"] for r in out)
+    host_read = importlib.import_module("host_read")
+    out = host_read.main(["--store", str(store), "--gpus", "1,2", "--repeat", "1", "--backend", "cpu",
+                          "--stages", "pipeline,pipeline-read,files,memcpy"])
+    stages = ("pipeline", "pipeline-read", "files", "memcpy")
+    assert [(r["gpus"], r["stage"]) for r in out] == [(n, s) for n in (1, 2) for s in stages]
+    assert all(r["seconds"] > 0 and len(r["per_process"]) == r["gpus"] for r in out)
+    files = sum(p.stat().st_size for p in (store / "tas").rglob("*") if p.is_file() and p.name != "zarr.json")
+    for r in out:
+        assert r["bytes"] == (146 * 9 * 16 * 4 if r["stage"].startswith("pipeline") else files), r
+    with pytest.raises(SystemExit):
+        host_read.main(["--store", str(store), "--backend", "cpu", "--stages", "h2d"])

@@ -191,6 +191,33 @@ def test_gpu_read_equals_zarr(tmp_path, name, nvcomp):
 
 @requires_gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["v3-sharded-tiles", "v3-zstd"])
+def test_gpu_reads_pin_files_and_see_them_change(tmp_path, name):
+    """Files pinned in the page cache by the first read are what later reads copy from; a store
+    rewritten in place is read anew; with pipeline.gpu.pinned-files 0 nothing is pinned."""
+    from pipeline import pinned
+
+    store, values = make(tmp_path, name, holes=True)
+    sizes = {str(p): p.stat().st_size for p in (store / "x").rglob("*") if p.is_file() and p.name != "zarr.json"}
+    pinned.release_files()
+    with dask.config.set({"pipeline.gpu.pinned-files": 0}):
+        np.testing.assert_array_equal(gpu_zarr.open_array(store, "x").compute().get(), values)
+        assert pinned.pinned_files_bytes() == 0
+    with dask.config.set({"pipeline.gpu.pinned-files": "1GB"}):
+        for _ in range(2):  # the first read pins every file, the second copies from them
+            np.testing.assert_array_equal(gpu_zarr.open_array(store, "x").compute().get(), values)
+            assert pinned.pin_failure() is None
+            assert pinned.pinned_files_bytes() == sum(sizes.values())
+            assert set(pinned._files) == set(sizes)
+        arr = zarr.open_array(store, path="x", mode="r+")
+        changed = values * 2 + 1
+        arr[...] = changed
+        np.testing.assert_array_equal(gpu_zarr.open_array(store, "x").compute().get(), changed)
+    assert pinned.release_files() > 0 and pinned.pinned_files_bytes() == 0
+
+
+@requires_gpu
+@pytest.mark.gpu
 def test_gpu_blocks_grow_to_the_block_size(tmp_path):
     import cupy as cp
 

@@ -1,0 +1,159 @@
+"""Chunk files pinned where they lie in the page cache (pipeline.pinned): kept while unchanged,
+dropped once their file changes or goes, bounded by pipeline.gpu.pinned-files. The registration
+with the driver is replaced by a record here, so that the bookkeeping runs on every machine; the
+GPU tests read stores through it (tests/test_gpu_zarr.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import dask
+import numpy as np
+import pytest
+
+from pipeline import gpu_zarr, pinned
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """Registered ranges, as the driver would hold them; a fresh cache for each test."""
+    held: dict[int, int] = {}
+
+    def register(ptr, nbytes):
+        assert ptr not in held, "a range registered twice"
+        held[ptr] = nbytes
+
+    def unregister(ptr):
+        del held[ptr]
+
+    monkeypatch.setattr(pinned, "_register", register)
+    monkeypatch.setattr(pinned, "_unregister", unregister)
+    monkeypatch.setattr(pinned, "_files", type(pinned._files)())
+    monkeypatch.setattr(pinned, "_files_bytes", [0])
+    monkeypatch.setattr(pinned, "_pin_failed", [])
+    with dask.config.set({"pipeline.gpu.pinned-files": "1MB"}):
+        yield held
+    pinned.release_files()
+    assert not held, "ranges left registered"
+
+
+def write(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+def test_a_pinned_file_is_lent_until_given_back_and_kept(tmp_path, registry):
+    p = str(write(tmp_path / "a", b"abcdef" * 1000))
+    f = pinned.pin_file(p, os.stat(p))
+    assert f is not None and bytes(f.bytes) == b"abcdef" * 1000 and registry == {f.ptr: 6000}
+    assert pinned.lookup(p, os.stat(p)) is f and f.users == 2
+    pinned.unpin_file(f)
+    pinned.unpin_file(f)
+    assert f.users == 0 and not f.closed and pinned.pinned_files_bytes() == 6000
+    assert pinned.pin_file(p, os.stat(p)) is f  # pinned once, lent again
+    pinned.unpin_file(f)
+
+
+def test_a_changed_file_is_dropped_and_closed_once_unused(tmp_path, registry):
+    path = write(tmp_path / "a", b"x" * 4000)
+    p = str(path)
+    f = pinned.pin_file(p, os.stat(p))
+    time.sleep(0.01)
+    path.write_bytes(b"y" * 5000)  # another size and modification time
+    assert pinned.lookup(p, os.stat(p)) is None
+    assert not f.closed and f.ptr in registry  # still lent: a copy may be reading it
+    pinned.unpin_file(f)
+    assert f.closed and f.ptr not in registry
+    g = pinned.pin_file(p, os.stat(p))
+    assert bytes(g.bytes) == b"y" * 5000 and pinned.pinned_files_bytes() == 5000
+    pinned.unpin_file(g)
+    os.replace(write(tmp_path / "b", b"z" * 5000), p)  # replaced by another file: another inode
+    assert pinned.lookup(p, os.stat(p)) is None and g.closed
+
+
+def test_the_limit_keeps_recent_files_and_frees_idle_or_changed_ones(tmp_path, registry, monkeypatch):
+    paths = [str(write(tmp_path / f"f{k}", bytes([k]) * 400_000)) for k in range(3)]  # 1 MB holds two
+    first, second = (pinned.pin_file(p, os.stat(p)) for p in paths[:2])
+    for f in (first, second):
+        pinned.unpin_file(f)
+    assert not pinned.may_pin(400_000)  # both read just now: the third is read into a buffer
+    assert pinned.pin_file(paths[2], os.stat(paths[2])) is None and len(registry) == 2
+    os.remove(paths[0])  # the least recently read went away: it makes room
+    third = pinned.pin_file(paths[2], os.stat(paths[2]))
+    assert third is not None and first.closed and not second.closed
+    pinned.unpin_file(third)
+    monkeypatch.setattr(pinned, "IDLE", 0.0)  # now every file is idle: the oldest makes room
+    p0 = str(write(tmp_path / "f0", b"\0" * 400_000))
+    again = pinned.pin_file(p0, os.stat(p0))
+    assert again is not None and second.closed and not third.closed
+    pinned.unpin_file(again)
+    assert not pinned.may_pin(2_000_000)  # larger than the limit itself
+    with dask.config.set({"pipeline.gpu.pinned-files": 0}):
+        assert not pinned.may_pin(1)
+
+
+def test_a_refused_registration_stops_pinning_in_the_process(tmp_path, registry, monkeypatch):
+    p = str(write(tmp_path / "a", b"a" * 1000))
+
+    def refuse(ptr, nbytes):
+        raise RuntimeError("cudaErrorNotSupported")
+
+    monkeypatch.setattr(pinned, "_register", refuse)
+    assert pinned.pin_file(p, os.stat(p)) is None
+    assert "cudaErrorNotSupported" in pinned.pin_failure() and pinned.pinned_files_bytes() == 0
+    assert not pinned.may_pin(10)
+
+
+def test_a_file_that_changes_while_pinned_is_no_reason_to_stop(tmp_path, registry, monkeypatch):
+    path = write(tmp_path / "a", b"a" * 1000)
+    st = os.stat(path)
+    time.sleep(0.01)
+    path.write_bytes(b"b" * 10)  # shorter than the size pinning maps: that fails
+    assert pinned.pin_file(str(path), st) is None
+    assert pinned.pin_failure() is None and pinned.may_pin(10)
+
+
+def test_reads_pin_files_where_there_is_room_and_read_the_rest(tmp_path, registry):
+    """submit_reads with the files' stats: each file is pinned by one job, or read into the buffer
+    when the limit is reached; either way its bytes arrive whole."""
+    data = [bytes([k]) * 300_000 for k in range(4)]  # 1 MB holds three
+    paths = [str(write(tmp_path / f"f{k}", d)) for k, d in enumerate(data)]
+    sizes = [len(d) for d in data]
+    buffer = np.zeros(sum(sizes), dtype=np.uint8)
+    jobs = gpu_zarr.submit_reads(paths, sizes, buffer, [os.stat(p) for p in paths])
+    got = [gpu_zarr._arrived(buffer, start, waits, size) for (start, waits), size in zip(jobs, sizes)]
+    assert [bytes(g) for g in got] == data
+    held = [gpu_zarr._pinned_by(waits) for _, waits in jobs]
+    for f in held:
+        if f is not None:
+            pinned.unpin_file(f)
+    assert sum(f is not None for f in held) == 3  # the I/O threads race: any one of the four is left
+    (left,) = [k for k, f in enumerate(held) if f is None]
+    assert bytes(buffer[jobs[left][0]:jobs[left][0] + sizes[left]]) == data[left]
+    again = [pinned.lookup(p, os.stat(p)) for p in paths]
+    assert [f is not None for f in again] == [f is not None for f in held]
+    for f in again:
+        if f is not None:
+            pinned.unpin_file(f)
+
+
+def test_release_unpins_every_file(tmp_path, registry):
+    paths = [str(write(tmp_path / f"f{k}", b"q" * 1000)) for k in range(2)]
+    lent = pinned.pin_file(paths[0], os.stat(paths[0]))
+    pinned.unpin_file(pinned.pin_file(paths[1], os.stat(paths[1])))
+    assert pinned.release() >= 2000 and len(registry) == 1  # the lent one stays until given back
+    pinned.unpin_file(lent)
+    assert not registry and pinned.pinned_files_bytes() == 0
+
+
+def test_the_limit_of_a_worker_is_a_share_of_its_memory_limit():
+    from distributed import Client, LocalCluster
+
+    with dask.config.set({"pipeline.gpu.pinned-files": 0.25}):
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="400MB",
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+            assert client.submit(pinned.pinned_files_limit, pure=False).result() == 100_000_000
+        import psutil
+
+        assert pinned.pinned_files_limit() == int(0.25 * psutil.virtual_memory().total)
