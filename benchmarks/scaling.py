@@ -48,6 +48,8 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
     threads a worker as its memory plan allows (at most ``threads``), one cluster for each such
     count."""
     import dask
+    import distributed  # noqa: F401  # its defaults in dask's config before any setting of its own is set:
+    # a set() entered before distributed is imported takes the whole "distributed" section away on exit
 
     import pipeline
     from pipeline.io import compute_threads
