@@ -34,7 +34,10 @@ page cache is never dropped: every run reads a warm store, so the store-read cei
 is the page cache's, not the disk's. Ceilings measured in the same run: reading all chunk files
 with a thread pool, and on a GPU the pinned host -> device copy and the device copy bandwidth.
 ``floor_seconds`` is the slower of reading the compressed input at the store-read bandwidth and
-(GPU peers) moving the uncompressed input over the bus from pinned memory.
+(GPU peers) moving the uncompressed input over the bus from pinned memory. pipeline's GPU peers
+over the converted store, with ``pipeline.gpu.pinned-files`` on, read no file in a warm run (the
+files are pinned in the page cache by the warm-up): their floor is moving the converted store's
+compressed bytes over the bus.
 
 The xarray peers run the same code on NumPy and CuPy. xarray 2026.9 cannot compute
 ``x.weighted(w).mean()`` or ``x.rolling(...).mean()`` on Dask arrays of CuPy chunks (its ``where``
@@ -81,6 +84,7 @@ from pipeline import spill  # noqa: E402
 from pipeline.cluster import ClusterProfile, open_cluster  # noqa: E402
 from pipeline.demo import BYTES_PER_POINT, demo_dataset  # noqa: E402
 from pipeline.io import compute as pipeline_compute  # noqa: E402
+from pipeline.pinned import pinned_files_limit  # noqa: E402
 
 PEERS = ("cpu-peer", "naive-gpu-peer", "pipeline-cpu", "pipeline-gpu", "pipeline-gpu-sharded", "pipeline-gpu-unlimited")
 OPTIONAL_PEERS = ("pipeline-gpu-raw",)  # run only when named in --peers
@@ -356,6 +360,10 @@ def run_peer(peer, size, store, budget, args, info, runs, references):
             runs.extend({"size": size, "flow": f, "peer": peer, "error": f"{type(e).__name__}: {e}"} for f in args.flows)
             print(f"  {peer}: could not start: {type(e).__name__}: {e}", flush=True)
             return
+        if peer in ("pipeline-gpu-sharded", "pipeline-gpu-unlimited") and pinned_files_limit() > 0:
+            sharded = store.with_name(store.stem + "_sharded.zarr") / "tas"
+            compressed = sum(f.stat().st_size for f in sharded.rglob("*") if f.is_file() and f.name != "zarr.json")
+            floor = compressed / (args.ceilings["h2d_pinned_GBps"] * 1e9)
         for flow in args.flows:
             row = {"size": size, "flow": flow, "peer": peer}
             runs.append(row)
