@@ -606,7 +606,7 @@ def _move_and_decode(lay: Layout, region, coords, files, sizes):
             blobs.append(f() if f else None)
             if f:
                 dev[start:start + size].set(blobs[-1], stream=stream)
-    # plan: each chunk decodes straight into ``out`` when its place there is one contiguous
+        # plan: each chunk decodes straight into ``out`` when its place there is one contiguous
         # run and whole; else into a scratch chunk that one copy puts in place. The block's frames
         # decode in one batch: decoding each file as soon as it is across, while the next is read,
         # was slower (0.25 s against 0.19-0.21 s for 6.1 GB in blocks of 3-5 shards), since
