@@ -228,8 +228,9 @@ def lookup(path: str, st: os.stat_result) -> PinnedFile | None:
 def may_pin(nbytes: int) -> bool:
     """Whether a file of ``nbytes`` would be pinned now (room under the limit, no failure)."""
     unused: list[PinnedFile] = []
+    limit = pinned_files_limit()  # reads settings and the host's memory: not under the lock
     with _lock:
-        room = _room(nbytes, pinned_files_limit(), unused)
+        room = _room(nbytes, limit, unused)
     for f in unused:
         f.close()
     return room
@@ -265,8 +266,9 @@ def pin_file(path: str, st: os.stat_result) -> PinnedFile | None:
     if f is not None:
         return f
     unused: list[PinnedFile] = []
+    limit = pinned_files_limit()
     with _lock:
-        room = _room(st.st_size, pinned_files_limit(), unused)
+        room = _room(st.st_size, limit, unused)
         if room:
             _files_bytes[0] += st.st_size  # reserved before pinning, which runs outside the lock
     for old in unused:
