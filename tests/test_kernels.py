@@ -320,6 +320,45 @@ def test_group_spells_twin_of_the_cuda_c_kernel(seed):
             assert (got["lead"][p], got["tail"][p], got["tail_group"][p]) == (ld, t, tg)
 
 
+def runs_and_stretches(nt, npts, k, seed):
+    """Runs from one step to the whole block, over stretches of 1 to 5 steps whose labels come
+    back in any order: runs carried across several stretches, ending in a stretch of their own
+    label or of another."""
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(rng.integers(0, k, size=nt), rng.integers(1, 6, size=nt))[:nt]
+    p_above = np.linspace(0.2, 0.99, npts)
+    x = np.where(rng.random((nt, npts)) < p_above, 400.0, 200.0)
+    x[:, 0], x[:, 1] = 400.0, 200.0  # above, or below, throughout
+    x[rng.random((nt, npts)) < 0.02] = np.nan  # NaN is not above
+    return x, labels
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_group_spells_twin_carried_runs(seed):
+    x, labels = runs_and_stretches(61, 80, 5, seed)
+    for lab in (labels, np.sort(labels)):
+        got = groups.group_spells(x, lab, 5, 280.0)
+        for p in range(x.shape[1]):
+            b, ld, t, tg = spells_reference(x[:, p] > 280.0, lab, 5)
+            np.testing.assert_array_equal(got["best"][:, p], b, err_msg=f"point {p}")
+            assert (got["lead"][p], got["tail"][p], got["tail_group"][p]) == (ld, t, tg), p
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("threads,unroll", [(256, 8), (128, 4), (64, 3)])
+def test_group_spells_kernel_carried_runs(threads, unroll):
+    import cupy
+
+    for seed in range(4):
+        x, labels = runs_and_stretches(61 + seed, 300, 5, seed)
+        for lab in (labels, np.sort(labels)):
+            cpu = groups.group_spells(x, lab, 5, 280.0)
+            gpu = groups.group_spells(cupy.asarray(x), lab, 5, 280.0, threads=threads, unroll=unroll)
+            for f in cpu:
+                np.testing.assert_array_equal(cupy.asnumpy(gpu[f]), cpu[f], err_msg=f)
+
+
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16])

@@ -144,12 +144,16 @@ def _group_runs_column(x, labels, threshold, length, prefix, current, longest, p
 # - spells: at the end of every run the loop read ``best[group, p]`` from global memory to compare
 #   the run with it, a load whose result the next instruction needs; with runs ending on ~5% of
 #   steps, a warp of 32 points meets one on most steps, so the warp waited a memory round trip per
-#   step. Here the best of the group the last runs began in is held in a register and written
-#   only when a run of another group ends (a few times per point): with sorted labels (the bins
-#   of a resampling) once per row, zeros included, on an output that needs no zeroing; otherwise
-#   as a maximum with what is there, the value read at one such write and used at the next. A
-#   step is selects rather than branches, labels come by stretches of equal labels (no load per
-#   step), and float32 data are compared with a float32 threshold (:func:`threshold_for`).
+#   step. Here the best run begun in the current stretch of equal labels is a running maximum in a
+#   register, written when the stretch ends: with sorted labels (the bins of a resampling) once
+#   per row, zeros included, on an output that needs no zeroing; otherwise as a maximum with what
+#   is there. A run carried in from an earlier stretch is settled once, at the end of the stretch
+#   where it ends. A step is five selects, with no branch and no test for the stretch's end, which
+#   is looked for only in the batches of steps that hold one (an earlier version, which closed
+#   each run when it ended and tested every step for the stretch's end, took about 22 instructions
+#   a step, against about 10 now: 64-75% of the copy bandwidth, against 78-86%); labels come by
+#   stretches (no load per step), and float32 data are compared with a float32 threshold
+#   (:func:`threshold_for`).
 # - sums: each change of group added the register sum into ``sums[group, p]`` (read, add, write,
 #   on zeroed outputs: three passes over them) and the step's label was compared per element.
 #   Here the steps are visited group by group (``order``: the steps sorted by group, stably;
@@ -158,8 +162,9 @@ def _group_runs_column(x, labels, threshold, length, prefix, current, longest, p
 # - both: launched by CuPy, with no per-launch typing of arguments and no host synchronisation
 #   on each argument's stream (numba-cuda synchronises on the stream a CuPy array names).
 
-# Measured on an H200 (730 x 1038240 float32): 256 threads x 8 loads in flight; sums 77-79% of the
-# copy bandwidth (the previous loop 62-65%), spells 64-73% (the previous loop 38-49%)
+# Measured on an H200 (730 x 1038240 float32): 256 threads x 8 loads in flight; sums 77-83% of the
+# copy bandwidth (the previous loop 62-65%), spells 78-79% with 12 months' labels and 84-86% with
+# years' (the previous loop 38-49%); 128 or 512 threads, 4 or 16 loads: within a point or two
 GROUP_THREADS = 256
 GROUP_UNROLL = 8
 
@@ -208,61 +213,66 @@ typedef {cmp_t} cmp_t;
 extern "C" __global__ void __launch_bounds__(THREADS) pipeline_group_spells(
         const in_t* __restrict__ x, const long long* __restrict__ seg_end, const long long* __restrict__ seg_label,
         cmp_t threshold, int* __restrict__ best, int* __restrict__ lead, int* __restrict__ tail,
-        int* __restrict__ tail_group, long long nt, long long npts, int k) {{
+        int* __restrict__ tail_group, int nt, long long npts, int k) {{
     const long long p = (long long)blockIdx.x * THREADS + threadIdx.x;
     if (p >= npts) return;
     const in_t* xp = x + p;
-    int run = 0, group = -1, n_lead = 0;
-    bool in_lead = true;
-    // Steps come in stretches of equal labels (stretch si ends before step seg_end[si]); hb, the
-    // best run begun in the current stretch, is written to its row when the stretch ends, by all
-    // threads of a warp at once (coalesced). A run begun in an earlier stretch (at most one per
-    // stretch: the one open at its start) raises its row when it ends: read then, written at the
-    // end of the stretch (pg, pr, pv), so that no thread waits for the read.
-    int si = 0, cur = (int)seg_label[0], hb = 0, pg = -1, pr = 0, pv = 0;
-    long long next = seg_end[0];
+    // Steps come in stretches of equal labels (stretch si ends before step seg_end[si]). ``run`` is
+    // the open run's length. While ``fresh`` (it began in this stretch) it raises hb, the best run
+    // begun in the stretch, as a running maximum: a run's longest length is its last. Otherwise it
+    // was carried in from an earlier stretch (begun in og; the block's leading run while
+    // ``is_lead``), and cl follows its length; once it has ended, it is settled at the end of its
+    // stretch: into hb if og is this stretch's label, else into its row, whose value (pv) was
+    // written when the carry began. A step is thus five selects, and the stretch's end is looked
+    // for only in the batches of U steps that hold one.
+    int run = 0, hb = 0, cl = 0, si = 0, cur = (int)seg_label[0], og = cur, pv = 0, n_lead = 0;
+    int next = (int)seg_end[0];
+    bool fresh = false, pend = true, is_lead = true;
 #if SORTED
-    // each row is written once, rows of groups with no steps as 0: no zeroing by the caller
+    // each row is written once when its stretch ends (rows of groups with no steps as 0; no
+    // zeroing by the caller), and raised again only by a carried run
     int written = 0;
 #define OPEN()
-#define SHUT() {{ for (; written < cur; ++written) best[written * npts + p] = 0; best[cur * npts + p] = hb; written = cur + 1; }}
+#define SHUT(w) {{ for (; written < cur; ++written) best[written * npts + p] = 0; w = hb; best[cur * npts + p] = w; written = cur + 1; }}
 #else
     // a group may come back: its row (zeroed by the caller) is read when a stretch opens and
     // raised when it ends
     int hv = 0;
 #define OPEN() {{ hv = best[cur * npts + p]; }}
-#define SHUT() {{ best[cur * npts + p] = max(hv, hb); }}
+#define SHUT(w) {{ w = max(hv, hb); best[cur * npts + p] = w; }}
 #endif
-#define SETTLE() {{ if (pg >= 0) {{ best[pg * npts + p] = max(pv, pr); pg = -1; }} }}
-#define CLOSE(ends) {{ hb = ((ends) && group == cur) ? max(hb, run) : hb; \
-        if ((ends) && group != cur) {{ SETTLE() pg = group; pr = run; pv = best[group * npts + p]; }} }}
-#define STEP(v, tt) {{ \
-        if ((tt) == next) {{ SETTLE() SHUT() hb = 0; ++si; next = seg_end[si]; cur = (int)seg_label[si]; OPEN() }} \
-        const bool above = (cmp_t)(v) > threshold; \
-        group = (above && run == 0) ? cur : group; \
-        CLOSE(!above && run > 0 && !in_lead)  /* a counted run (not the leading one) ends */ \
-        n_lead += (above && in_lead); \
-        run = above ? run + 1 : 0; \
-        in_lead = in_lead && above; }}
+#define SETTLE() {{ if (is_lead) n_lead = cl; else if (og == cur) hb = max(hb, cl); else best[og * npts + p] = max(pv, cl); \
+                    pend = false; is_lead = false; }}
+#define BOUNDARY() {{ if (pend && fresh) SETTLE() \
+        int w; SHUT(w) \
+        if (fresh && run > 0) {{ pend = true; og = cur; pv = w; fresh = false; cl = run; }} \
+        hb = 0; ++si; next = (int)seg_end[si]; cur = (int)seg_label[si]; OPEN() }}
+#define STEP(v) {{ const bool above = (cmp_t)(v) > threshold; fresh = fresh || !above; run = above ? run + 1 : 0; \
+                   cl = fresh ? cl : run; hb = fresh ? max(hb, run) : hb; }}
     OPEN()
-    long long t = 0;
+    int t = 0;
     for (; t + U <= nt; t += U) {{
         in_t v[U];
 #pragma unroll
-        for (int i = 0; i < U; ++i) v[i] = xp[(t + i) * npts];
+        for (int i = 0; i < U; ++i) v[i] = xp[(long long)(t + i) * npts];
+        if (t + U <= next) {{
 #pragma unroll
-        for (int i = 0; i < U; ++i) STEP(v[i], t + i)
+            for (int i = 0; i < U; ++i) STEP(v[i])
+        }} else {{
+#pragma unroll
+            for (int i = 0; i < U; ++i) {{ if (t + i == next) BOUNDARY() STEP(v[i]) }}
+        }}
     }}
-    for (; t < nt; ++t) STEP(xp[t * npts], t)
-    CLOSE(run > 0 && !in_lead)  // the open run counts with its length so far
-    SETTLE()
-    SHUT()
+    for (; t < nt; ++t) {{ if (t == next) BOUNDARY() STEP(xp[(long long)t * npts]) }}
+    if (pend) SETTLE()  // a carried run that has ended, or is open (counted with its length so far)
+    int w;
+    SHUT(w)
 #if SORTED
     for (; written < k; ++written) best[written * npts + p] = 0;
 #endif
     lead[p] = n_lead;
     tail[p] = run;
-    tail_group[p] = run > 0 ? group : -1;
+    tail_group[p] = run > 0 ? (fresh ? cur : og) : -1;
 }}
 """
 
@@ -377,68 +387,60 @@ def make_group_sum_twin(jit):
 
 
 def make_group_spells_twin(jit):
-    """The spells kernel's loop: stretches of equal labels, the register best of the current
-    stretch, the deferred raise of a run begun in an earlier stretch, and the writes of ``best``
-    (once per row with sorted labels; else raised from zero)."""
+    """The spells kernel's loop: stretches of equal labels, the running best of the runs begun in
+    the current stretch, the run carried in from an earlier one (settled once it has ended), and
+    the writes of ``best`` (once per row with sorted labels; else raised from zero)."""
 
     @jit
     def column(x, seg_end, seg_label, threshold, best, lead, tail, tail_group, sorted_labels, p):
         k, nt = best.shape[0], x.shape[0]
-        run, group, n_lead, in_lead = 0, -1, 0, True
-        si, cur, nxt, hb, pg, pr, pv, hv, written = 0, seg_label[0], seg_end[0], 0, -1, 0, 0, 0, 0
+        run, hb, cl, si, cur, pv, n_lead = 0, 0, 0, 0, seg_label[0], 0, 0
+        og, nxt = cur, seg_end[0]
+        fresh, pend, is_lead = False, True, True
+        written, hv = 0, 0
         if not sorted_labels:
             hv = best[cur, p]
         for t in range(nt + 1):
-            if t == nxt or t == nt:  # the stretch ends: settle the deferred raise, write the row
-                if pg >= 0:
-                    best[pg, p] = max(pv, pr)
-                    pg = -1
-                if t == nt:
-                    break
-                if sorted_labels:
+            if t == nxt or t == nt:  # the stretch ends
+                if pend and (fresh or t == nt):  # settle the carried run
+                    if is_lead:
+                        n_lead = cl
+                    elif og == cur:
+                        hb = max(hb, cl)
+                    else:
+                        best[og, p] = max(pv, cl)
+                    pend, is_lead = False, False
+                if sorted_labels:  # write the row
                     while written < cur:
                         best[written, p] = 0
                         written += 1
-                    best[cur, p] = hb
+                    w = hb
                     written = cur + 1
                 else:
-                    best[cur, p] = max(hv, hb)
+                    w = max(hv, hb)
+                best[cur, p] = w
+                if t == nt:
+                    break
+                if fresh and run > 0:  # the open run is carried into the next stretch
+                    pend, og, pv, fresh, cl = True, cur, w, False, run
                 hb = 0
                 si += 1
                 nxt, cur = seg_end[si], seg_label[si]
                 if not sorted_labels:
                     hv = best[cur, p]
             above = x[t, p] > threshold
-            if above and run == 0:
-                group = cur
-            if not above and run > 0 and not in_lead:
-                if group == cur:
-                    hb = max(hb, run)
-                else:
-                    if pg >= 0:
-                        best[pg, p] = max(pv, pr)
-                    pg, pr, pv = group, run, best[group, p]
-            if above and in_lead:
-                n_lead += 1
+            fresh = fresh or not above
             run = run + 1 if above else 0
-            in_lead = in_lead and above
-        if run > 0 and not in_lead:  # the open run counts with its length so far
-            if group == cur:
-                hb = max(hb, run)
+            if not fresh:
+                cl = run
             else:
-                best[group, p] = max(best[group, p], run)
+                hb = max(hb, run)
         if sorted_labels:
-            while written < cur:
-                best[written, p] = 0
-                written += 1
-            best[cur, p] = hb
             for g in range(cur + 1, k):
                 best[g, p] = 0
-        else:
-            best[cur, p] = max(hv, hb)
         lead[p] = n_lead
         tail[p] = run
-        tail_group[p] = group if run > 0 else -1
+        tail_group[p] = (cur if fresh else og) if run > 0 else -1
 
     return column
 
@@ -545,7 +547,7 @@ def group_spells(x2d, labels, k: int, threshold: float, *, threads: int = GROUP_
         kernel = _raw("spells", np.dtype(x2d.dtype), int(sorted_labels), threads, unroll)
         kernel((max(1, -(-npts // threads)),), (threads,), (
             x2d, segs[: seg_end.size], segs[seg_end.size :], threshold_for(x2d.dtype, threshold), *outs,
-            np.int64(nt), np.int64(npts), np.int32(k)))
+            np.int32(nt), np.int64(npts), np.int32(k)))
     else:
         _cpu("spells")(x2d, seg_end, seg_label, np.float64(threshold), *outs, sorted_labels)
     return out
