@@ -164,7 +164,7 @@ def kernel_cases(x, backend):
         out2 = xp.empty(x2.shape, dtype=f32)
         for threads, unroll in ((256, 2), (128, 8), (256, 4)):
             cases.append((f"moments [{threads} x {unroll}]", lambda t=threads, k=unroll: moments.moments_raw(x2, threads=t, unroll=k), n + 3 * small))
-        for points, cluster in ((16, 1), (32, 3), (32, 5), (64, 3), (64, 8), (128, 8)):
+        for points, cluster in ((32, 1), (16, 1), (32, 2), (32, 3), (32, 5), (64, 3)):
             if detrend_tile.slab(nt, cluster) * points * 4 <= 200 * 1024:
                 cases.append((f"detrend [{points} points, {cluster} blocks]",
                               lambda p=points, c=cluster: detrend_tile.detrend_tile(x2, u1, out2, 1, points=p, cluster=c), 2 * n))

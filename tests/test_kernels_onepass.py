@@ -92,18 +92,20 @@ def test_detrend_twin_matches_formulas(deg, points, cluster):
 
 
 def test_detrend_plan():
-    # rows of 128 bytes where the tile fits 8 blocks of 40 KB, else 64
-    assert detrend.plan(730, 4) == (32, 3)
-    assert detrend.plan(730, 8) == (16, 3)
+    # one block a tile, rows of 128 bytes, where the tile and its coordinates fit 100 KB
+    assert detrend.plan(730, 4) == (32, 1)
+    assert detrend.plan(730, 8) == (16, 1)
     assert detrend.plan(100, 4) == (32, 1)
+    assert detrend.plan(1000, 4) == (16, 1)  # rows of 64 bytes
+    # else rows of 128 bytes where the tile fits 8 blocks of 40 KB, else 64
     assert detrend.plan(1460, 4) == (32, 5)
     assert detrend.plan(4380, 4) == (16, 7)
     assert detrend.plan(6000, 4) is None  # the Numba kernel, reading twice
-    # before compute capability 9.0: one block a tile of up to 100 KB
+    # before compute capability 9.0: one block a tile of up to 100 KB, rows of 64 or 32 bytes
     assert detrend.plan(730, 4, clusters=False) == (16, 1)
     assert detrend.plan(730, 8, clusters=False) == (8, 1)
-    assert detrend.plan(3200, 4, clusters=False) == (8, 1)
-    assert detrend.plan(4000, 4, clusters=False) is None
+    assert detrend.plan(2500, 4, clusters=False) == (8, 1)
+    assert detrend.plan(3200, 4, clusters=False) is None
     assert detrend.plan(730, 2, dtype_ok=detrend.supported(np.int16)) is None
     assert [detrend.slab(97, c) for c in (1, 5, 8)] == [97, 20, 13]
     with pytest.raises(ValueError, match="both points and cluster"):

@@ -5,9 +5,10 @@ subtract) reads each point's series twice, as the fit needs every step before th
 subtraction: 43-50% of the copy bandwidth on an H200 (benchmarks/ops_bandwidth.py, counting one
 read and one write). This kernel holds a tile of ``P`` neighbouring points over all the steps in
 shared memory, filled by asynchronous copies (``cp.async``: the whole tile's loads in flight at
-once, no registers held). On GPUs of compute capability 9.0 the tile is split along the steps over
-a cluster of ``C`` blocks (one slab of steps each), whose sums meet through distributed shared
-memory; before, one block holds the whole tile:
+once, no registers held), with the steps' coordinates beside it. Where the tile and its
+coordinates fit 100 KB (730 float32 steps of 32 points), one block holds the whole tile; longer
+series, on GPUs of compute capability 9.0, split the tile along the steps over a cluster of ``C``
+blocks (one slab of steps each), whose sums meet through distributed shared memory:
 
 1. thread (q, g) sums the data's normal equations of point q (sums of u^k x, and the count) over
    steps g, g + G, ... of its block's slab (G = THREADS / P groups of steps), from shared memory;
@@ -18,17 +19,20 @@ memory; before, one block holds the whole tile:
    solves the (deg + 1)^2 system (Gaussian elimination with partial pivoting, as the Numba kernel);
 3. thread (q, g) writes x - trend over its steps of the slab, again from shared memory.
 
-Why clusters: the width of a tile's rows bounds the kernel. Copying tiles through shared memory
-without any arithmetic (same machine, 730 x 1038240 float32) reached 66% of the copy bandwidth
-with rows of 16 points (64 bytes), 82-84% with 32 and 86-96% with 64 to 512, but a tile of 32
-points over 730 steps (93 KB) leaves room for only two blocks a multiprocessor. Measured with the
-sums (share of the copy bandwidth, two runs): 16 points in one block, 65-66%; 32 points over 3
-blocks, 68% (the plan for 730 steps); over 5 blocks, 59-60%; 64 points over 3, 5 or 8 blocks,
-51%, 63-64% and 54-55%; 128 points over 8 blocks, 45-47%. Earlier one-block variants: 32 points,
-58-67%; blocks looping over tiles, 47-65%; a second tile buffer per block, 33-51%; the copies in
-2, 4 or 8 pieces, 65%, 61%, 55%. Under the 70% the other kernels reach: a block's copy, sums,
-exchange, solve and write run one after the other, and the blocks of a multiprocessor do not hide
-them all.
+What bounds it (730 x 1038240 float32 with a masked region, H200, share of the copy bandwidth):
+the width of a tile's rows, and the float64 work. Copying tiles through shared memory without
+any arithmetic reached 66% with rows of 16 points (64 bytes), 82-84% with 32 and 86-96% with 64
+to 512. Conversions to and from float64 issue at a quarter of the rate of float64 additions (16
+against 64 a clock per multiprocessor, in the CUDA programming guide's table), and the coordinate
+was read from global memory at every step. With the coordinates in shared memory and NaN tested
+on the stored value, before any conversion, one block a tile of 32 points went from 58-67% to 81.5-81.8% (two
+blocks a multiprocessor), and of 16 points from 65-66% to 72.4-74.2%. Clusters gain less: 32
+points over 2 blocks 70.6-70.7%, over 3 blocks 66-68% (both before and after); for 1460 steps,
+32 points over 4 or 5 blocks 69.4-69.9%, 16 points over 2 to 4 blocks 62.5-65.3%. Not kept: 64
+points over 3 to 8 blocks (51-64%), 128 over 8 (45-49%); a persistent grid of blocks looping
+over tiles with two tile buffers each, the next tile's copies in flight during this one's sums
+(22-55%); reading each tile twice, the second time from L2, with no tile in shared memory
+(40-53%); series held in registers (35-60%).
 
 Rows of a tile are ``P`` consecutive points: whole 32-byte sectors, and 16-byte copies where the
 addresses allow. Blocks whose series do not fit (``plan`` returns None) use the Numba kernel. The
@@ -44,7 +48,7 @@ import numpy as np
 
 THREADS = 256
 TILE_BYTES = 40 * 1024  # a block's share of a tile at most: four blocks fit a multiprocessor
-ONE_BLOCK_BYTES = 100 * 1024  # a whole tile in one block: two blocks fit a multiprocessor
+ONE_BLOCK_BYTES = 100 * 1024  # a whole tile and its coordinates in one block: two blocks fit a multiprocessor
 MAX_CLUSTER = 8  # the largest cluster that every GPU of compute capability 9.0 schedules
 ROW_BYTES = (128, 64)  # widths of a tile's rows, widest first (256 measured slower, see above)
 
@@ -154,6 +158,9 @@ extern "C" __global__ void KERNEL_ATTRS pipeline_detrend_tile(
             if (j < np) copy1(tile + k, x + (long long)(t0 + t) * npts + p0 + j);
         }}
     }}
+    // the slab's coordinates, after the tile: read from shared memory by every point
+    double* us = (double*)(smem_raw + ((steps * P * (int)sizeof(in_t) + 7) & ~7));
+    for (int k = threadIdx.x; k < steps; k += THREADS) us[k] = u[t0 + k];
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncthreads();
 
@@ -166,9 +173,9 @@ extern "C" __global__ void KERNEL_ATTRS pipeline_detrend_tile(
     const int in_group = steps > g ? (steps - g + G - 1) / G : 0;
     if (q < np) {{
         for (int t = g; t < steps; t += G) {{
-            const double v = (double)tile[t * P + q];
-            if (v == v) {{
-                const double uu = u[t0 + t];
+            const in_t xv = tile[t * P + q];
+            if (xv == xv) {{  // tested before the conversion, which costs four float64 operations
+                const double v = (double)xv, uu = us[t];
                 double pw = 1.0;
                 count += 1;
 #pragma unroll
@@ -190,9 +197,9 @@ extern "C" __global__ void KERNEL_ATTRS pipeline_detrend_tile(
 #pragma unroll
         for (int k = 0; k < N; ++k) s[k] = 0.0;
         for (int t = g; t < steps; t += G) {{
-            const double v = (double)tile[t * P + q];
-            if (v == v) {{
-                const double uu = u[t0 + t];
+            const in_t xv = tile[t * P + q];
+            if (xv == xv) {{
+                const double uu = us[t];
                 double pw = 1.0;
 #pragma unroll
                 for (int k = 0; k < N; ++k) {{
@@ -282,7 +289,7 @@ extern "C" __global__ void KERNEL_ATTRS pipeline_detrend_tile(
 #pragma unroll
         for (int k = 0; k < M; ++k) c[k] = coef[k][q];
         out_t* o = out + p0 + q;
-        for (int t = g; t < steps; t += G) o[(long long)(t0 + t) * npts] = (out_t)((double)tile[t * P + q] - trend(c, u[t0 + t]));
+        for (int t = g; t < steps; t += G) o[(long long)(t0 + t) * npts] = (out_t)((double)tile[t * P + q] - trend(c, us[t]));
     }}
 }}
 """
@@ -320,22 +327,21 @@ def _clusters_ok() -> bool:
 
 
 def plan(nt: int, itemsize: int, dtype_ok: bool = True, clusters: bool = True) -> tuple[int, int] | None:
-    """(points a tile, blocks a tile) for series of ``nt`` steps: the widest rows of ``ROW_BYTES``
-    whose tile, split over at most ``MAX_CLUSTER`` blocks, keeps each block's share within
-    ``TILE_BYTES``; without ``clusters`` (before compute capability 9.0), one block a tile of at
-    most ``ONE_BLOCK_BYTES``, rows of 64 or 32 bytes. None where none fits (the Numba kernel reads
-    the block twice instead)."""
+    """(points a tile, blocks a tile) for series of ``nt`` steps: one block a tile where the tile
+    and its coordinates fit ``ONE_BLOCK_BYTES``, with rows of 128 or 64 bytes (64 or 32 before
+    compute capability 9.0); otherwise (from 9.0) the widest rows of ``ROW_BYTES`` whose tile,
+    split over at most ``MAX_CLUSTER`` blocks, keeps each block's share within ``TILE_BYTES``.
+    None where none fits (the Numba kernel reads the block twice instead)."""
     if not dtype_ok or nt < 1:
         return None
+    for row in (128, 64) if clusters else (64, 32):
+        if nt * (row + 8) <= ONE_BLOCK_BYTES:  # the tile's rows and the steps' float64 coordinates
+            return row // itemsize, 1
     if clusters:
         for row in ROW_BYTES:
             cluster = -(-nt * row // TILE_BYTES)
             if cluster <= MAX_CLUSTER:
                 return row // itemsize, cluster
-        return None
-    for row in (64, 32):
-        if nt * row <= ONE_BLOCK_BYTES:
-            return row // itemsize, 1
     return None
 
 
@@ -365,7 +371,7 @@ def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, cluste
     whole = cupy.empty(cluster * groups * n, dtype=np.float64)
     _raw_kernel(*types, "pipeline_detrend_whole")((-(-whole.size // 128),), (128,), (u1d, whole, np.int32(nt), np.int32(steps)))
     kernel = _raw_kernel(*types)
-    smem = steps * points * x2d.dtype.itemsize
+    smem = -(-steps * points * x2d.dtype.itemsize // 8) * 8 + steps * 8  # the tile, then the slab's coordinates
     # with its static arrays a block may need more than the default 48 KB: ask for it each time
     kernel.max_dynamic_shared_size_bytes = smem
     # 16-byte copies need 16-byte aligned rows: the array's start and its row length
