@@ -223,8 +223,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_group_spells(
     // was carried in from an earlier stretch (begun in og; the block's leading run while
     // ``is_lead``), and cl follows its length; once it has ended, it is settled at the end of its
     // stretch: into hb if og is this stretch's label, else into its row, whose value (pv) was
-    // written when the carry began. A step is thus five selects, and the stretch's end is looked
-    // for only in the batches of U steps that hold one.
+    // written when the carry began. A step is thus five selects (three once the warp has no
+    // carried run), and the stretch's end is looked for only in the batches of U steps that hold one.
     int run = 0, hb = 0, cl = 0, si = 0, cur = (int)seg_label[0], og = cur, pv = 0, n_lead = 0;
     int next = (int)seg_end[0];
     bool fresh = false, pend = true, is_lead = true;
@@ -249,6 +249,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_group_spells(
         hb = 0; ++si; next = (int)seg_end[si]; cur = (int)seg_label[si]; OPEN() }}
 #define STEP(v) {{ const bool above = (cmp_t)(v) > threshold; fresh = fresh || !above; run = above ? run + 1 : 0; \
                    cl = fresh ? cl : run; hb = fresh ? max(hb, run) : hb; }}
+    // once every point of the warp is past its carried run (most batches), a step is three selects
+#define STEP_FRESH(v) {{ const bool above = (cmp_t)(v) > threshold; run = above ? run + 1 : 0; hb = max(hb, run); }}
     OPEN()
     int t = 0;
     for (; t + U <= nt; t += U) {{
@@ -256,8 +258,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_group_spells(
 #pragma unroll
         for (int i = 0; i < U; ++i) v[i] = xp[(long long)(t + i) * npts];
         if (t + U <= next) {{
+            if (__all_sync(__activemask(), fresh)) {{
 #pragma unroll
-            for (int i = 0; i < U; ++i) STEP(v[i])
+                for (int i = 0; i < U; ++i) STEP_FRESH(v[i])
+            }} else {{
+#pragma unroll
+                for (int i = 0; i < U; ++i) STEP(v[i])
+            }}
         }} else {{
 #pragma unroll
             for (int i = 0; i < U; ++i) {{ if (t + i == next) BOUNDARY() STEP(v[i]) }}
