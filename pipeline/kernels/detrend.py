@@ -174,7 +174,7 @@ extern "C" __global__ void KERNEL_ATTRS pipeline_detrend_tile(
     if (q < np) {{
         for (int t = g; t < steps; t += G) {{
             const in_t xv = tile[t * P + q];
-            if (xv == xv) {{  // tested before the conversion, which costs four float64 operations
+            if (xv == xv) {{  // tested before the conversion, which issues at a quarter of a float64 addition's rate
                 const double v = (double)xv, uu = us[t];
                 double pw = 1.0;
                 count += 1;

@@ -163,8 +163,9 @@ def _group_runs_column(x, labels, threshold, length, prefix, current, longest, p
 #   on each argument's stream (numba-cuda synchronises on the stream a CuPy array names).
 
 # Measured on an H200 (730 x 1038240 float32): 256 threads x 8 loads in flight; sums 77-83% of the
-# copy bandwidth (the previous loop 62-65%), spells 78-79% with 12 months' labels and 84-86% with
-# years' (the previous loop 38-49%); 128 or 512 threads, 4 or 16 loads: within a point or two
+# copy bandwidth (the previous loop 62-65%), spells 78-83% with 12 months' labels and 86-92% with
+# years' in probes, but 69% and 76-80% in both full runs of benchmarks/ops_bandwidth.py (cause not
+# found; the kernel before this one split alike); 128 or 512 threads, 4 or 16 loads: no better
 GROUP_THREADS = 256
 GROUP_UNROLL = 8
 
