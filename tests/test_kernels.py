@@ -346,12 +346,13 @@ def test_group_spells_twin_carried_runs(seed):
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("threads,unroll", [(256, 8), (128, 4), (64, 3)])
+@pytest.mark.parametrize("threads,unroll", [(256, 8), (256, 4), (128, 4), (64, 3)])
 def test_group_spells_kernel_carried_runs(threads, unroll):
     import cupy
 
-    for seed in range(4):
-        x, labels = runs_and_stretches(61 + seed, 300, 5, seed)
+    # lengths below one batch, of whole batches, and with a remainder, for the batch loaded ahead
+    for seed, nt in enumerate((2, 3, 16, 24, 61, 62, 63, 64)):
+        x, labels = runs_and_stretches(nt, 300, 5, seed)
         for lab in (labels, np.sort(labels)):
             cpu = groups.group_spells(x, lab, 5, 280.0)
             gpu = groups.group_spells(cupy.asarray(x), lab, 5, 280.0, threads=threads, unroll=unroll)

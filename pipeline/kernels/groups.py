@@ -162,12 +162,17 @@ def _group_runs_column(x, labels, threshold, length, prefix, current, longest, p
 # - both: launched by CuPy, with no per-launch typing of arguments and no host synchronisation
 #   on each argument's stream (numba-cuda synchronises on the stream a CuPy array names).
 
-# Measured on an H200 (730 x 1038240 float32): 256 threads x 8 loads in flight; sums 77-83% of the
-# copy bandwidth (the previous loop 62-65%), spells 78-83% with 12 months' labels and 86-92% with
-# years' in probes, but 69% and 76-80% in both full runs of benchmarks/ops_bandwidth.py (cause not
-# found; the kernel before this one split alike); 128 or 512 threads, 4 or 16 loads: no better
+# Measured on an H200 (730 x 1038240 float32): sums with 256 threads x 8 loads in flight, 77-83%
+# of the copy bandwidth (the previous loop 62-65%); 128 or 512 threads, 4 or 16 loads: no better.
+# Spells with 256 threads x 4 steps, the next 4 loaded while these are worked through (32
+# registers, every thread slot of a multiprocessor filled): 86-88% with 12 months' labels and
+# 97-99% with years', against 85-87% and 95-97% for 8 steps loaded and then worked through (34
+# registers, three quarters of the slots), timed in turn in one process. In two earlier full
+# runs of benchmarks/ops_bandwidth.py on another machine, that 8-step kernel measured 69% with
+# months' labels (78-83% in probes there), and 82% on this one, with the SM clock at 1980 MHz.
 GROUP_THREADS = 256
 GROUP_UNROLL = 8
+SPELLS_UNROLL = 4
 
 _SUM_SOURCE = r"""
 typedef {in_t} in_t;
@@ -253,11 +258,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_group_spells(
     // once every point of the warp is past its carried run (most batches), a step is three selects
 #define STEP_FRESH(v) {{ const bool above = (cmp_t)(v) > threshold; run = above ? run + 1 : 0; hb = max(hb, run); }}
     OPEN()
+    // the next batch of U steps is loaded while this one is worked through, so that a warp has
+    // loads in flight through its arithmetic too
     int t = 0;
-    for (; t + U <= nt; t += U) {{
-        in_t v[U];
+    in_t v[U];
+    if (U <= nt) {{
 #pragma unroll
-        for (int i = 0; i < U; ++i) v[i] = xp[(long long)(t + i) * npts];
+        for (int i = 0; i < U; ++i) v[i] = xp[(long long)i * npts];
+    }}
+    for (; t + U <= nt; t += U) {{
+        in_t nv[U];
+        if (t + 2 * U <= nt) {{
+#pragma unroll
+            for (int i = 0; i < U; ++i) nv[i] = xp[(long long)(t + U + i) * npts];
+        }}
         if (t + U <= next) {{
             if (__all_sync(__activemask(), fresh)) {{
 #pragma unroll
@@ -270,6 +284,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_group_spells(
 #pragma unroll
             for (int i = 0; i < U; ++i) {{ if (t + i == next) BOUNDARY() STEP(v[i]) }}
         }}
+#pragma unroll
+        for (int i = 0; i < U; ++i) v[i] = nv[i];
     }}
     for (; t < nt; ++t) {{ if (t == next) BOUNDARY() STEP(xp[(long long)t * npts]) }}
     if (pend) SETTLE()  // a carried run that has ended, or is open (counted with its length so far)
@@ -309,7 +325,7 @@ def sum_source(in_dtype, mode: int, threads: int = GROUP_THREADS, unroll: int = 
                               unroll=unroll, mode=int(mode))
 
 
-def spells_source(in_dtype, sorted_labels: bool, threads: int = GROUP_THREADS, unroll: int = GROUP_UNROLL) -> str:
+def spells_source(in_dtype, sorted_labels: bool, threads: int = GROUP_THREADS, unroll: int = SPELLS_UNROLL) -> str:
     from .streaming import C_TYPES
 
     return _SPELLS_SOURCE.format(in_t=C_TYPES[np.dtype(in_dtype)], cmp_t=_cmp_type(in_dtype), threads=threads,
@@ -532,7 +548,7 @@ def group_sum(x2d, labels, k: int, threshold: float = 0.0, mode: int = 0, *, thr
 
 
 def group_spells(x2d, labels, k: int, threshold: float, *, threads: int = GROUP_THREADS,
-                 unroll: int = GROUP_UNROLL) -> dict:
+                 unroll: int = SPELLS_UNROLL) -> dict:
     """Run-length state of a (steps, points) block: per group the longest run that begins there
     (leading run excluded), and per point the leading run, the open run and its group."""
     from ..backend import is_cupy, xp_of
