@@ -23,6 +23,7 @@ def test_ops_bandwidth_smoke(tmp_path):
     out = bench.main(["--backend", "cpu", "--shape", "40,9,16", "--chunk-time", "13", "--repeat", "1", "--json", str(tmp_path / "bw.json")])
     assert {r["op"] for r in out["ops"]} == {name for name, _ in bench.OPS}
     assert all(r["seconds"] > 0 for r in out["ops"] + out["kernels"])
+    assert all(r["seconds_in_a_row"] > 0 for r in out["kernels"])
     assert (tmp_path / "bw.json").exists()
 
 

@@ -380,6 +380,24 @@ def test_group_cuda_c_kernels_match_their_twins(dtype):
             np.testing.assert_array_equal(cupy.asnumpy(gpu[f]), cpu[f], err_msg=f)
 
 
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("unroll", [8, 4])
+def test_group_sum_kernel_lengths(unroll):
+    """Lengths below one batch of loads, of whole batches, and with a remainder: the batch loaded
+    ahead is used exactly when it exists."""
+    import cupy
+
+    for nt in (1, 3, 4, 8, 12, 16, 17, 23, 24):
+        x = sample(nt=nt, npts=300, seed=nt)
+        labels = awkward_labels(nt, 5, nt)
+        for mode in (0, 1):
+            cpu = groups.group_sum(x, labels, 5, threshold=280.0, mode=mode)
+            gpu = groups.group_sum(cupy.asarray(x), labels, 5, threshold=280.0, mode=mode, unroll=unroll)
+            for f in cpu:
+                np.testing.assert_array_equal(cupy.asnumpy(gpu[f]), cpu[f], err_msg=f"{f}, {nt} steps")
+
+
 def test_subtract_groups_cpu():
     x, labels = group_inputs()
     values = np.random.default_rng(2).standard_normal((4, x.shape[1]))

@@ -162,14 +162,19 @@ def _group_runs_column(x, labels, threshold, length, prefix, current, longest, p
 # - both: launched by CuPy, with no per-launch typing of arguments and no host synchronisation
 #   on each argument's stream (numba-cuda synchronises on the stream a CuPy array names).
 
-# Measured on an H200 (730 x 1038240 float32): sums with 256 threads x 8 loads in flight, 77-83%
-# of the copy bandwidth (the previous loop 62-65%); 128 or 512 threads, 4 or 16 loads: no better.
-# Spells with 256 threads x 4 steps, the next 4 loaded while these are worked through (32
-# registers, every thread slot of a multiprocessor filled): 86-88% with 12 months' labels and
-# 97-99% with years', against 85-87% and 95-97% for 8 steps loaded and then worked through (34
-# registers, three quarters of the slots), timed in turn in one process. In two earlier full
-# runs of benchmarks/ops_bandwidth.py on another machine, that 8-step kernel measured 69% with
-# months' labels (78-83% in probes there), and 82% on this one, with the SM clock at 1980 MHz.
+# Measured on an H200 (730 x 1038240 float32), kernels timed in turn in one process:
+# - sums, 256 threads, the next 8 steps loaded while these are added up: 84-86% of the copy
+#   bandwidth, against 81-84% for 8 steps loaded and then added up (the previous Numba loop
+#   62-65%); the next 4 while these: 78-81%;
+# - spells, 256 threads x 4 steps, the next 4 loaded while these are worked through (32
+#   registers, every thread slot of a multiprocessor filled): 86-88% with 12 months' labels and
+#   97-99% with years', against 85-87% and 95-97% for 8 steps loaded and then worked through
+#   (34 registers, three quarters of the slots);
+# - 128 or 512 threads, 16 steps: no better.
+# These are the kernels alone. Through group_spells the host's preparation of each call (labels,
+# outputs, launch) is also timed when calls are timed one by one, and varied between 70% and 80%
+# from one round to the next; two full runs of benchmarks/ops_bandwidth.py on another machine
+# gave 69% for the 8-step kernel that way.
 GROUP_THREADS = 256
 GROUP_UNROLL = 8
 SPELLS_UNROLL = 4
@@ -198,13 +203,23 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_group_sum(
 #define ADD(v) {{ if ((cmp_t)(v) > threshold) acc += 1.0; }}
 #endif
     SETTLE(0)
+    // the next U steps are loaded while these are added up (as in the spells kernel)
     long long j = 0;
-    for (; j + U <= nt; j += U) {{
-        in_t v[U];
+    in_t v[U];
+    if (U <= nt) {{
 #pragma unroll
-        for (int i = 0; i < U; ++i) v[i] = xp[order[j + i] * npts];
+        for (int i = 0; i < U; ++i) v[i] = xp[order[i] * npts];
+    }}
+    for (; j + U <= nt; j += U) {{
+        in_t nv[U];
+        if (j + 2 * U <= nt) {{
+#pragma unroll
+            for (int i = 0; i < U; ++i) nv[i] = xp[order[j + U + i] * npts];
+        }}
 #pragma unroll
         for (int i = 0; i < U; ++i) {{ ADD(v[i]) SETTLE(j + i + 1) }}
+#pragma unroll
+        for (int i = 0; i < U; ++i) v[i] = nv[i];
     }}
     for (; j < nt; ++j) {{ ADD(xp[order[j] * npts]) SETTLE(j + 1) }}
 }}
