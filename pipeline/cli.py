@@ -27,9 +27,11 @@ def _terminate(signum, frame):
 
 def cmd_run(args) -> int:
     from .cluster import open_cluster, profile_from_args
-    from .flows import load_flow, run_flow
+    from .flows import load_flow, run_flow, with_source
 
     flow = load_flow(args.flow)  # validate before any cluster starts
+    if args.input is not None:
+        flow = with_source(flow, args.input)
     profile = profile_from_args(args.cluster, args.scheduler, args.scheduler_file)
     progress = not args.no_progress and sys.stderr.isatty()
     with open_cluster(profile) as client:
@@ -164,6 +166,8 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--cluster", help="cluster profile: a name in configs/ (local-cpu, local-gpu) or a YAML path")
     where.add_argument("--scheduler", help="address of a running dask scheduler")
     where.add_argument("--scheduler-file", help="scheduler file of a running dask scheduler")
+    r.add_argument("--input", help="read the source from this store instead of the flow's source.path "
+                   "(e.g. the copy that `pipeline convert` writes)")
     r.add_argument("--output", help="write the result here instead of the flow's sink.path")
     r.add_argument("--report", help="write a JSON report (time per step, bytes, throughput) here")
     r.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")

@@ -196,6 +196,16 @@ class BuiltFlow:
     parts: dict[str, set[str]] = field(default_factory=dict)
 
 
+def with_source(flow: Flow, path: str | Path) -> Flow:
+    """The flow reading its source variable from ``path``, with no demo to generate there."""
+    path = str(path)
+    if not Path(path).exists() and "://" not in path:
+        raise FlowError(f"{flow._file}: source {path} (given for source.path): no such file or directory")
+    copy = flow.model_copy(update={"source": flow.source.model_copy(update={"path": path, "demo": None})})
+    copy._file = flow._file
+    return copy
+
+
 def ensure_source(flow: Flow) -> bool:
     """Generate a flow's demo source if it is missing; True when it was generated."""
     src = flow.source
@@ -250,6 +260,7 @@ def run_flow(
     flow: Flow | str | Path,
     *,
     backend: str | None = None,
+    source: str | Path | None = None,
     output: str | None = None,
     client=None,
     report: str | Path | None = None,
@@ -257,10 +268,14 @@ def run_flow(
 ) -> dict:
     """Run a flow: generate a missing demo source, build the graph, write the sink, report.
 
-    Returns the report (also written as JSON to ``report`` when given).
+    ``source`` reads the source variable from that store instead of the flow's ``source.path``
+    (for instance the copy ``pipeline convert`` writes); no demo is generated for it. Returns the
+    report (also written as JSON to ``report`` when given).
     """
     if not isinstance(flow, Flow):
         flow = load_flow(flow)
+    if source is not None:
+        flow = with_source(flow, source)
     t0 = time.perf_counter()
     generated = ensure_source(flow)
     t_source = time.perf_counter() - t0

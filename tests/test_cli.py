@@ -133,6 +133,28 @@ def test_demo_command_is_deterministic(tmp_path):
     assert r3.returncode == 2 and "already exists" in r3.stderr
 
 
+def test_run_with_input_reads_that_store(tmp_path):
+    """--input replaces the flow's source.path: that store is read, and no demo is generated."""
+    assert cli("demo", "other.zarr", "--size", "1MB", "--seed", "3", cwd=tmp_path).returncode == 0
+    r = cli("run", FLOW, "--input", "other.zarr", "--output", "out/other.zarr", "--report", "rep.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "data").exists()  # the flow's own source (a demo entry) was not written
+    rep = json.loads((tmp_path / "rep.json").read_text())
+    src = xr.open_zarr(tmp_path / "other.zarr")["tas"]
+    assert rep["source"]["path"] == "other.zarr" and rep["source"]["generated"] is False
+    assert rep["source"]["shape"] == list(src.shape)
+    # the flow: standardized anomaly over time, then the cos(lat)-weighted mean over (lat, lon)
+    x = src.astype("float64")
+    z = (x - x.mean("time")) / x.std("time")
+    expected = z.weighted(np.cos(np.deg2rad(src.lat))).mean(("lat", "lon"))
+    got = xr.open_zarr(tmp_path / "out" / "other.zarr")["tas"]
+    np.testing.assert_allclose(got.values, expected.values, rtol=1e-5, atol=1e-6)
+
+    r = cli("run", FLOW, "--input", "missing.zarr", cwd=tmp_path)
+    assert r.returncode == 2 and "missing.zarr" in r.stderr and "no such file" in r.stderr, r.stderr
+    assert not (tmp_path / "out" / "climate_anomaly.zarr").exists()
+
+
 def test_run_on_a_local_cluster_profile(tmp_path):
     """The local-cpu profile starts a LocalCluster and closes it; output equals the threaded run."""
     profile = tmp_path / "small.yaml"
