@@ -134,6 +134,10 @@ def kernel_cases(x, backend):
 
     svp = getattr(fields, f"saturation_vapor_pressure_{side}")
     u = xp.linspace(-1.0, 1.0, nt)[:, None, None]
+    trimmed = data[:, : data.shape[1] // 4 * 4, : data.shape[2] // 4 * 4]  # as the op trims it: a view
+    from pipeline.kernels import coarsen
+
+    coarse = coarsen.coarsen_mean_gpu if backend == "gpu" else fields.coarsen_mean
     detrend = fields.detrend_block_gpu if backend == "gpu" else fields.detrend_block
     cases = []
     if backend == "gpu":  # the same formula as a plain cupy.ElementwiseKernel, for comparison
@@ -149,6 +153,7 @@ def kernel_cases(x, backend):
         ("group spells (years, sorted)", lambda: groups.group_spells(x2, years, nyears, 290.0), n + (nyears + 3) * npts * 4),
         ("subtract groups (anomaly)", lambda: sub(x2, labels, values, f32), 2 * n),
         ("saturation vapour pressure", lambda: svp(data, 0.0, "sonntag90", f32), 2 * n),
+        ("coarsen mean (4 x 4, lat and lon)", lambda: coarse(trimmed, {1: 4, 2: 4}, f32), trimmed.nbytes + trimmed.nbytes // 16),
         # input read once and output written once, as the other rows; the kernel reads twice
         ("detrend (deg 1, whole axis)", lambda: detrend(data, u, axis=0, deg=1, out_dtype=f32), 2 * n),
     ]
@@ -164,6 +169,7 @@ def kernel_cases(x, backend):
             ("group spells_previous (years)", lambda: groups.group_spells_previous(x2, years, nyears, 290.0), n + (nyears + 3) * npts * 4),
             ("detrend_previous (formulas)", lambda: fields.detrend_block(data, u, axis=0, deg=1, out_dtype=f32), 2 * n),
             ("detrend_previous (Numba, reads twice)", lambda: fields.detrend_block_gpu(data, u, axis=0, deg=1, out_dtype=f32, tile=False), 2 * n),
+            ("coarsen mean_previous (formulas)", lambda: fields.coarsen_mean(trimmed, {1: 4, 2: 4}, f32), trimmed.nbytes + trimmed.nbytes // 16),
             ("moments_previous (Numba)", lambda: moments.moments_gpu(data, 0, previous=True), n + 3 * small),
         ]
         # the other shapes of the one-read kernels, for choosing their defaults: [threads x points a thread]

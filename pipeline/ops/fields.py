@@ -36,7 +36,7 @@ def _multiple_chunks(chunks: tuple[int, ...], f: int) -> tuple[int, ...]:
     return tuple(int(c) for c in np.diff([0, *sorted(bounds)]))
 
 
-@register(kernels="pipeline.kernels.fields:coarsen_mean")
+@register(kernels={"cpu": "pipeline.kernels.fields:coarsen_mean", "gpu": "pipeline.kernels.coarsen:coarsen_mean_gpu"})
 def coarsen_mean(x: xr.DataArray, factors: dict[str, int]) -> xr.DataArray:
     """Mean over non-overlapping blocks, NaN-skipping, as x.coarsen(factors, boundary="trim").mean().
 
