@@ -105,7 +105,7 @@ OPS = [
 
 def kernel_cases(x, backend):
     """(name, function, bytes moved) for the chunk kernels, on the whole array as one block."""
-    from pipeline.kernels import elementwise, groups, rolling
+    from pipeline.kernels import coarsen, elementwise, groups, rolling
     from pipeline.reductions import _moments_chunk, _weighted_chunk
 
     xp = B.module(backend)
@@ -135,8 +135,6 @@ def kernel_cases(x, backend):
     svp = getattr(fields, f"saturation_vapor_pressure_{side}")
     u = xp.linspace(-1.0, 1.0, nt)[:, None, None]
     trimmed = data[:, : data.shape[1] // 4 * 4, : data.shape[2] // 4 * 4]  # as the op trims it: a view
-    from pipeline.kernels import coarsen
-
     coarse = coarsen.coarsen_mean_gpu if backend == "gpu" else fields.coarsen_mean
     detrend = fields.detrend_block_gpu if backend == "gpu" else fields.detrend_block
     cases = []

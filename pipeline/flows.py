@@ -201,9 +201,7 @@ def with_source(flow: Flow, path: str | Path) -> Flow:
     path = str(path)
     if not Path(path).exists() and "://" not in path:
         raise FlowError(f"{flow._file}: source {path} (given for source.path): no such file or directory")
-    copy = flow.model_copy(update={"source": flow.source.model_copy(update={"path": path, "demo": None})})
-    copy._file = flow._file
-    return copy
+    return flow.model_copy(update={"source": flow.source.model_copy(update={"path": path, "demo": None})})
 
 
 def ensure_source(flow: Flow) -> bool:

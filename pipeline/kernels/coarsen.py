@@ -160,18 +160,13 @@ def coarsen_mean_gpu(block, factors: dict[int, int], out_dtype):
 
 
 def coarsen_groups_cpu(block: np.ndarray, factors: dict[int, int], out_dtype) -> np.ndarray:
-    """The kernel's indexing with NumPy: the block seen through its groups' strides as
-    (m0, F0, m1, F1, m2, F2, m3, F3), the valid values of each window added in float64."""
+    """The kernel's indexing with NumPy: the block seen through its groups' lengths and strides
+    (four axes), coarsened by the CPU kernel, in the block's own shape."""
+    from .fields import coarsen_mean
+
     groups = axis_groups(block.shape, [s // block.itemsize for s in block.strides], factors)
     assert groups is not None, "more groups than the kernel takes"
-    shape, strides = [], []
-    for n, f, s in groups:
-        shape += [n // f, f]
-        strides += [f * s * block.itemsize, s * block.itemsize]
-    view = np.lib.stride_tricks.as_strided(block, shape=shape, strides=strides, writeable=False)
-    valid = view == view
-    total = np.where(valid, view, 0).astype(np.float64).sum(axis=(1, 3, 5, 7))
-    n = valid.sum(axis=(1, 3, 5, 7))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(n > 0, total / np.where(n > 0, n, 1), np.nan)
-    return mean.astype(out_dtype).reshape(out_shape(block.shape, factors))
+    view = np.lib.stride_tricks.as_strided(block, shape=[n for n, _, _ in groups],
+                                           strides=[s * block.itemsize for _, _, s in groups], writeable=False)
+    out = coarsen_mean(view, {i: f for i, (_, f, _) in enumerate(groups) if f > 1}, out_dtype)
+    return out.reshape(out_shape(block.shape, factors))
