@@ -46,7 +46,7 @@ def _first_value(block):
 
 def _slab_files(store: str, lo: int, hi: int) -> tuple[list[str], list[int]]:
     """The files of ``tas`` that hold steps lo .. hi (whole files along time), and their sizes."""
-    from pipeline import gpu_zarr
+    from pipeline.gpu import reader as gpu_zarr
 
     lay = gpu_zarr.layout(Path(store) / "tas")
     ranges = [range(lo // lay.chunk[0], math.ceil(hi / lay.chunk[0]))]
@@ -71,13 +71,14 @@ def _stage_runs(stage: str, store: str, slab, blocks: int, backend: str, repeat:
     import numpy as np
 
     import pipeline
-    from pipeline import gpu_zarr
+    from pipeline.gpu import reader as gpu_zarr
+    from pipeline.gpu.iopool import io_pool
 
     lo, hi = slab
     if stage.startswith("pipeline"):
         import dask
 
-        from pipeline import pinned
+        from pipeline.gpu import pinned
 
         x = pipeline.open_dataset(store, backend=backend)["tas"].data[lo:hi]
         # read and decode every block, keep one value of each: no arithmetic beyond the read
@@ -95,7 +96,7 @@ def _stage_runs(stage: str, store: str, slab, blocks: int, backend: str, repeat:
     paths, sizes = _slab_files(store, lo, hi)
     total = sum(sizes)
     if backend == "gpu":
-        from pipeline import pinned
+        from pipeline.gpu import pinned
 
         staging = pinned.take(total)  # held to the end: a buffer dropped is unpinned
         host = staging.bytes[:total]
@@ -105,7 +106,7 @@ def _stage_runs(stage: str, store: str, slab, blocks: int, backend: str, repeat:
         return total, {stage: _timed(lambda: gpu_zarr.read_files(paths, sizes, host), repeat, barrier)}
     if stage == "memcpy":
         source = np.ones(total, dtype=np.uint8)
-        pool, piece = gpu_zarr._pool(), gpu_zarr.PIECE
+        pool, piece = io_pool(), gpu_zarr.PIECE
 
         def copy():
             jobs = [pool.submit(np.copyto, host[a:a + piece], source[a:a + piece]) for a in range(0, total, piece)]
@@ -139,7 +140,7 @@ def _stage_runs(stage: str, store: str, slab, blocks: int, backend: str, repeat:
     views = [np.frombuffer(m, dtype=np.uint8) for m in maps]
     starts = list(itertools.accumulate([0] + sizes[:-1]))
 
-    from pipeline import pinned
+    from pipeline.gpu import pinned
 
     def register():  # as pipeline.pinned.PinnedFile does, timed apart from mapping the files
         for v in views:

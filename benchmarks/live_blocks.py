@@ -69,7 +69,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
 
     import peers
-    from pipeline import overlap
+    from pipeline.reduce import overlap
     from pipeline.kernels import elementwise
     from pipeline.ops import grouped
 

@@ -114,7 +114,7 @@ def main(argv=None) -> int:
                 with dask.config.set(settings):
                     tas = pipeline.open_dataset(args.store, backend="gpu")["tas"]
                     outs = PIPELINE_FLOWS[flow](tas)
-                    row["plan_threads"] = pipeline.io.compute_threads(outs[0])
+                    row["plan_threads"] = pipeline.exec.compute.compute_threads(outs[0])
                     trace = Trace(pool)
                     t = time.perf_counter()
                     try:

@@ -106,7 +106,7 @@ OPS = [
 def kernel_cases(x, backend):
     """(name, function, bytes moved) for the chunk kernels, on the whole array as one block."""
     from pipeline.kernels import coarsen, elementwise, groups, rolling
-    from pipeline.reductions import _moments_chunk, _weighted_chunk
+    from pipeline.reduce.aggregation import _moments_chunk, _weighted_chunk
 
     xp = B.module(backend)
     data = x.data

@@ -80,11 +80,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pipeline  # noqa: E402
 from pipeline import backend as B  # noqa: E402
-from pipeline import spill  # noqa: E402
-from pipeline.cluster import ClusterProfile, open_cluster  # noqa: E402
+from pipeline.exec import spill  # noqa: E402
+from pipeline.exec.cluster import ClusterProfile, open_cluster  # noqa: E402
 from pipeline.demo import BYTES_PER_POINT, demo_dataset  # noqa: E402
-from pipeline.io import compute as pipeline_compute  # noqa: E402
-from pipeline.pinned import pinned_files_limit  # noqa: E402
+from pipeline.exec.compute import compute as pipeline_compute  # noqa: E402
+from pipeline.gpu.pinned import pinned_files_limit  # noqa: E402
 
 PEERS = ("cpu-peer", "naive-gpu-peer", "pipeline-cpu", "pipeline-gpu", "pipeline-gpu-sharded", "pipeline-gpu-unlimited")
 OPTIONAL_PEERS = ("pipeline-gpu-raw",)  # run only when named in --peers

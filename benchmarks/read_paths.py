@@ -49,7 +49,7 @@ def make_store(workdir: Path, shape, store: str | None = None, inner: str = "1MB
     import xarray as xr
 
     from peers import ensure_store
-    from pipeline.io import convert
+    from pipeline.sinks.convert import convert
 
     plain = Path(store) if store else ensure_store(workdir, tuple(shape), 73, 0)[0]
     suffix = "" if inner == "1MB" else f"_{inner}"
@@ -65,7 +65,8 @@ def stages(store: Path, repeat: int) -> dict:
     import cupy as cp
     import cupyx
 
-    from pipeline import gpu_zarr
+    from pipeline.gpu import nvcomp, streams
+    from pipeline.gpu import reader as gpu_zarr
 
     lay = gpu_zarr.layout(store / "tas")
     files = sorted(p for p in (store / "tas").rglob("*") if p.is_file() and p.name != "zarr.json")
@@ -84,9 +85,9 @@ def stages(store: Path, repeat: int) -> dict:
         cp.cuda.Device().synchronize()
 
     def decode():
-        with gpu_zarr.context():  # synchronizes on exit
+        with streams.context():  # synchronizes on exit
             for d, o, (offsets, fsizes, present) in zip(devs, outs, plans):
-                gpu_zarr._decode_frames(d, offsets, fsizes, o, present * lay.inner_nbytes, lay.inner_nbytes)
+                nvcomp._decode_frames(d, offsets, fsizes, o, present * lay.inner_nbytes, lay.inner_nbytes)
 
     read()
     for p, h in zip(files, hosts):  # the bytes read are the file's
@@ -114,8 +115,8 @@ def paths(store: Path, repeat: int, which=("naive", "staged", "gpu"), threads=()
     import cupy as cp
     import xarray as xr
 
-    from pipeline import gpu_zarr
-    from pipeline.io import compute
+    from pipeline.gpu import reader as gpu_zarr
+    from pipeline.exec.compute import compute
 
     def naive():
         x = xr.open_zarr(store)["tas"].data.map_blocks(cp.asarray)
@@ -156,8 +157,8 @@ def flow_parts(store: Path, repeat: int) -> dict:
 
     import pipeline
     from peers import pl_monthly_anomaly, pl_standardized_anomaly
-    from pipeline.io import compute
-    from pipeline.reductions import nanmean_std
+    from pipeline.exec.compute import compute
+    from pipeline.reduce.aggregation import nanmean_std
 
     with dask.config.set({"pipeline.gpu.nvcomp": True}):
         x = pipeline.open_dataset(store, backend="gpu")["tas"]

@@ -52,7 +52,7 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
     # a set() entered before distributed is imported takes the whole "distributed" section away on exit
 
     import pipeline
-    from pipeline.io import compute_threads
+    from pipeline.exec.compute import compute_threads
 
     settings = {"pipeline.gpu.memory-limit": memory_limit} if memory_limit else {}
     settings["pipeline.cluster.locality"] = locality  # read where the graph is submitted
@@ -109,7 +109,7 @@ def run_on_cluster(store: str, n_gpus: int, names: list[str], repeat: int, threa
                     t, t0 = time.perf_counter(), time.time()  # the task stream's clock is time.time()
                     value = pipeline.to_numpy(pipeline.compute(build()))
                     times.append(time.perf_counter() - t)
-            from pipeline.pinned import pinned_files_bytes
+            from pipeline.gpu.pinned import pinned_files_bytes
 
             out[name] = {"seconds": statistics.median(times), "all": times, "threads": threads,
                          "pinned_files_bytes": client.run(pinned_files_bytes),  # chunk files pinned by each worker

@@ -8,13 +8,18 @@ written back to Zarr. The same code runs on a laptop without a GPU and on a GPU 
 from . import config  # noqa: F401  (registers pipeline's defaults in dask's config)
 from . import ops
 from .backend import gpu_available, resolve as resolve_backend, to_numpy
-from .errors import InputError
-from .io import compute, convert, open_dataset, write_zarr
+from .errors import BackendError, InputError, PipelineError
+from .exec.compute import compute
+from .sinks.convert import convert
+from .sinks.zarr import write_zarr
+from .sources import open_dataset
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BackendError",
     "InputError",
+    "PipelineError",
     "compute",
     "convert",
     "gpu_available",

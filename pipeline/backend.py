@@ -12,14 +12,11 @@ from typing import Literal
 
 import numpy as np
 
-from . import config
+from . import config, state
+from .errors import BackendError, InputError
 
 Backend = Literal["cpu", "gpu"]
 BACKENDS = ("auto", "cpu", "gpu")
-
-
-class BackendError(RuntimeError):
-    """The requested backend is not available, or host and device arrays were mixed."""
 
 
 @functools.cache
@@ -56,7 +53,7 @@ def resolve(backend: str | None = None) -> Backend:
     if backend is None:
         backend = config.get("backend", "auto")
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        raise InputError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "auto":
         return "gpu" if gpu_available() else "cpu"
     if backend == "gpu" and not gpu_available():
@@ -182,22 +179,20 @@ def _counting_malloc(pool):
     def malloc(size: int):
         mem = pool.malloc(size)
         held = pool.total_bytes()
-        if held > _device_peak[0]:  # threads racing here can under-count a peak by one block
-            _device_peak[0] = held
+        if held > state.device.pool_peak:  # threads racing here can under-count a peak by one block
+            state.device.pool_peak = held
         return mem
 
     return malloc
 
 
-_device_peak = [0]
-
 
 def device_memory_peak(reset: bool = False) -> int:
     """The most bytes CuPy's pool has held on the GPU (in use and cached) since the last reset, as
     seen by pipeline's allocator (0 before :func:`use_device_memory_limit` installed it)."""
-    peak = _device_peak[0]
+    peak = state.device.pool_peak
     if reset:
-        _device_peak[0] = 0
+        state.device.pool_peak = 0
     return peak
 
 

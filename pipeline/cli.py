@@ -26,7 +26,7 @@ def _terminate(signum, frame):
 
 
 def cmd_run(args) -> int:
-    from .cluster import open_cluster, profile_from_args
+    from .exec.cluster import open_cluster, profile_from_args
     from .flows import load_flow, run_flow, with_source
 
     flow = load_flow(args.flow)  # validate before any cluster starts
@@ -122,7 +122,7 @@ def cmd_demo(args) -> int:
 
     t = time.perf_counter()
     path = write_demo(args.path, args.size, seed=args.seed, resolution=args.resolution, time_chunk=args.time_chunk, overwrite=args.overwrite)
-    from .io import directory_bytes
+    from .sinks.zarr import directory_bytes
 
     print(f"wrote {path} ({directory_bytes(path) / 1e9:.3f} GB stored) in {time.perf_counter() - t:.1f} s")
     return EXIT_OK
@@ -131,7 +131,8 @@ def cmd_demo(args) -> int:
 def cmd_convert(args) -> int:
     import time
 
-    from .io import convert, directory_bytes
+    from .sinks.convert import convert
+    from .sinks.zarr import directory_bytes
 
     chunks = None
     if args.chunks:
@@ -221,8 +222,7 @@ def _hint(e: Exception) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from .backend import BackendError
-    from .errors import InputError
+    from .errors import BackendError, InputError
 
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:

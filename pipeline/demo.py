@@ -23,7 +23,7 @@ import xarray as xr
 from dask.utils import parse_bytes
 
 from .errors import InputError
-from .io import write_zarr
+from .sinks.zarr import write_zarr
 
 BYTES_PER_POINT = 4 + 4 + 2  # tas, sst, sst_packed
 PACK_SCALE = 0.01

@@ -34,15 +34,12 @@ from dask.utils import parse_bytes
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from . import backend as B
-from . import memory
+from .exec import memory
 from . import ops as ops_registry
-from .errors import InputError
-from .io import directory_bytes, open_dataset, write_zarr
-from .report import attribute, gbps, task_timer
-
-
-class FlowError(InputError):
-    """A flow file that is not as expected; the message names the file and the key."""
+from .errors import FlowError, InputError
+from .sinks.zarr import directory_bytes, write_zarr
+from .sources import open_dataset
+from .exec.report import attribute, gbps, task_timer
 
 
 class _Strict(BaseModel):
@@ -284,7 +281,7 @@ def run_flow(
     if client is None:  # a cluster's workers keep their own limits and spill
         mem_plan = memory.plan(built.source.data, *(r.data for r in results), backend=built.backend)
         memory.check(mem_plan, f"{flow._file}: ")
-    from .spill import spilled_bytes
+    from .exec.spill import spilled_bytes
 
     spilled_bytes(reset=True)
     with task_timer(client) as times:
@@ -298,7 +295,7 @@ def run_flow(
     for i, step in enumerate(flow.steps):
         t = by_part[f"{i}:{step.label}"]
         steps.append({"name": step.label, "op": step.op, "params": step.params, **t})
-    from .cluster import describe
+    from .exec.cluster import describe
 
     rep = {
         "flow": flow.name,

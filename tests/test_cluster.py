@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.cluster import ClusterProfile, load_profile, open_cluster, profile_from_args
+from pipeline.exec.cluster import ClusterProfile, load_profile, open_cluster, profile_from_args
 from pipeline.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -130,7 +130,7 @@ def test_workers_with_more_threads_than_their_budget_holds_are_refused_before_an
     from distributed import Client, LocalCluster
 
     import pipeline
-    from pipeline import memory
+    from pipeline.exec import memory
 
     x = da.ones((40, 1000, 100), chunks=(10, 1000, 100))  # blocks of 8 MB
     y = (x - x.mean(axis=0)).sum()
@@ -148,7 +148,7 @@ def test_workers_with_more_threads_than_their_budget_holds_are_refused_before_an
 def test_protocol_auto_takes_ucx_for_gpu_workers_only_where_it_is_installed(monkeypatch):
     import importlib.util
 
-    from pipeline.cluster import comms_protocol
+    from pipeline.exec.cluster import comms_protocol
 
     assert comms_protocol("tcp") == "tcp" and comms_protocol(None) is None and comms_protocol("ucx", gpu=False) == "ucx"
     real = importlib.util.find_spec
@@ -181,7 +181,7 @@ def test_blocks_are_placed_on_workers_only_where_their_budget_leaves_room_to_rea
     from distributed import Client, LocalCluster
 
     import pipeline
-    from pipeline import locality, memory
+    from pipeline.exec import locality, memory
 
     calls = []
     real = locality.place

@@ -11,9 +11,10 @@ import pytest
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
 
-from pipeline import gpu_zarr
-from pipeline.errors import InputError
-from pipeline.io import convert, inner_chunk, open_dataset
+from pipeline.gpu import reader as gpu_zarr
+from pipeline.errors import InputError, UnsupportedLayout
+from pipeline.sinks.convert import convert, inner_chunk
+from pipeline.sources import open_dataset
 
 from .conftest import requires_gpu
 
@@ -93,7 +94,7 @@ def test_contiguous_inner():
 )
 def test_unsupported_layouts_are_named(tmp_path, codecs):
     zarr.create_array(tmp_path / "s.zarr", name="x", shape=(4, 4, 4), chunks=(2, 2, 2), dtype="f4", **codecs)
-    with pytest.raises(gpu_zarr.Unsupported):
+    with pytest.raises(UnsupportedLayout):
         gpu_zarr.layout(tmp_path / "s.zarr" / "x")
 
 
@@ -143,8 +144,8 @@ def _two_sharded_arrays(tmp_path):
 
 
 def test_blocks_take_whole_shards_up_to_a_target(tmp_path):
-    from pipeline.io import _shard_chunks
-    from pipeline.memory import block_target
+    from pipeline.sources.zarr import _shard_chunks
+    from pipeline.exec.memory import block_target
 
     store, _ = _two_sharded_arrays(tmp_path)
     assert _shard_chunks(store) == {"time": 2, "lat": 4, "lon": 5}
@@ -195,7 +196,7 @@ def test_gpu_read_equals_zarr(tmp_path, name, nvcomp):
 def test_gpu_reads_pin_files_and_see_them_change(tmp_path, name):
     """Files pinned in the page cache by the first read are what later reads copy from; a store
     rewritten in place is read anew; with pipeline.gpu.pinned-files 0 nothing is pinned."""
-    from pipeline import pinned
+    from pipeline.gpu import pinned
 
     store, values = make(tmp_path, name, holes=True)
     sizes = {str(p): p.stat().st_size for p in (store / "x").rglob("*") if p.is_file() and p.name != "zarr.json"}
@@ -221,7 +222,7 @@ def test_gpu_reads_pin_files_and_see_them_change(tmp_path, name):
 def test_gpu_blocks_grow_to_the_block_size(tmp_path):
     import cupy as cp
 
-    from pipeline.memory import block_target
+    from pipeline.exec.memory import block_target
 
     store, values = _two_sharded_arrays(tmp_path)
     with dask.config.set({"pipeline.gpu.block-size": 700}):
@@ -276,7 +277,9 @@ def test_io_pool_runs_earlier_reads_first():
     """Jobs run in the order of their tickets, not of their arrival; errors reach the waiter."""
     import threading
 
-    pool = gpu_zarr._IOPool(1)
+    from pipeline.gpu.iopool import IOPool
+
+    pool = IOPool(1)
     gate, ran = threading.Event(), []
     first = pool.submit(gate.wait)  # holds the only thread while the others queue
     early, late = pool.ticket(), pool.ticket()
@@ -307,12 +310,15 @@ def test_stream_contexts_are_pooled_not_tied_to_threads(monkeypatch):
 
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0), Stream=Stream))
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setattr(gpu_zarr, "_free", {})
+    from pipeline import state
+    from pipeline.gpu import streams
+
+    monkeypatch.setattr(state, "streams", state.StreamState())
     seen = []
 
     def task():
-        with gpu_zarr.context() as ctx:
-            assert gpu_zarr._stream() is ctx.stream
+        with streams.context() as ctx:
+            assert streams.current().stream is ctx.stream
             seen.append(ctx)
 
     for _ in range(3):  # one thread after another: each finds the context the last one gave back
@@ -320,8 +326,8 @@ def test_stream_contexts_are_pooled_not_tied_to_threads(monkeypatch):
         t.start()
         t.join()
     assert len({id(c) for c in seen}) == 1 and len(synced) == 3
-    with gpu_zarr.context() as outer:
-        with gpu_zarr.context() as inner:
-            assert inner is not outer and gpu_zarr._stream() is inner.stream
-        assert gpu_zarr._stream() is outer.stream
-    assert len(gpu_zarr._free[0]) == 2
+    with streams.context() as outer:
+        with streams.context() as inner:
+            assert inner is not outer and streams.current().stream is inner.stream
+        assert streams.current().stream is outer.stream
+    assert len(state.streams.free[0]) == 2

@@ -13,7 +13,7 @@ import xarray as xr
 import pipeline
 from pipeline import backend as B
 from pipeline.errors import InputError
-from pipeline.io import write_zarr
+from pipeline.sinks.zarr import write_zarr
 
 from .conftest import climate_array
 

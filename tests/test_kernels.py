@@ -428,7 +428,7 @@ def test_group_kernels_gpu_match_cpu():
 # --- moments ---------------------------------------------------------------------------------------
 
 from pipeline.kernels import moments  # noqa: E402
-from pipeline.reductions import _moments_chunk  # noqa: E402
+from pipeline.reduce.aggregation import _moments_chunk  # noqa: E402
 
 
 @pytest.mark.cudasim
@@ -449,7 +449,7 @@ def test_cuda_moments_kernel_matches_two_pass_moments():
 def test_gpu_partials_match_cpu_partials():
     import cupy
 
-    from pipeline.reductions import _weighted_chunk
+    from pipeline.reduce.aggregation import _weighted_chunk
 
     x = sample(nt=31, npts=40, seed=4).reshape(31, 8, 5)
     for axis in (0, 2):

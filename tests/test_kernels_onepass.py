@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.kernels import detrend, fields, moments
-from pipeline.reductions import _moments_chunk
+from pipeline.reduce.aggregation import _moments_chunk
 
 from .conftest import requires_gpu
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import pipeline
-from pipeline import locality
+from pipeline.exec import locality
 
 from .conftest import climate_array
 

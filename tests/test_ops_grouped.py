@@ -197,7 +197,7 @@ def test_additive_merge_equals_merging_one_by_one(backend):
     data; groups not asked for are dropped."""
     from dataclasses import replace
 
-    from pipeline import groupby
+    from pipeline.reduce import groups as groupby
 
     xp = B.module(backend)
     rng = np.random.default_rng(3)

@@ -9,8 +9,8 @@ import pytest
 import xarray as xr
 
 import pipeline
-from pipeline import gpu_zarr
-from pipeline.reductions import second_pass
+from pipeline.gpu import reader as gpu_zarr
+from pipeline.exec.spill import second_pass
 
 from .conftest import climate_array, requires_gpu
 
@@ -124,7 +124,8 @@ def test_partials_are_sized_from_the_reductions_result_not_their_input():
     standardized anomaly under a device budget. Group means' partials hold a row per group."""
     import dask.array as da
 
-    from pipeline import groupby, memory
+    from pipeline.exec import memory
+    from pipeline.reduce import groups as groupby
 
     x = da.ones((40, 10, 20), chunks=(8, 10, 20), dtype="f4")
     block = 8 * 10 * 20 * 4
@@ -144,7 +145,7 @@ def test_threads_under_a_budget_match_what_ran_on_the_gpu():
     more a thread, found from their halo layers."""
     import dask.array as da
 
-    from pipeline import memory
+    from pipeline.exec import memory
 
     x = xr.DataArray(da.ones((40, 10, 20), chunks=(8, 10, 20), dtype="f4"), dims=("time", "lat", "lon"))
     assert memory.graph_blocks_per_thread(pipeline.ops.rolling_mean(x, window=5, dim="time").data) == 5
@@ -159,8 +160,8 @@ def test_threads_under_a_budget_match_what_ran_on_the_gpu():
 def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit():
     import dask.array as da
 
-    from pipeline import memory
-    from pipeline.io import compute_threads
+    from pipeline.exec import memory
+    from pipeline.exec.compute import compute_threads
 
     x = da.ones((40, 100, 100), chunks=(10, 100, 100), dtype="f4")  # 400 kB blocks
     total = ((x - x.mean(axis=0)) ** 2).sum(axis=(1, 2))  # a tiny result of large blocks
@@ -252,7 +253,7 @@ def test_map_halo_equals_map_overlap(chunks, depth):
     the halo included."""
     import dask.array as da
 
-    from pipeline.overlap import map_halo
+    from pipeline.reduce.overlap import map_halo
 
     before, after = depth
 

@@ -12,7 +12,9 @@ import dask
 import numpy as np
 import pytest
 
-from pipeline import gpu_zarr, pinned
+from pipeline import state
+from pipeline.gpu import pinned
+from pipeline.gpu import reader as gpu_zarr
 
 
 @pytest.fixture
@@ -29,9 +31,7 @@ def registry(monkeypatch):
 
     monkeypatch.setattr(pinned, "_register", register)
     monkeypatch.setattr(pinned, "_unregister", unregister)
-    monkeypatch.setattr(pinned, "_files", type(pinned._files)())
-    monkeypatch.setattr(pinned, "_files_bytes", [0])
-    monkeypatch.setattr(pinned, "_pin_failed", [])
+    monkeypatch.setattr(state, "pinned", state.PinnedState())
     with dask.config.set({"pipeline.gpu.pinned-files": "1MB"}):
         yield held
     pinned.release_files()

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 
 import pipeline
-from pipeline import pinned, spill
-from pipeline.reductions import second_pass
+from pipeline import state
+from pipeline.exec import spill
+from pipeline.gpu import pinned
+from pipeline.exec.spill import second_pass
 
 from .conftest import climate_array, requires_gpu
 
@@ -214,10 +216,10 @@ def test_gpu_two_pass_flow_holds_its_blocks_in_pinned_memory(tmp_path, budget):
     assert isinstance(back, cp.ndarray)
     cp.testing.assert_array_equal(back, block)
     # its buffer went back for reuse: the next block takes a free buffer, and release() frees it
-    free = {b.ptr for b in pinned._free}
+    free = {b.ptr for b in state.pinned.buffers}
     assert host.ctypes.data in free
     again = spill.to_host(block + 1)
     assert again.ctypes.data in free
     spill.to_device(again, True)
     assert spill.release() >= block.nbytes
-    assert not spill._lent
+    assert not state.held.lent

@@ -1,6 +1,116 @@
-"""Kernels: small functions of one chunk, one file per family.
+"""Kernels: small functions of one chunk, one module per family, and the one way to reach them.
 
-A kernel's CPU version takes NumPy arrays and its GPU version CuPy arrays; launch configuration,
-axis moves and compilation live beside them in the same file, the mathematics in the kernel.
-Nothing here imports CuPy or ``numba.cuda`` at module level: GPU kernels are compiled on first use.
+Every kernel is looked up by name and backend with :func:`get`, as sgkit picks
+``f"{name}_{device}"``: the function ``{name}_cpu`` or ``{name}_gpu`` of the family's module in
+``FAMILIES`` (or plain ``{name}``, written against the array module of its input, for both).
+Modules are imported on first use, so listing ops imports no kernel code, and nothing here imports
+CuPy or ``numba.cuda`` at module level. The launch machinery (block sizes, moving axes, compiling
+CUDA C, Numba on the CPU and on the GPU) lives in :mod:`pipeline.kernels.launch`.
+
+``FAMILIES`` is the table of contents: kernel name -> module of :mod:`pipeline.kernels`.
 """
+
+from __future__ import annotations
+
+import functools
+import importlib
+import threading
+from collections import Counter
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from ..errors import KernelNotFound
+
+FAMILIES: dict[str, str] = {
+    "cf_decode": "elementwise",
+    "standardize": "elementwise",
+    "moments": "moments",
+    "weighted_sums": "weighted",
+    "rolling_mean": "rolling",
+    "group_sum": "groups",
+    "group_spells": "groups",
+    "group_runs": "groups",
+    "subtract_groups": "groups",
+    "coarsen_mean": "coarsen",
+    "polyfit": "trend",
+    "polyval_subtract": "trend",
+    "detrend_block": "trend",
+    "quantile": "fields",
+    "saturation_vapor_pressure": "fields",
+}
+
+BACKENDS = ("cpu", "gpu")
+
+
+@functools.cache
+def _resolve(name: str, backend: str) -> Callable:
+    if backend not in BACKENDS:
+        raise KernelNotFound(f"no backend {backend!r} (backends: {', '.join(BACKENDS)})")
+    try:
+        module = importlib.import_module(f"{__name__}.{FAMILIES[name]}")
+    except KeyError:
+        raise KernelNotFound(f"no kernel {name!r}; kernels: {', '.join(sorted(FAMILIES))}") from None
+    fn = getattr(module, f"{name}_{backend}", None) or getattr(module, name, None)
+    if fn is None:
+        raise KernelNotFound(f"kernel {name!r} has no {backend} implementation in {module.__name__}")
+    return Kernel(name, backend, fn)
+
+
+def get(name: str, backend: str) -> Callable:
+    """The kernel ``name`` for ``backend`` ("cpu" or "gpu")."""
+    return _resolve(name, backend)
+
+
+def has(name: str, backend: str) -> bool:
+    """Whether ``name`` has a kernel for ``backend``."""
+    try:
+        get(name, backend)
+    except KernelNotFound:
+        return False
+    return True
+
+
+# --- which kernels ran: for the test that each op runs the kernels it declares ---------------------
+
+_calls: list[Counter] = []  # open recordings; kernels run on Dask's threads, so not a context variable
+_calls_lock = threading.Lock()
+
+
+class Kernel:
+    """A kernel as :func:`get` hands it out: the function, counted while :func:`recording` is open.
+    (A module-level class, so that tasks holding it pickle by reference.)"""
+
+    def __init__(self, name: str, backend: str, fn: Callable):
+        self.name, self.backend, self.fn = name, backend, fn
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, *args, **kwargs):
+        if _calls:
+            with _calls_lock:
+                for c in _calls:
+                    c[(self.name, self.backend)] += 1
+        return self.fn(*args, **kwargs)
+
+    def __dask_tokenize__(self):
+        return ("pipeline-kernel", self.name, self.backend, self.fn.__module__, self.fn.__qualname__)
+
+    def __reduce__(self):
+        return (get, (self.name, self.backend))
+
+    def __repr__(self) -> str:
+        return f"<kernel {self.name} ({self.backend}): {self.fn.__module__}.{self.fn.__qualname__}>"
+
+
+@contextmanager
+def recording() -> Iterator[Counter]:
+    """Count the calls of every kernel reached through :func:`get` within the block, by
+    ``(name, backend)``, on any thread."""
+    calls: Counter = Counter()
+    with _calls_lock:
+        _calls.append(calls)
+    try:
+        yield calls
+    finally:
+        with _calls_lock:
+            _calls.remove(calls)

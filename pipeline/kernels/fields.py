@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from ..backend import is_cupy, xp_of
-from ..reductions import Aggregation, _sum_fields
+from ..reduce.aggregation import Aggregation, _sum_fields
 from .streaming import Spec
 
 ACC = np.float64

@@ -14,10 +14,11 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from .. import reductions
+from ..exec import spill
+from ..reduce import aggregation as reductions
 from ..backend import backend_of, meta, to_backend, to_numpy
 from ..errors import InputError
-from ..overlap import map_halo
+from ..reduce.overlap import map_halo
 from .registry import register
 
 
@@ -77,7 +78,7 @@ def standardized_anomaly(x: xr.DataArray, dim: str = "time") -> xr.DataArray:
     backend = backend_of(data)
     kernel = standardized_anomaly.op.kernel(backend)
     z = da.map_blocks(
-        kernel, reductions.second_pass(data, mean, std), mean, std, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
+        kernel, spill.second_pass(data, mean, std), mean, std, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
     )
     out = _finish(x, z, eager)
     out.attrs = {"long_name": f"standardized anomaly of {x.name}", "units": "1"}

@@ -13,7 +13,8 @@ from dask.array.core import normalize_chunks
 import numpy as np
 import xarray as xr
 
-from .. import reductions
+from ..exec import spill
+from ..reduce import aggregation as reductions
 from ..backend import backend_of, meta, to_backend, to_numpy
 from ..errors import InputError
 from .climate import _as_dask, _axis, _finish, float_dtype
@@ -135,7 +136,7 @@ def detrend(x: xr.DataArray, dim: str = "time", deg: int = 1) -> xr.DataArray:
     coefs = [coefs[tuple(slice(k, k + 1) if i == axis else slice(None) for i in range(x.ndim))] for k in range(deg + 1)]
     kernel = detrend.op.kernel(backend)
     result = da.map_blocks(
-        kernel, reductions.second_pass(data, *coefs), u, *coefs, axis=axis, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
+        kernel, spill.second_pass(data, *coefs), u, *coefs, axis=axis, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
     )
     return _finish(x, result, eager)
 

@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from .. import groupby, reductions
+from ..exec import spill
+from ..reduce import groups as groupby
 from ..backend import backend_of, meta
 from ..errors import InputError
 from .climate import _as_dask, _axis, _finish, float_dtype
@@ -118,7 +119,7 @@ def anomaly(x: xr.DataArray, freq: Freq = "month") -> xr.DataArray:
     inds = tuple(range(x.ndim))
     group_inds = tuple(x.ndim if i == axis else i for i in inds)
     out = da.blockwise(
-        _subtract_block, inds, reductions.second_pass(data, clim), inds, da.from_array(position, chunks=(data.chunks[axis],)), (axis,),
+        _subtract_block, inds, spill.second_pass(data, clim), inds, da.from_array(position, chunks=(data.chunks[axis],)), (axis,),
         clim, group_inds, concatenate=True, kernel=kernel, axis=axis, out_dtype=out_dtype,
         dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim),
     )

@@ -16,7 +16,7 @@ from typing import Iterator, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from .errors import InputError
+from ..errors import InputError
 
 PROFILE_DIRS = (Path("configs"), Path(__file__).resolve().parent.parent / "configs")
 

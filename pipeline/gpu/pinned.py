@@ -19,17 +19,16 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import threading
 import time
-from collections import OrderedDict
 
 import numpy as np
+
+from .. import state
+from .iopool import io_pool
 
 TOUCH = 16 << 20  # pieces in which new buffers are faulted in
 GRAIN = 2 << 20  # sizes are rounded up to this (a huge page)
 
-_lock = threading.Lock()
-_free: list[Buffer] = []
 
 
 class Buffer:
@@ -41,8 +40,6 @@ class Buffer:
 
         import cupy as cp
 
-        from .gpu_zarr import _pool
-
         self.nbytes = nbytes
         self.closed = False
         self.map = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -52,7 +49,7 @@ class Buffer:
         self.ptr = self.bytes.ctypes.data
         # the pages are faulted in (zeroed by the kernel) by the I/O threads in pieces, in parallel
         # (ctypes calls release the GIL), rather than by one thread inside cudaHostRegister
-        pool = _pool()
+        pool = io_pool()
         ticket = pool.ticket()
         jobs = [pool.submit(ctypes.memset, self.ptr + at, 0, min(TOUCH, nbytes - at), ticket=ticket)
                 for at in range(0, nbytes, TOUCH)]
@@ -82,27 +79,27 @@ class Buffer:
 def take(nbytes: int) -> Buffer:
     """A pinned buffer of at least ``nbytes``: a free one that holds it without wasting more than
     its size, else a new one. Hand it back with :func:`give` once nothing reads or writes it."""
-    with _lock:
-        fits = [b for b in _free if nbytes <= b.nbytes <= 2 * max(nbytes, GRAIN)]
+    with state.pinned.lock:
+        fits = [b for b in state.pinned.buffers if nbytes <= b.nbytes <= 2 * max(nbytes, GRAIN)]
         if fits:
             buf = min(fits, key=lambda b: b.nbytes)
-            _free.remove(buf)
+            state.pinned.buffers.remove(buf)
             return buf
     return Buffer(-(-max(nbytes, 1) // GRAIN) * GRAIN)
 
 
 def give(buf: Buffer) -> None:
     """``buf`` back for reuse."""
-    with _lock:
-        _free.append(buf)
+    with state.pinned.lock:
+        state.pinned.buffers.append(buf)
 
 
 def release() -> int:
     """Unpin and unmap the free buffers kept for reuse, and the pinned chunk files
     (:func:`release_files`); returns their bytes."""
-    with _lock:
-        bufs = list(_free)
-        _free.clear()
+    with state.pinned.lock:
+        bufs = list(state.pinned.buffers)
+        state.pinned.buffers.clear()
     for b in bufs:
         b.close()
     return sum(b.nbytes for b in bufs) + release_files()
@@ -181,11 +178,6 @@ class PinnedFile:
             self.close()
 
 
-_files: OrderedDict[str, PinnedFile] = OrderedDict()
-_files_bytes = [0]
-_pin_failed: list[str] = []
-
-
 def file_key(st: os.stat_result) -> tuple:
     """What identifies a file's contents: a file rewritten or replaced gets another key."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -195,8 +187,8 @@ def pinned_files_limit() -> int:
     """Bytes of chunk files that may stay pinned in this process (``pipeline.gpu.pinned-files``)."""
     import psutil
 
-    from . import config
-    from .backend import _bytes_or_fraction
+    from .. import config
+    from ..backend import _bytes_or_fraction
 
     total = psutil.virtual_memory().total
     with contextlib.suppress(ImportError, ValueError):
@@ -212,12 +204,12 @@ def lookup(path: str, st: os.stat_result) -> PinnedFile | None:
     """The file at ``path`` (whose ``os.stat`` is ``st``) if it is pinned with these contents, lent
     until :func:`unpin_file`; None if not (a pinned copy of other contents is dropped)."""
     key = file_key(st)
-    with _lock:
-        f = _files.get(path)
+    with state.pinned.lock:
+        f = state.pinned.files.get(path)
         if f is not None and f.key == key:
             f.users += 1
             f.last_used = time.monotonic()
-            _files.move_to_end(path)
+            state.pinned.files.move_to_end(path)
             return f
         stale = _drop(path) if f is not None else None  # the file changed: its pages are not what it holds
     if stale is not None:
@@ -229,7 +221,7 @@ def may_pin(nbytes: int) -> bool:
     """Whether a file of ``nbytes`` would be pinned now (room under the limit, no failure)."""
     unused: list[PinnedFile] = []
     limit = pinned_files_limit()  # reads settings and the host's memory: not under the lock
-    with _lock:
+    with state.pinned.lock:
         room = _room(nbytes, limit, unused)
     for f in unused:
         f.close()
@@ -239,15 +231,15 @@ def may_pin(nbytes: int) -> bool:
 def _room(nbytes: int, limit: int, unused: list[PinnedFile]) -> bool:
     """Under the lock: whether ``nbytes`` more fit the limit, after unpinning the least recently
     read files that are idle or changed (appended to ``unused``, to close outside the lock)."""
-    if _pin_failed or not 0 < nbytes <= limit:
+    if state.pinned.failure or not 0 < nbytes <= limit:
         return False
     now = time.monotonic()
-    while _files_bytes[0] + nbytes > limit and _files:
-        path, f = next(iter(_files.items()))
+    while state.pinned.files_bytes + nbytes > limit and state.pinned.files:
+        path, f = next(iter(state.pinned.files.items()))
         if f.users or (now - f.last_used < IDLE and not _changed(f)):
             return False
         unused.append(_drop(path))
-    return _files_bytes[0] + nbytes <= limit
+    return state.pinned.files_bytes + nbytes <= limit
 
 
 def _changed(f: PinnedFile) -> bool:
@@ -267,10 +259,10 @@ def pin_file(path: str, st: os.stat_result) -> PinnedFile | None:
         return f
     unused: list[PinnedFile] = []
     limit = pinned_files_limit()
-    with _lock:
+    with state.pinned.lock:
         room = _room(st.st_size, limit, unused)
         if room:
-            _files_bytes[0] += st.st_size  # reserved before pinning, which runs outside the lock
+            state.pinned.files_bytes += st.st_size  # reserved before pinning, which runs outside the lock
     for old in unused:
         old.close()
     if not room:
@@ -283,21 +275,21 @@ def pin_file(path: str, st: os.stat_result) -> PinnedFile | None:
             changed = file_key(os.stat(path)) != key
         except OSError:
             changed = True
-        with _lock:
-            _files_bytes[0] -= st.st_size
-            if not changed and not _pin_failed:  # a file that changed meanwhile is no reason to stop
-                _pin_failed.append(f"{type(e).__name__}: {e}")
+        with state.pinned.lock:
+            state.pinned.files_bytes -= st.st_size
+            if not changed and not state.pinned.failure:  # a file that changed meanwhile is no reason to stop
+                state.pinned.failure = f"{type(e).__name__}: {e}"
         return None
-    with _lock:
-        other = _files.get(path)
+    with state.pinned.lock:
+        other = state.pinned.files.get(path)
         if other is not None and other.key == key:  # another thread pinned it meanwhile: use that one
-            _files_bytes[0] -= st.st_size
+            state.pinned.files_bytes -= st.st_size
             other.users += 1
             spare, f = f, other
         else:
             spare = _drop(path) if other is not None else None  # changed again meanwhile
             f.users = 1
-            _files[path] = f
+            state.pinned.files[path] = f
     if spare is not None:
         spare.close()
     return f
@@ -305,15 +297,15 @@ def pin_file(path: str, st: os.stat_result) -> PinnedFile | None:
 
 def _drop(path: str) -> PinnedFile | None:
     """Take ``path``'s file out of the cache (under the lock); the file to close now, if unused."""
-    f = _files.pop(path)
-    _files_bytes[0] -= f.nbytes
+    f = state.pinned.files.pop(path)
+    state.pinned.files_bytes -= f.nbytes
     f.cached = False
     return f if f.users == 0 else None
 
 
 def unpin_file(f: PinnedFile) -> None:
     """``f`` back from :func:`pin_file`: nothing reads its pages any more."""
-    with _lock:
+    with state.pinned.lock:
         f.users -= 1
         f.last_used = time.monotonic()
         close = f.users == 0 and not f.cached
@@ -323,20 +315,20 @@ def unpin_file(f: PinnedFile) -> None:
 
 def pinned_files_bytes() -> int:
     """Bytes of chunk files pinned now."""
-    with _lock:
-        return _files_bytes[0]
+    with state.pinned.lock:
+        return state.pinned.files_bytes
 
 
 def pin_failure() -> str | None:
     """Why pinning files failed in this process, if it did (then every file is read into buffers)."""
-    return _pin_failed[0] if _pin_failed else None
+    return state.pinned.failure
 
 
 def release_files() -> int:
     """Unpin every pinned file (those in use once given back); returns their bytes."""
-    with _lock:
-        total = _files_bytes[0]
-        unused = [_drop(p) for p in list(_files)]
+    with state.pinned.lock:
+        total = state.pinned.files_bytes
+        unused = [_drop(p) for p in list(state.pinned.files)]
     for f in unused:
         if f is not None:
             f.close()

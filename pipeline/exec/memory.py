@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass
 
 import dask.array as da
 
-from . import backend as B
-from . import config
-from .errors import InputError
+from .. import backend as B
+from .. import config, state
+from ..errors import InputError
 
 # a thread holds about three blocks at a time: its input, its output and one temporary (for a
 # reading task, the block's compressed bytes). Measured under a 4 GB GPU limit (18.2 GB in blocks
@@ -280,12 +280,8 @@ def usage(backend: str) -> dict:
         out["gpu_pool_bytes"] = int(pool.total_bytes())
         out["gpu_pool_peak_bytes"] = B.device_memory_peak()
         out["gpu_pool_limit_bytes"] = int(pool.get_limit())
-        from .spill import spilled_bytes
-
-        out["host_held_bytes"] = spilled_bytes()  # copied to pinned memory between passes
-        from .pinned import pinned_files_bytes
-
-        out["host_pinned_files_bytes"] = pinned_files_bytes()  # chunk files pinned in the page cache
+        out["host_held_bytes"] = state.held.bytes  # copied to pinned memory between passes
+        out["host_pinned_files_bytes"] = state.pinned.files_bytes  # chunk files pinned in the page cache
     return out
 
 

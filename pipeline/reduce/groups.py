@@ -26,7 +26,7 @@ import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-from .backend import backend_of, meta, xp_of
+from ..backend import backend_of, meta, xp_of
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ def tree_reduce(x: da.Array, red: GroupReduction, labels: np.ndarray, axis: int,
     )
     # dask annotates the aggregate layer with one row along ``axis``; it has one per group, and
     # pipeline.memory sizes the partials (the fields, float64, of each group) from it
-    from .memory import PARTIAL_BYTES_KEY
+    from ..exec.memory import PARTIAL_BYTES_KEY
 
     ann = getattr(out.dask.layers.get(out.name), "collection_annotations", None)
     if ann is not None:
@@ -240,19 +240,19 @@ def _mean(p):
 
 
 def _group_sum(x2d, labels, k, **params):
-    from .kernels.groups import group_sum
+    from ..kernels.groups import group_sum
 
     return group_sum(x2d, labels, k, **params)
 
 
 def _group_spells(x2d, labels, k, threshold):
-    from .kernels.groups import group_spells
+    from ..kernels.groups import group_spells
 
     return group_spells(x2d, labels, k, threshold)
 
 
 def _group_runs(x2d, labels, k, threshold):
-    from .kernels.groups import group_runs
+    from ..kernels.groups import group_runs
 
     return group_runs(x2d, labels, k, threshold)
 

@@ -21,8 +21,8 @@ from typing import Callable, Mapping
 import dask.array as da
 import numpy as np
 
-from .backend import backend_of, is_cupy, xp_of
-from .backend import meta as backend_meta
+from ..backend import backend_of, is_cupy, xp_of
+from ..backend import meta as backend_meta
 
 Partial = Mapping[str, object]
 ACC = np.float64  # accumulator type of every partial
@@ -144,7 +144,7 @@ def reduce(
 
 def _moments_chunk(x, weights, axis):
     if is_cupy(x) and len(axis) == 1:
-        from .kernels.moments import moments_gpu
+        from ..kernels.moments import moments_gpu
 
         return moments_gpu(x, axis[0])
     xp = xp_of(x)
@@ -254,7 +254,7 @@ def _weighted_chunk_gpu(x, w, axis):
     if trailing and x.flags.c_contiguous and w.shape == x.shape and all(st == 0 for st in w.strides[:lead]):
         # the usual case: weights that vary only along the reduced axes (cos(lat)), and a block
         # laid out with those axes last: one pass of the two-stage kernel
-        from .kernels.weighted import weighted_sums_gpu
+        from ..kernels.weighted import weighted_sums_gpu
 
         rows = int(np.prod(x.shape[:lead], dtype=np.int64))
         wx, ws = weighted_sums_gpu(x.reshape(rows, -1), w[(0,) * lead].reshape(-1))
@@ -274,27 +274,3 @@ def _weighted_finalize(p):
 
 
 weighted_mean = Aggregation("pipeline-weighted-mean", _weighted_chunk, _sum_fields, _weighted_finalize)
-
-
-def second_pass(data: da.Array, *stats: da.Array) -> da.Array:
-    """The input of a two-pass op (statistics first, then an elementwise pass that uses them),
-    for its second pass.
-
-    In core the same array: Dask keeps its chunks in memory between the passes. Out of core
-    (the input is larger than half of its backend's memory budget, ``pipeline.gpu.memory-limit``
-    or ``pipeline.cpu.memory-limit``):
-
-    - on the GPU, the first pass copies its blocks to pinned host memory as it reads them, up to
-      ``pipeline.gpu.host-spill`` bytes, and the second pass copies them back once ``stats`` are
-      done (:mod:`pipeline.spill`): a trip over the bus instead of a second read and decode;
-    - blocks beyond that bound, and every block on the CPU, come from a copy of the input's graph
-      that starts only once ``stats`` are done: read again from storage, streaming, instead of
-      being held in memory that is not there.
-    """
-    from . import spill
-    from .backend import backend_of, memory_budget
-
-    backend = backend_of(data)
-    if data.nbytes <= memory_budget(backend) / 2:
-        return data
-    return spill.held_second_pass(data, list(stats), spill.hold_budget(backend))

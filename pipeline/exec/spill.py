@@ -21,15 +21,12 @@ before: memory stays bounded either way.
 from __future__ import annotations
 
 import itertools
-import threading
 
 import numpy as np
 
-from . import backend as B
-from . import config, pinned
-
-_spilled = [0]  # bytes copied to host memory since the last reset
-_lock = threading.Lock()
+from .. import backend as B
+from .. import config, state
+from ..gpu import pinned
 
 
 def hold_budget(backend: str) -> int:
@@ -38,7 +35,7 @@ def hold_budget(backend: str) -> int:
     already and do not fit it (else they would be in core), nor while a distributed client is
     active: a cluster's workers keep their own memory limits and spill through dask-cuda, and a
     held block that a worker spilled to disk would come back as pageable memory."""
-    from .io import active_client
+    from .compute import active_client
 
     if backend != "gpu" or active_client() is not None:
         return 0
@@ -49,40 +46,39 @@ def hold_budget(backend: str) -> int:
 
 def spilled_bytes(reset: bool = False) -> int:
     """Bytes held in host memory by :func:`to_host` since the last reset."""
-    with _lock:
-        value = _spilled[0]
+    with state.held.lock:
+        value = state.held.bytes
         if reset:
-            _spilled[0] = 0
+            state.held.bytes = 0
     return value
 
 
 # Buffers are lent by to_host and given back by to_device, which is the one task that reads a held
 # block, once its copy to the device is done; free ones are kept for the next run (release()).
-_lent: dict[int, pinned.Buffer] = {}
 
 
 def _lend(nbytes: int) -> pinned.Buffer:
     buf = pinned.take(nbytes)
-    with _lock:
-        _lent[buf.ptr] = buf
+    with state.held.lock:
+        state.held.lent[buf.ptr] = buf
     return buf
 
 
 def _give_back(block) -> None:
-    with _lock:
-        buf = _lent.pop(block.ctypes.data, None)
+    with state.held.lock:
+        buf = state.held.lent.pop(block.ctypes.data, None)
     if buf is not None:
         pinned.give(buf)
 
 
 def release() -> int:
-    """Unpin and unmap the free pinned buffers kept for reuse (:func:`pipeline.pinned.release`);
+    """Unpin and unmap the free pinned buffers kept for reuse (:func:`pipeline.gpu.pinned.release`);
     returns their bytes."""
     return pinned.release()
 
 
 def to_host(block):
-    """A copy of ``block`` in host memory: pinned (:mod:`pipeline.pinned`), by one asynchronous copy on a
+    """A copy of ``block`` in host memory: pinned (:mod:`pipeline.gpu.pinned`), by one asynchronous copy on a
     stream of its own, for a CuPy block; a plain copy for a NumPy one."""
     if not B.is_cupy(block):
         out = np.array(block, copy=True)
@@ -91,7 +87,7 @@ def to_host(block):
     else:
         import cupy as cp
 
-        from .gpu_zarr import context
+        from ..gpu.streams import context
 
         block = cp.ascontiguousarray(block)
         buf = _lend(block.nbytes)
@@ -100,8 +96,8 @@ def to_host(block):
         with context() as ctx:  # synchronizes its stream on exit
             ctx.stream.wait_event(ready)
             block.get(stream=ctx.stream, out=out)
-    with _lock:
-        _spilled[0] += out.nbytes
+    with state.held.lock:
+        state.held.bytes += out.nbytes
     return out
 
 
@@ -112,7 +108,7 @@ def to_device(block, gpu: bool, *after):
         return block
     import cupy as cp
 
-    from .gpu_zarr import context
+    from ..gpu.streams import context
 
     out = cp.empty(block.shape, dtype=block.dtype)
     ready = cp.cuda.Stream.null.record()  # the pool may hand out memory that queued kernels still use
@@ -169,3 +165,24 @@ def held_second_pass(data, stats, budget: int):
         return back
     cut = sum(data.chunks[0][:rows])
     return da.concatenate([back[:cut], bind(data, stats)[cut:]], axis=0)
+
+
+def second_pass(data: da.Array, *stats: da.Array) -> da.Array:
+    """The input of a two-pass op (statistics first, then an elementwise pass that uses them),
+    for its second pass.
+
+    In core the same array: Dask keeps its chunks in memory between the passes. Out of core
+    (the input is larger than half of its backend's memory budget, ``pipeline.gpu.memory-limit``
+    or ``pipeline.cpu.memory-limit``):
+
+    - on the GPU, the first pass copies its blocks to pinned host memory as it reads them, up to
+      ``pipeline.gpu.host-spill`` bytes, and the second pass copies them back once ``stats`` are
+      done (:mod:`pipeline.spill`): a trip over the bus instead of a second read and decode;
+    - blocks beyond that bound, and every block on the CPU, come from a copy of the input's graph
+      that starts only once ``stats`` are done: read again from storage, streaming, instead of
+      being held in memory that is not there.
+    """
+    backend = B.backend_of(data)
+    if data.nbytes <= B.memory_budget(backend) / 2:
+        return data
+    return held_second_pass(data, list(stats), hold_budget(backend))

@@ -33,8 +33,6 @@ import itertools
 import json
 import math
 import os
-import queue
-import threading
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
@@ -42,8 +40,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import config, pinned
-from .backend import use_device_memory_limit
+from .. import config
+from ..backend import use_device_memory_limit
+from ..errors import DecodeError, UnsupportedLayout
+from . import pinned
+from .iopool import io_pool
+from .nvcomp import _copy_frames, _decode_frames, nvcomp_available
+from .streams import context, current
 
 MISSING = np.uint64(2**64 - 1)
 # nvCOMP decodes a zstd frame on few threads: its speed comes from many frames at once. Measured
@@ -52,10 +55,6 @@ MISSING = np.uint64(2**64 - 1)
 # pool, into pinned memory; `pipeline convert` rewrites such stores as shards of ~1 MB frames.
 NVCOMP_MAX_FRAME = 64 << 20
 PIECE = 16 << 20  # files above this are read in pieces of this size, in parallel
-
-
-class Unsupported(ValueError):
-    """The array's layout is outside what the GPU reader decodes; zarr reads it instead."""
 
 
 # --- layout -------------------------------------------------------------------------------------
@@ -116,50 +115,50 @@ def _fill(value, dtype: np.dtype):
         named = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}
         if value in named and dtype.kind == "f":
             return named[value]
-        raise Unsupported(f"fill value {value!r}")
+        raise UnsupportedLayout(f"fill value {value!r}")
     return value
 
 
 def _bytes_codec_ok(codec: dict, dtype: np.dtype) -> None:
     endian = (codec.get("configuration") or {}).get("endian", "little")
     if dtype.itemsize > 1 and endian != "little":
-        raise Unsupported(f"{endian}-endian values")
+        raise UnsupportedLayout(f"{endian}-endian values")
 
 
 def _chain(codecs: list[dict], dtype: np.dtype) -> tuple[str, bool]:
     """(codec, trailing crc32c) of a plain chain: bytes, then zstd and/or crc32c."""
     names = [c["name"] for c in codecs]
     if not names or names[0] != "bytes":
-        raise Unsupported(f"codecs {names}")
+        raise UnsupportedLayout(f"codecs {names}")
     _bytes_codec_ok(codecs[0], dtype)
     rest = names[1:]
     crc = bool(rest) and rest[-1] == "crc32c"
     if crc:
         rest = rest[:-1]
     if rest not in ([], ["zstd"]):
-        raise Unsupported(f"codecs {names}")
+        raise UnsupportedLayout(f"codecs {names}")
     return ("zstd" if rest else "none"), crc
 
 
 def layout(array_dir: str | os.PathLike) -> Layout:
     """Read the layout of the Zarr array stored in ``array_dir`` (v3 ``zarr.json`` or v2 ``.zarray``).
 
-    Raises :class:`Unsupported` when the array uses something the GPU reader does not decode.
+    Raises :class:`UnsupportedLayout` when the array uses something the GPU reader does not decode.
     """
     root = Path(array_dir)
     if (root / "zarr.json").exists():
         meta = json.loads((root / "zarr.json").read_text())
         if meta.get("node_type") != "array":
-            raise Unsupported(f"{root} is not an array")
+            raise UnsupportedLayout(f"{root} is not an array")
         if meta.get("storage_transformers"):
-            raise Unsupported("storage transformers")
+            raise UnsupportedLayout("storage transformers")
         try:
             dtype = np.dtype(meta["data_type"])
         except TypeError as e:
-            raise Unsupported(f"data type {meta['data_type']!r}") from e
+            raise UnsupportedLayout(f"data type {meta['data_type']!r}") from e
         grid = meta["chunk_grid"]
         if grid.get("name") != "regular":
-            raise Unsupported(f"chunk grid {grid.get('name')!r}")
+            raise UnsupportedLayout(f"chunk grid {grid.get('name')!r}")
         chunk = tuple(grid["configuration"]["chunk_shape"])
         cke = meta.get("chunk_key_encoding", {"name": "default"})
         sep = (cke.get("configuration") or {}).get("separator")
@@ -173,11 +172,11 @@ def layout(array_dir: str | os.PathLike) -> Layout:
             cfg = codecs[0]["configuration"]
             inner = tuple(cfg["chunk_shape"])
             if any(c % i for c, i in zip(chunk, inner)):
-                raise Unsupported("inner chunks that do not divide the shard")
+                raise UnsupportedLayout("inner chunks that do not divide the shard")
             codec, crc = _chain(cfg["codecs"], dtype)
             index_codecs = [c["name"] for c in cfg.get("index_codecs", [{"name": "bytes"}, {"name": "crc32c"}])]
             if index_codecs not in (["bytes"], ["bytes", "crc32c"]):
-                raise Unsupported(f"shard index codecs {index_codecs}")
+                raise UnsupportedLayout(f"shard index codecs {index_codecs}")
             return Layout(
                 **common, inner=inner, codec=codec, frame_crc=crc, sharded=True,
                 index_at_end=cfg.get("index_location", "end") == "end", index_crc=len(index_codecs) == 2,
@@ -188,17 +187,17 @@ def layout(array_dir: str | os.PathLike) -> Layout:
         meta = json.loads((root / ".zarray").read_text())
         dtype = np.dtype(meta["dtype"])
         if dtype.byteorder == ">" or meta.get("order", "C") != "C" or meta.get("filters"):
-            raise Unsupported("big-endian, Fortran-ordered or filtered v2 data")
+            raise UnsupportedLayout("big-endian, Fortran-ordered or filtered v2 data")
         comp = meta.get("compressor")
         if comp is not None and comp.get("id") != "zstd":
-            raise Unsupported(f"compressor {comp.get('id')!r}")
+            raise UnsupportedLayout(f"compressor {comp.get('id')!r}")
         chunk = tuple(meta["chunks"])
         return Layout(
             root=str(root), shape=tuple(meta["shape"]), dtype=dtype.newbyteorder("="), chunk=chunk, inner=chunk,
             codec="zstd" if comp else "none", frame_crc=False, sharded=False,
             fill_value=_fill(meta.get("fill_value"), dtype), separator=meta.get("dimension_separator", "."),
         )
-    raise Unsupported(f"{root}: no zarr.json or .zarray")
+    raise UnsupportedLayout(f"{root}: no zarr.json or .zarray")
 
 
 # --- frames of one file -------------------------------------------------------------------------
@@ -260,53 +259,6 @@ def decode_chunk_host(lay: Layout, blob: bytes) -> np.ndarray:
 # --- reading a block on the GPU -----------------------------------------------------------------
 
 
-def _io_threads() -> int:
-    n = config.get("gpu.io-threads", None)
-    return int(n) if n else min(16, os.cpu_count() or 1)
-
-
-class _IOPool:
-    """The I/O threads, running jobs in the order of the reads they belong to rather than in the
-    order they arrive.
-
-    Several Dask tasks read blocks at once. A FIFO pool (``ThreadPoolExecutor``) interleaves their
-    pieces, so every read finishes at about the same time and the copies and decodes that follow
-    all start together, with nothing left to read while they run. Here the read that asked first
-    gets every thread until it is done: its bytes go to the device and decode while the next read
-    proceeds."""
-
-    def __init__(self, threads: int):
-        self._queue: queue.PriorityQueue = queue.PriorityQueue()
-        self._tickets = itertools.count()
-        self._seq = itertools.count()
-        for i in range(threads):
-            threading.Thread(target=self._work, name=f"pipeline-io-{i}", daemon=True).start()
-
-    def ticket(self) -> int:
-        """A place in the order: jobs submitted with it run after those of earlier tickets."""
-        return next(self._tickets)
-
-    def submit(self, fn, *args, ticket: int | None = None) -> Future:
-        future: Future = Future()
-        self._queue.put((self.ticket() if ticket is None else ticket, next(self._seq), future, fn, args))
-        return future
-
-    def _work(self) -> None:
-        while True:
-            _, _, future, fn, args = self._queue.get()
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as e:  # handed to whoever waits on the future
-                future.set_exception(e)
-
-
-@functools.cache
-def _pool() -> _IOPool:
-    return _IOPool(_io_threads())
-
-
 def _read_into(path: str, view: memoryview) -> None:
     with open(path, "rb", buffering=0) as f:
         got = f.readinto(view)
@@ -341,7 +293,7 @@ def submit_reads(paths: list[str], sizes: list[int], buffer: np.ndarray, stats=N
     (None where it was read into ``buffer`` after all)."""
     starts = list(itertools.accumulate([0] + sizes[:-1]))
     mv = memoryview(buffer)
-    pool = _pool()
+    pool = io_pool()
     ticket = pool.ticket()
     files = []
     for k, (path, size, start) in enumerate(zip(paths, sizes, starts)):
@@ -364,149 +316,6 @@ def read_files(paths: list[str], sizes: list[int], buffer: np.ndarray) -> list[i
         for j in jobs:
             j.result()
     return [start for start, _ in files]
-
-
-class _Context:
-    """A CUDA stream and the nvCOMP codec bound to it, with the objects that in-flight work on the
-    stream still reads. Contexts are pooled for the life of the process and lent to one task at a
-    time: tied to threads instead, they would be destroyed when Dask retires its worker threads,
-    and nvCOMP's codec does not survive destruction on a thread that is being torn down (seen as a
-    crash when a threads scheduler shut down)."""
-
-    def __init__(self):
-        import cupy as cp
-
-        self.device = cp.cuda.Device().id
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        self.codec = None
-        self.configs = {}  # decompression configs of the codec, by batch length and frame size
-        self.keep = []
-
-
-_free: dict[int, list[_Context]] = {}
-_free_lock = threading.Lock()
-_local = threading.local()  # the context lent to the task running on this thread
-
-
-class context:
-    """Lend this thread a pooled :class:`_Context` of the current device for the ``with`` block;
-    the stream is synchronized before the context goes back."""
-
-    def __enter__(self) -> _Context:
-        import cupy as cp
-
-        device = cp.cuda.Device().id
-        with _free_lock:
-            pool = _free.setdefault(device, [])
-            ctx = pool.pop() if pool else None
-        self.ctx = ctx or _Context()
-        self.outer = getattr(_local, "ctx", None)
-        _local.ctx = self.ctx
-        return self.ctx
-
-    def __exit__(self, *exc):
-        try:
-            self.ctx.stream.synchronize()
-        finally:
-            self.ctx.keep.clear()
-            _local.ctx = self.outer
-            with _free_lock:
-                _free.setdefault(self.ctx.device, []).append(self.ctx)
-
-
-@functools.cache
-def _nvcomp():
-    try:
-        from nvidia import nvcomp
-    except Exception:
-        return None
-    return nvcomp
-
-
-def nvcomp_available() -> bool:
-    return _nvcomp() is not None
-
-
-def _stream():
-    return _local.ctx.stream
-
-
-def _codec():
-    ctx = _local.ctx
-    if ctx.codec is None:
-        nv = _nvcomp()
-        ctx.codec = nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW, cuda_stream=ctx.stream.ptr)
-    return ctx.codec
-
-
-def _batch(buffer, offsets, sizes, stream):
-    """nvCOMP batch of byte ranges of one device buffer."""
-    nv = _nvcomp()
-    offsets = [int(o) for o in offsets]
-    sizes = [int(s) for s in sizes]
-    try:
-        return nv.as_arrays(buffer, offsets, sizes, stream.ptr)
-    except TypeError:  # older bindings: a list of views
-        flat = buffer.reshape(-1).view("u1")
-        return nv.as_arrays([flat[o:o + s] for o, s in zip(offsets, sizes)], stream.ptr)
-
-
-class NvcompError(RuntimeError):
-    """nvCOMP refused or failed to decode frames."""
-
-
-def _decode_frames(src, src_offsets, sizes, dst, dst_offsets, dst_size):
-    """Decode zstd frames of ``src`` (device bytes) into ``dst`` at ``dst_offsets``, ``dst_size``
-    bytes each, on this thread's stream."""
-    if not len(src_offsets):
-        return
-    stream = _stream()
-    srcs = _batch(src, src_offsets, sizes, stream)
-    outs = _batch(dst.reshape(-1).view("u1"), dst_offsets, [dst_size] * len(dst_offsets), stream)
-    try:
-        _decode(_codec(), _local.ctx.configs, srcs, outs, len(dst_offsets), dst_size)
-    except (RuntimeError, ValueError) as e:
-        raise NvcompError(str(e)) from e
-    # the batches hold the device arrays of frame pointers and sizes that the decode, still
-    # running, reads: they must live until the stream is synchronized
-    _local.ctx.keep.append((srcs, outs))
-
-
-def _decode(codec, configs: dict, srcs, outs, count: int, size: int) -> None:
-    """``codec.decode`` of ``count`` frames that decode to ``size`` bytes each, without reading
-    their sizes back.
-
-    Without a decompression config, nvCOMP's decode parses the frames' headers first and
-    synchronizes its stream to read the sizes back, so the calling thread waits for the block's
-    copy to the device before the decode is even queued. The sizes are known here (every frame is
-    one whole inner chunk): a config built from them, kept per codec and batch length, makes the
-    decode asynchronous. Measured on the H200 machine, 6.1 GB in blocks of one shard: 0.30 s
-    instead of 0.34 s (benchmarks/RESULTS.md)."""
-    global _configs_supported
-    if _configs_supported:
-        key = (count, size)
-        try:
-            config = configs.get(key)
-            if config is None:
-                if len(configs) >= 64:
-                    configs.clear()
-                config = configs[key] = codec.decompression_config(codec.compression_config([size] * count))
-        except (AttributeError, TypeError):  # bindings without decompression configs
-            _configs_supported = False
-        else:
-            codec.decode(srcs, out=outs, decompression_config=config)
-            return
-    codec.decode(srcs, out=outs)
-
-
-_configs_supported = True
-
-
-def _copy_frames(src, src_offsets, sizes, dst, dst_offsets):
-    """Uncompressed frames: plain device copies."""
-    flat = dst.reshape(-1).view("u1")
-    for so, s, do in zip(src_offsets, sizes, dst_offsets):
-        flat[int(do):int(do) + int(s)] = src[int(so):int(so) + int(s)]
 
 
 def read_block(lay: Layout, region: tuple[slice, ...]):
@@ -667,10 +476,10 @@ def _decode_on_host(lay: Layout, items, out) -> None:
     import cupyx
 
     staged = cupyx.empty_pinned((len(items), lay.inner_nbytes), dtype=np.uint8)
-    pool = _pool()
+    pool = io_pool()
     ticket = pool.ticket()
     jobs = [pool.submit(_decode_host_frame, lay, blob, staged[k], ticket=ticket) for k, (_, _, blob) in enumerate(items)]
-    stream = _stream()
+    stream = current().stream
     for k, ((target, _, _), job) in enumerate(zip(items, jobs)):
         job.result()
         chunk = cp.empty(lay.chunk, dtype=lay.dtype)
@@ -679,7 +488,7 @@ def _decode_on_host(lay: Layout, items, out) -> None:
             out[target] = chunk[tuple(slice(0, sl.stop - sl.start) for sl in target)]
         else:
             target[...] = chunk.reshape(target.shape)
-    _local.ctx.keep.append(staged)
+    current().keep.append(staged)
 
 
 def _decode_into_place(lay: Layout, direct, dev, out) -> None:
@@ -729,7 +538,7 @@ class GpuSource:
         use_device_memory_limit()
         try:
             return read_block(self.lay, region)
-        except NvcompError as e:  # a frame nvCOMP refuses: zarr decodes this block instead
+        except DecodeError as e:  # a frame nvCOMP refuses: zarr decodes this block instead
             _warn_once(f"{self.lay.root}: nvCOMP could not decode a block ({e}); zarr decodes it on the CPU")
             return StagedSource(self.lay.root, self.ndim, self.shape, self.dtype)[region]
 
@@ -814,7 +623,7 @@ def open_array(store: str | os.PathLike, name: str, chunks=None, *, nvcomp: bool
             lay = layout(root)
             if aligned(chunks, lay.chunk):
                 source = GpuSource(lay, arr.ndim, arr.shape, lay.dtype)
-        except Unsupported:
+        except UnsupportedLayout:
             pass
     if source is None:
         source = StagedSource(root, arr.ndim, arr.shape, np.dtype(arr.dtype))

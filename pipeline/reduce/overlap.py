@@ -16,7 +16,7 @@ from typing import Callable
 
 import dask.array as da
 
-from .backend import xp_of
+from ..backend import xp_of
 
 
 def _rows(axis: int, ndim: int, start: int | None, stop: int | None) -> tuple:

@@ -1,0 +1,161 @@
+"""Computing a graph: on the current distributed client, or on dask's threads in this process,
+with the memory plan's number of threads; a failed or interrupted computation returns only once
+no task of it still runs.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import dask.array as da
+import xarray as xr
+
+from .. import backend as B
+from .. import config
+
+
+def _arrays_of(obj):
+    """The arrays of ``obj``: a DataArray, a Dataset, an array, or a list, tuple or dict of them
+    (what ``dask.compute`` accepts)."""
+    if isinstance(obj, xr.DataArray):
+        yield obj.data
+    elif isinstance(obj, xr.Dataset):
+        yield from (v.data for v in obj.variables.values())
+    elif isinstance(obj, (list, tuple, set)):
+        for item in obj:
+            yield from _arrays_of(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _arrays_of(item)
+    else:
+        yield obj
+
+
+def _graph_sizes(obj) -> tuple[str, int, int, int] | None:
+    """The backend of ``obj``'s arrays, their graphs' largest block and largest reduction
+    partial, and the blocks a thread may hold (:mod:`pipeline.memory`), or None without arrays."""
+    from . import memory
+
+    arrays = [a for a in _arrays_of(obj) if isinstance(a, da.Array)]
+    if not arrays:
+        return None
+    backend = "gpu" if any(B.backend_of(a) == "gpu" for a in arrays) else "cpu"
+    return backend, memory.graph_block_bytes(*arrays), memory.graph_partial_bytes(*arrays), memory.graph_blocks_per_thread(*arrays)
+
+
+def compute_threads(obj) -> int | None:
+    """Threads for computing ``obj`` in this process, from :func:`pipeline.memory.threads_for`:
+    ``pipeline.gpu.threads`` when its data is on the GPU (a few threads keep a GPU busy, and chunk
+    files are read by pipeline's own I/O pool), dask's default otherwise; fewer where that many
+    threads, each holding a few blocks, would exceed the backend's memory limit."""
+    from . import memory
+
+    sizes = _graph_sizes(obj)
+    return None if sizes is None else memory.threads_for(*sizes)
+
+
+def _room_to_read_ahead(obj, fits: dict, nthreads: dict) -> bool:
+    """Whether each worker can hold what it may read ahead once its slab is placed on it.
+
+    Placing slabs pins each worker's reads, and the scheduler queues no pinned task: a worker
+    reads ahead of its threads, up to twice the blocks that the same threads hold in one process
+    (benchmarks/live_blocks.py), or at most its whole slab. Where neither fits a worker's budget
+    (``fits``: threads that fit and budget, from :func:`pipeline.memory.check_workers`), the
+    scheduler places the blocks instead, and its queuing bounds the reads a worker holds
+    (worker-saturation)."""
+    from . import memory
+
+    if not fits:
+        return True
+    slab = memory.graph_array_bytes(*(a for a in _arrays_of(obj) if isinstance(a, da.Array))) / max(len(nthreads), 1)
+    return all(nthreads.get(w, 0) <= fit // 2 or slab <= budget / 2 for w, (fit, budget) in fits.items())
+
+
+def active_client():
+    """The distributed client computations go to (``distributed.default_client()``), or None."""
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except (ImportError, ValueError):
+        return None
+
+
+def compute(obj, progress: bool = False, threads: int | None = None):
+    """Compute on the current distributed client if there is one, else on dask's threads
+    (``threads`` of them; by default ``pipeline.gpu.threads`` for data on the GPU, else dask's
+    ``num_workers`` or one per core).
+
+    When the computation fails or is interrupted, this returns only once no task of it is still
+    running, so that the caller can remove what the tasks wrote without a late write
+    re-creating it.
+    """
+    import contextlib
+    import sys
+
+    import dask
+
+    client = active_client()
+    if client is not None:
+        from . import memory
+
+        sizes = _graph_sizes(obj)
+        # the memory plan, with each worker's own budget and threads
+        fits = memory.check_workers(client, *sizes) if sizes is not None else {}
+        placed = False
+        if config.get("cluster.locality", True) and _room_to_read_ahead(obj, fits, client.nthreads()):
+            # each worker reads, maps and reduces a contiguous slab of blocks, in both passes of a
+            # two-pass op, so that only partials and statistics cross workers (pipeline.locality)
+            from .locality import ReleasePins, place
+
+            try:
+                client.register_plugin(ReleasePins())  # unpins the blocks of a worker that leaves
+            except Exception as e:  # e.g. a scheduler that cannot import pipeline
+                warnings.warn(f"blocks are left to the scheduler to place: {type(e).__name__}: {e}", stacklevel=2)
+            else:
+                obj, placed = place(obj, client.nthreads())
+        future = client.compute(obj, optimize_graph=not placed)  # place() optimized it already
+        try:
+            if progress:
+                from distributed import progress as show_progress
+
+                show_progress(future)
+            return client.gather(future)  # one future, or a list of them for a list of collections
+        except BaseException:
+            client.cancel(future)
+            _wait_idle(client)
+            raise
+    if dask.config.get("scheduler", None) not in (None, "threads", "threading"):
+        return dask.compute(obj)[0]  # a scheduler the user chose: leave it alone
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dask.system import CPU_COUNT
+
+    if threads is None:
+        threads = compute_threads(obj)
+    pool = ThreadPoolExecutor(threads or dask.config.get("num_workers", None) or CPU_COUNT)
+    try:
+        bar = contextlib.nullcontext()
+        if progress:
+            from dask.diagnostics import ProgressBar
+
+            bar = ProgressBar(out=sys.stderr)
+        with bar, dask.config.set(pool=pool, scheduler="threads"):
+            return dask.compute(obj)[0]
+    finally:
+        # dask's own pool would leave running tasks behind after an error; this one is joined
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _wait_idle(client, timeout: float = 30.0) -> None:
+    """Wait until the cluster runs no task (after a cancel, running tasks still finish)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not any(client.processing().values()):
+                return
+        except Exception:
+            return
+        time.sleep(0.1)

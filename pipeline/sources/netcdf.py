@@ -1,0 +1,17 @@
+"""NetCDF (HDF5) files, opened by xarray through h5netcdf; CF decoding of values is left to :mod:`.cf`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import xarray as xr
+
+SUFFIXES = (".nc", ".nc4", ".netcdf", ".h5", ".hdf5", ".cdf")
+
+
+def detect(path: Path) -> str | None:
+    return "netcdf" if path.is_file() and path.suffix.lower() in SUFFIXES else None
+
+
+def open_store(path, fmt: str, chunks) -> xr.Dataset:
+    return xr.open_dataset(path, chunks=chunks, mask_and_scale=False)

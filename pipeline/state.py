@@ -1,0 +1,74 @@
+"""Process-wide state: everything pipeline keeps for the life of a process, in one place.
+
+The rest of the package is functions, immutable values and caches of compiled kernels. What a
+process holds between computations, each under its own lock:
+
+- ``io``: the I/O threads that read chunk files into pinned memory (:mod:`pipeline.gpu.iopool`),
+  started on first use.
+- ``streams``: per device, the CUDA streams (each with its nvCOMP codec) free to be lent to a task,
+  and the one lent to the task running on each thread (:mod:`pipeline.gpu.streams`).
+- ``pinned``: pinned host buffers free for reuse; chunk files pinned where they lie in the page
+  cache, least recently read first, and their bytes; why pinning failed, once it has
+  (:mod:`pipeline.gpu.pinned`).
+- ``held``: host buffers holding blocks between the passes of two-pass ops, and the bytes copied
+  there since the last reset (:mod:`pipeline.exec.spill`).
+- ``device``: the most bytes CuPy's pool has held since the last reset (:mod:`pipeline.backend`).
+- ``nvcomp``: whether nvCOMP's bindings take decompression configs, learnt at the first decode
+  (:mod:`pipeline.gpu.nvcomp`).
+
+Tests that need a clean slate replace a part with a fresh instance (``monkeypatch.setattr(
+state.pinned, "files", OrderedDict())``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class IOState:
+    pool: object | None = None  # pipeline.gpu.iopool.IOPool
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class StreamState:
+    free: dict = field(default_factory=dict)  # device -> [pipeline.gpu.streams.Context]
+    local: threading.local = field(default_factory=threading.local)  # .ctx: the context lent here
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class PinnedState:
+    buffers: list = field(default_factory=list)  # free pipeline.gpu.pinned.Buffer
+    files: OrderedDict = field(default_factory=OrderedDict)  # path -> pipeline.gpu.pinned.PinnedFile
+    files_bytes: int = 0
+    failure: str | None = None  # why pinning a file failed: not tried again in this process
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class HeldState:
+    lent: dict = field(default_factory=dict)  # host address -> pinned Buffer holding a block
+    bytes: int = 0  # copied to host memory since the last reset
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class DeviceState:
+    pool_peak: int = 0  # the most bytes CuPy's pool has held (threads racing may miss one block)
+
+
+@dataclass
+class NvcompState:
+    configs_supported: bool = True
+
+
+io = IOState()
+streams = StreamState()
+pinned = PinnedState()
+held = HeldState()
+device = DeviceState()
+nvcomp = NvcompState()
