@@ -32,9 +32,9 @@ FAMILIES: dict[str, str] = {
     "group_runs": "groups",
     "subtract_groups": "groups",
     "coarsen_mean": "coarsen",
-    "polyfit": "trend",
-    "polyval_subtract": "trend",
-    "detrend_block": "trend",
+    "polyfit": "fields",
+    "polyval_subtract": "fields",
+    "detrend_block": "fields",
     "quantile": "fields",
     "saturation_vapor_pressure": "fields",
 }

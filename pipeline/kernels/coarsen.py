@@ -170,3 +170,10 @@ def coarsen_groups_cpu(block: np.ndarray, factors: dict[int, int], out_dtype) ->
                                            strides=[s * block.itemsize for _, _, s in groups], writeable=False)
     out = coarsen_mean(view, {i: f for i, (_, f, _) in enumerate(groups) if f > 1}, out_dtype)
     return out.reshape(out_shape(block.shape, factors))
+
+
+def coarsen_mean_cpu(block, factors: dict[int, int], out_dtype):
+    from .fields import coarsen_mean
+
+    return coarsen_mean(block, factors, out_dtype)
+

@@ -365,3 +365,12 @@ def saturation_vapor_pressure_gpu(x, offset: float, method: str, out_dtype):
     x = cupy.ascontiguousarray(x)
     e = cupy.empty(x.shape, dtype=out_dtype)
     return streaming.run(SVP[method], x, e, np.float64(offset))
+
+
+# --- the names the registry looks up (pipeline.kernels.FAMILIES) ----------------------------------
+
+polyfit_cpu = polyfit_chunk_xp
+polyfit_gpu = polyfit_chunk_gpu
+polyval_subtract_cpu = polyval_subtract
+coarsen_mean_cpu = coarsen_mean
+

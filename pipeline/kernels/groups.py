@@ -674,3 +674,11 @@ def subtract_groups_gpu(x2d, labels, values2d, out_dtype):
     out = cupy.empty(x2d.shape, dtype=out_dtype)
     labels = cupy.asarray(labels, dtype=np.int64)
     return streaming.run(SUBTRACT_GROUPS, x2d, out, labels, cupy.ascontiguousarray(values2d, dtype=np.float64))
+
+
+# --- the names the registry looks up (pipeline.kernels.FAMILIES) ----------------------------------
+
+group_sum_cpu = group_sum_gpu = group_sum
+group_spells_cpu = group_spells_gpu = group_spells
+group_runs_cpu = group_runs_gpu = group_runs
+

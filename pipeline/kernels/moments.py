@@ -235,10 +235,34 @@ def moments_twin(x2d, *, tile: int):
     return merge_tiles(parts, np)
 
 
-def moments_gpu(block, axis: int, previous: bool = False) -> dict:
-    """{n, mean, m2} of a CuPy block over ``axis`` (kept with length 1), float64; ``previous``: by
+def moments_cpu(block, axis) -> dict:
+    """{n, mean, m2} of a block over ``axis`` (an int or a tuple, kept with length 1), float64,
+    NaN-skipping: count, mean, and the sum of squared deviations from the block's own mean (the
+    two-pass formula inside a block). Array formulas, on the array module of ``block``."""
+    from ..backend import xp_of
+
+    axis = (axis,) if isinstance(axis, int) else tuple(axis)
+    xp = xp_of(block)
+    valid = ~xp.isnan(block)
+    n = valid.sum(axis=axis, keepdims=True, dtype=np.float64)
+    total = xp.nansum(block, axis=axis, keepdims=True, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = xp.where(n > 0, total / xp.where(n > 0, n, 1), 0.0)
+    dev = xp.where(valid, block.astype(np.float64, copy=False) - mean, 0.0)
+    m2 = (dev * dev).sum(axis=axis, keepdims=True)
+    return {"n": n, "mean": mean, "m2": m2}
+
+
+def moments_gpu(block, axis, previous: bool = False) -> dict:
+    """{n, mean, m2} of a CuPy block over ``axis`` (kept with length 1), float64: the CUDA C
+    kernel over one axis (the array formulas of :func:`moments_cpu` over several); ``previous``: by
     the Numba CUDA kernel the CUDA C one replaced (for the benchmarks)."""
     import cupy
+
+    if not isinstance(axis, int):
+        if len(axis) != 1:
+            return moments_cpu(block, axis)
+        axis = axis[0]
 
     moved = cupy.moveaxis(block, axis, 0)
     rest = moved.shape[1:]

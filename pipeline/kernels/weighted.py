@@ -10,7 +10,7 @@ a reduction one block per row and reaches about a fifth of the memory bandwidth.
 That kernel (kept as ``weighted_sums_gpu_previous``) reached 68% of the copy bandwidth on an H200.
 For every 4-byte value it also read its 8-byte weight: weights that stay in L2, but that then
 carries three times the traffic of the data, and each block of 8192 values ended in a tree of 8
-``__syncthreads``. The kernel below (``weighted_sums_gpu``) gives each block a slice of points
+``__syncthreads``. The kernel below (``weighted_rows_gpu``) gives each block a slice of points
 over a tile of rows: a thread loads the weights of its ``U`` points once, into registers, and
 walks the tile's rows, loading the next row's values before adding the current row's; each
 row's sums are added across the warp by shuffles and across warps once per tile, in a fixed
@@ -217,8 +217,63 @@ def weighted_partials_twin(x2d, w1d, threads: int = TILE_THREADS, unroll: int = 
     return out
 
 
-def weighted_sums_gpu(x2d, w1d):
+def weighted_rows_gpu(x2d, w1d):
     """(sum of w * x, sum of w) over the valid values of each row of a (rows, points) CuPy array,
     with one weight per point; two float64 arrays of length rows."""
     sums = weighted_partials_gpu(x2d, w1d).sum(axis=2)
     return sums[:, 0], sums[:, 1]
+
+
+# --- the kernels of the weighted-mean reduction: one block to its partial {wx, w} ------------------
+
+ACC = np.float64
+
+
+def weighted_sums_cpu(x, w, axis) -> dict:
+    """Partial of a weighted mean over ``axis`` (kept with length 1): sum(w * x) and sum(w) over
+    the valid values of ``x``, float64. Array formulas, on the array module of ``x``."""
+    from ..backend import xp_of
+
+    xp = xp_of(x)
+    valid = ~xp.isnan(x)
+    wx = xp.where(valid, x.astype(ACC, copy=False) * w, 0.0)
+    wsum = xp.where(valid, w, 0).astype(ACC, copy=False)
+    return {"wx": wx.sum(axis=axis, keepdims=True), "w": wsum.sum(axis=axis, keepdims=True)}
+
+
+@functools.cache
+def _weighted_sum_reduction():
+    import cupy
+
+    # One pass for both sums: each element maps to the complex number (w*x, w), zero where x is
+    # NaN, and complex addition adds the two parts independently. Two real reductions would read
+    # the block twice.
+    return cupy.ReductionKernel(
+        "T x, float64 w",
+        "complex128 y",
+        "x == x ? complex<double>((double)x * w, w) : complex<double>(0.0, 0.0)",
+        "a + b",
+        "y = a",
+        "complex<double>(0.0, 0.0)",
+        "pipeline_weighted_sums",
+        options=("--fmad=false",),
+    )
+
+
+def weighted_sums_gpu(x, w, axis) -> dict:
+    """:func:`weighted_sums_cpu` on a CuPy block."""
+    import cupy
+
+    w = cupy.asarray(w)
+    lead = x.ndim - len(axis)
+    trailing = tuple(axis) == tuple(range(lead, x.ndim))
+    if trailing and x.flags.c_contiguous and w.shape == x.shape and all(st == 0 for st in w.strides[:lead]):
+        # the usual case: weights that vary only along the reduced axes (cos(lat)), and a block
+        # laid out with those axes last: one pass of the two-stage kernel
+        rows = int(np.prod(x.shape[:lead], dtype=np.int64))
+        wx, ws = weighted_rows_gpu(x.reshape(rows, -1), w[(0,) * lead].reshape(-1))
+        shape = (*x.shape[:lead], *(1,) * len(axis))
+        return {"wx": wx.reshape(shape), "w": ws.reshape(shape)}
+    sums = _weighted_sum_reduction()(x, w.astype(np.float64, copy=False), axis=axis, keepdims=True)
+    return {"wx": sums.real.copy(), "w": sums.imag.copy()}
+

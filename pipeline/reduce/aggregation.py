@@ -254,7 +254,7 @@ def _weighted_chunk_gpu(x, w, axis):
     if trailing and x.flags.c_contiguous and w.shape == x.shape and all(st == 0 for st in w.strides[:lead]):
         # the usual case: weights that vary only along the reduced axes (cos(lat)), and a block
         # laid out with those axes last: one pass of the two-stage kernel
-        from ..kernels.weighted import weighted_sums_gpu
+        from ..kernels.weighted import weighted_rows_gpu as weighted_sums_gpu
 
         rows = int(np.prod(x.shape[:lead], dtype=np.int64))
         wx, ws = weighted_sums_gpu(x.reshape(rows, -1), w[(0,) * lead].reshape(-1))
