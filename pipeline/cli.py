@@ -233,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted; no partial output was left behind")
         return EXIT_FAILURE
+    except BrokenPipeError:  # the reader of our output went away (`pipeline ops | head`)
+        sys.stderr.close()
+        return EXIT_FAILURE
     except Exception as e:  # a failure, not bad input: show what happened
         import traceback
 

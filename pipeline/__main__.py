@@ -1,0 +1,7 @@
+"""``python -m pipeline``: the same as the ``pipeline`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
