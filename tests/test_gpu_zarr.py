@@ -12,6 +12,7 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
 
 from pipeline.gpu import reader as gpu_zarr
+from pipeline import state
 from pipeline.errors import InputError, UnsupportedLayout
 from pipeline.sinks.convert import convert, inner_chunk
 from pipeline.sources import open_dataset
@@ -209,7 +210,7 @@ def test_gpu_reads_pin_files_and_see_them_change(tmp_path, name):
             np.testing.assert_array_equal(gpu_zarr.open_array(store, "x").compute().get(), values)
             assert pinned.pin_failure() is None
             assert pinned.pinned_files_bytes() == sum(sizes.values())
-            assert set(pinned._files) == set(sizes)
+            assert set(state.pinned.files) == set(sizes)
         arr = zarr.open_array(store, path="x", mode="r+")
         changed = values * 2 + 1
         arr[...] = changed
@@ -310,7 +311,6 @@ def test_stream_contexts_are_pooled_not_tied_to_threads(monkeypatch):
 
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0), Stream=Stream))
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    from pipeline import state
     from pipeline.gpu import streams
 
     monkeypatch.setattr(state, "streams", state.StreamState())
