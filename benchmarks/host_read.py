@@ -46,9 +46,9 @@ def _first_value(block):
 
 def _slab_files(store: str, lo: int, hi: int) -> tuple[list[str], list[int]]:
     """The files of ``tas`` that hold steps lo .. hi (whole files along time), and their sizes."""
-    from pipeline.gpu import reader as gpu_zarr
+    from pipeline.gpu import reader
 
-    lay = gpu_zarr.layout(Path(store) / "tas")
+    lay = reader.layout(Path(store) / "tas")
     ranges = [range(lo // lay.chunk[0], math.ceil(hi / lay.chunk[0]))]
     ranges += [range(math.ceil(n / c)) for n, c in zip(lay.shape[1:], lay.chunk[1:])]
     paths = [lay.path(c) for c in itertools.product(*ranges)]
@@ -71,7 +71,7 @@ def _stage_runs(stage: str, store: str, slab, blocks: int, backend: str, repeat:
     import numpy as np
 
     import pipeline
-    from pipeline.gpu import reader as gpu_zarr
+    from pipeline.gpu import reader
     from pipeline.gpu.iopool import io_pool
 
     lo, hi = slab
@@ -103,10 +103,10 @@ def _stage_runs(stage: str, store: str, slab, blocks: int, backend: str, repeat:
     else:
         host = np.empty(total, dtype=np.uint8)
     if stage == "files":
-        return total, {stage: _timed(lambda: gpu_zarr.read_files(paths, sizes, host), repeat, barrier)}
+        return total, {stage: _timed(lambda: reader.read_files(paths, sizes, host), repeat, barrier)}
     if stage == "memcpy":
         source = np.ones(total, dtype=np.uint8)
-        pool, piece = io_pool(), gpu_zarr.PIECE
+        pool, piece = io_pool(), reader.PIECE
 
         def copy():
             jobs = [pool.submit(np.copyto, host[a:a + piece], source[a:a + piece]) for a in range(0, total, piece)]
@@ -122,7 +122,7 @@ def _stage_runs(stage: str, store: str, slab, blocks: int, backend: str, repeat:
     per_block = -(-len(paths) // blocks)  # the files of one block
     pieces = [sum(sizes[k:k + per_block]) for k in range(0, len(sizes), per_block)]
     if stage == "h2d":
-        gpu_zarr.read_files(paths, sizes, host)
+        reader.read_files(paths, sizes, host)
 
         def h2d():
             at = 0
@@ -142,7 +142,7 @@ def _stage_runs(stage: str, store: str, slab, blocks: int, backend: str, repeat:
 
     from pipeline.gpu import pinned
 
-    def register():  # as pipeline.pinned.PinnedFile does, timed apart from mapping the files
+    def register():  # as pipeline.gpu.pinned.PinnedFile does, timed apart from mapping the files
         for v in views:
             pinned._register(v.ctypes.data, v.nbytes)
 

@@ -7,7 +7,7 @@ its size: data blocks (at least 90% of an input block) apart from partials and s
 monthly partial, 12 months of float64 sums and counts, is two thirds of a block of 73 float32
 steps). Each result is checked against the same flow computed in this process, without a cluster.
 
-    python benchmarks/locality.py --workers 4                  # blocks placed by pipeline.locality
+    python benchmarks/locality.py --workers 4                  # blocks placed by pipeline.exec.locality
     python benchmarks/locality.py --workers 4 --no-locality    # placed by the scheduler alone
     python benchmarks/locality.py --memory-limit 30MB          # two-pass ops read their input twice
 

@@ -66,9 +66,9 @@ def stages(store: Path, repeat: int) -> dict:
     import cupyx
 
     from pipeline.gpu import nvcomp, streams
-    from pipeline.gpu import reader as gpu_zarr
+    from pipeline.gpu import reader
 
-    lay = gpu_zarr.layout(store / "tas")
+    lay = reader.layout(store / "tas")
     files = sorted(p for p in (store / "tas").rglob("*") if p.is_file() and p.name != "zarr.json")
     sizes = [p.stat().st_size for p in files]
     hosts = [cupyx.empty_pinned(s, dtype=np.uint8) for s in sizes]
@@ -77,7 +77,7 @@ def stages(store: Path, repeat: int) -> dict:
 
     def read():
         for p, s, h in zip(files, sizes, hosts):
-            gpu_zarr.read_files([str(p)], [s], h)
+            reader.read_files([str(p)], [s], h)
 
     def h2d():
         for h, d in zip(hosts, devs):
@@ -95,10 +95,10 @@ def stages(store: Path, repeat: int) -> dict:
         if not np.array_equal(ref, h):
             bad = np.flatnonzero(ref != h)
             raise AssertionError(f"{p}: {bad.size} bytes read wrong, first at {bad[0]} of {ref.size}")
-    plans = [gpu_zarr.frames(lay, h) for h in hosts]
+    plans = [reader.frames(lay, h) for h in hosts]
     h2d()
     frames = sum(len(p[0]) for p in plans)
-    if max(int(s.max()) for _, s, _ in plans) > gpu_zarr.NVCOMP_MAX_FRAME:  # pipeline decodes these on the CPU
+    if max(int(s.max()) for _, s, _ in plans) > reader.NVCOMP_MAX_FRAME:  # pipeline decodes these on the CPU
         return {"compressed_bytes": sum(sizes), "frames": frames, "files_s": median_time(read, repeat),
                 "h2d_s": median_time(h2d, repeat), "decode_s": float("nan")}
     decode()
@@ -115,7 +115,7 @@ def paths(store: Path, repeat: int, which=("naive", "staged", "gpu"), threads=()
     import cupy as cp
     import xarray as xr
 
-    from pipeline.gpu import reader as gpu_zarr
+    from pipeline.gpu import reader
     from pipeline.exec.compute import compute
 
     def naive():
@@ -124,7 +124,7 @@ def paths(store: Path, repeat: int, which=("naive", "staged", "gpu"), threads=()
 
     def ours(nvcomp):
         def run():
-            x = gpu_zarr.open_array(store, "tas", nvcomp=nvcomp)
+            x = reader.open_array(store, "tas", nvcomp=nvcomp)
             return float(compute(x.sum(dtype=np.float64)))
 
         return run

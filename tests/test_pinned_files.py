@@ -1,7 +1,7 @@
-"""Chunk files pinned where they lie in the page cache (pipeline.pinned): kept while unchanged,
+"""Chunk files pinned where they lie in the page cache (pipeline.gpu.pinned): kept while unchanged,
 dropped once their file changes or goes, bounded by pipeline.gpu.pinned-files. The registration
 with the driver is replaced by a record here, so that the bookkeeping runs on every machine; the
-GPU tests read stores through it (tests/test_gpu_zarr.py)."""
+GPU tests read stores through it (tests/test_gpu_reader.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from pipeline import state
 from pipeline.gpu import pinned
-from pipeline.gpu import reader as gpu_zarr
+from pipeline.gpu import reader
 
 
 @pytest.fixture
@@ -121,10 +121,10 @@ def test_reads_pin_files_where_there_is_room_and_read_the_rest(tmp_path, registr
     paths = [str(write(tmp_path / f"f{k}", d)) for k, d in enumerate(data)]
     sizes = [len(d) for d in data]
     buffer = np.zeros(sum(sizes), dtype=np.uint8)
-    jobs = gpu_zarr.submit_reads(paths, sizes, buffer, [os.stat(p) for p in paths])
-    got = [gpu_zarr._arrived(buffer, start, waits, size) for (start, waits), size in zip(jobs, sizes)]
+    jobs = reader.submit_reads(paths, sizes, buffer, [os.stat(p) for p in paths])
+    got = [reader._arrived(buffer, start, waits, size) for (start, waits), size in zip(jobs, sizes)]
     assert [bytes(g) for g in got] == data
-    held = [gpu_zarr._pinned_by(waits) for _, waits in jobs]
+    held = [reader._pinned_by(waits) for _, waits in jobs]
     for f in held:
         if f is not None:
             pinned.unpin_file(f)

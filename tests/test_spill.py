@@ -1,5 +1,5 @@
 """Out of core on the GPU, two-pass ops hold their first pass's blocks in host memory, up to
-``pipeline.gpu.host-spill``, instead of reading them again (pipeline/spill.py).
+``pipeline.gpu.host-spill``, instead of reading them again (pipeline/exec/spill.py).
 
 On the CPU the same graphs run with NumPy blocks (``hold_budget`` patched, as the CPU backend
 never holds): each block read once, or twice beyond the bound, and the same values."""

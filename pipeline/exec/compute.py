@@ -33,7 +33,7 @@ def _arrays_of(obj):
 
 def _graph_sizes(obj) -> tuple[str, int, int, int] | None:
     """The backend of ``obj``'s arrays, their graphs' largest block and largest reduction
-    partial, and the blocks a thread may hold (:mod:`pipeline.memory`), or None without arrays."""
+    partial, and the blocks a thread may hold (:mod:`pipeline.exec.memory`), or None without arrays."""
     from . import memory
 
     arrays = [a for a in _arrays_of(obj) if isinstance(a, da.Array)]
@@ -44,7 +44,7 @@ def _graph_sizes(obj) -> tuple[str, int, int, int] | None:
 
 
 def compute_threads(obj) -> int | None:
-    """Threads for computing ``obj`` in this process, from :func:`pipeline.memory.threads_for`:
+    """Threads for computing ``obj`` in this process, from :func:`pipeline.exec.memory.threads_for`:
     ``pipeline.gpu.threads`` when its data is on the GPU (a few threads keep a GPU busy, and chunk
     files are read by pipeline's own I/O pool), dask's default otherwise; fewer where that many
     threads, each holding a few blocks, would exceed the backend's memory limit."""
@@ -60,7 +60,7 @@ def _room_to_read_ahead(obj, fits: dict, nthreads: dict) -> bool:
     Placing slabs pins each worker's reads, and the scheduler queues no pinned task: a worker
     reads ahead of its threads, up to twice the blocks that the same threads hold in one process
     (benchmarks/live_blocks.py), or at most its whole slab. Where neither fits a worker's budget
-    (``fits``: threads that fit and budget, from :func:`pipeline.memory.check_workers`), the
+    (``fits``: threads that fit and budget, from :func:`pipeline.exec.memory.check_workers`), the
     scheduler places the blocks instead, and its queuing bounds the reads a worker holds
     (worker-saturation)."""
     from . import memory
@@ -105,7 +105,7 @@ def compute(obj, progress: bool = False, threads: int | None = None):
         placed = False
         if config.get("cluster.locality", True) and _room_to_read_ahead(obj, fits, client.nthreads()):
             # each worker reads, maps and reduces a contiguous slab of blocks, in both passes of a
-            # two-pass op, so that only partials and statistics cross workers (pipeline.locality)
+            # two-pass op, so that only partials and statistics cross workers (pipeline.exec.locality)
             from .locality import ReleasePins, place
 
             try:

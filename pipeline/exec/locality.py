@@ -3,7 +3,7 @@
 Left to itself, the distributed scheduler hands the blocks of an input to the workers in the
 order it runs them, so consecutive blocks land on different workers and every tree combine
 gathers partials from several of them. The second pass of a two-pass op
-(:func:`pipeline.reductions.second_pass`) reads each block again wherever a thread is free, since
+(:func:`pipeline.exec.spill.second_pass`) reads each block again wherever a thread is free, since
 those reads depend only on the small statistics; and a task that needs a block held elsewhere (a
 second pass in core, a halo) pulls the whole block over. Measured on a CPU ``LocalCluster`` of 4
 workers of 2 threads (``benchmarks/locality.py``, 60 blocks of 73 steps, in core), by the

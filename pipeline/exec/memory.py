@@ -4,7 +4,7 @@ and what it did hold, for the report.
 The plan is deliberately simple, and errs high: each of the scheduler's threads holds at most a
 few blocks at a time (its input block, its output, one temporary), and an input larger than half of
 the budget is never held whole on the device, because two-pass ops hold it in pinned host memory
-or read it again (:func:`pipeline.reductions.second_pass`). A plan over budget is an error that names the setting to
+or read it again (:func:`pipeline.exec.spill.second_pass`). A plan over budget is an error that names the setting to
 change, raised before any task runs, rather than an out-of-memory failure an hour in.
 """
 

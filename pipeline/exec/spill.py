@@ -177,7 +177,7 @@ def second_pass(data: da.Array, *stats: da.Array) -> da.Array:
 
     - on the GPU, the first pass copies its blocks to pinned host memory as it reads them, up to
       ``pipeline.gpu.host-spill`` bytes, and the second pass copies them back once ``stats`` are
-      done (:mod:`pipeline.spill`): a trip over the bus instead of a second read and decode;
+      done (:func:`held_second_pass`): a trip over the bus instead of a second read and decode;
     - blocks beyond that bound, and every block on the CPU, come from a copy of the input's graph
       that starts only once ``stats`` are done: read again from storage, streaming, instead of
       being held in memory that is not there.

@@ -10,7 +10,7 @@ reads the layouts that the Zarr v3 (and v2) specifications define, and anything 
 
 One Dask task reads one block of whole chunks (or shards):
 
-1. the chunk files are read into one pinned host buffer (:mod:`pipeline.pinned`), large files in
+1. the chunk files are read into one pinned host buffer (:mod:`pipeline.gpu.pinned`), large files in
    pieces, by a pool of I/O threads that serves the earliest read first (file reads release the
    GIL); or, where ``pipeline.gpu.pinned-files`` leaves room, each file is pinned where it lies in
    the page cache, once, and later reads of it skip the copy to a buffer;
@@ -267,7 +267,7 @@ def _read_into(path: str, view: memoryview) -> None:
 
 
 def _pin_or_read(path: str, st: os.stat_result, view: memoryview):
-    """The file pinned in the page cache (:func:`pipeline.pinned.pin_file`), or, where it is not,
+    """The file pinned in the page cache (:func:`pipeline.gpu.pinned.pin_file`), or, where it is not,
     read into ``view``."""
     f = pinned.pin_file(path, st)
     if f is None:
@@ -289,7 +289,7 @@ def submit_reads(paths: list[str], sizes: list[int], buffer: np.ndarray, stats=N
     """Start reading whole files one after another into ``buffer``: (start, jobs) for each file,
     in order. Large files are split into pieces that the I/O pool reads in parallel; all pieces
     share one place in the pool's order. With ``stats`` (each file's ``os.stat``), a file that
-    :func:`pipeline.pinned.may_pin` is pinned by one job instead, whose result is the pinned file
+    :func:`pipeline.gpu.pinned.may_pin` is pinned by one job instead, whose result is the pinned file
     (None where it was read into ``buffer`` after all)."""
     starts = list(itertools.accumulate([0] + sizes[:-1]))
     mv = memoryview(buffer)
@@ -330,7 +330,7 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
     stats = [_stat(p) for p in paths]
     sizes = [st.st_size if st else 0 for st in stats]
 
-    # files pinned in the page cache cross from there (pipeline.pinned); the others are read into
+    # files pinned in the page cache cross from there (pipeline.gpu.pinned); the others are read into
     # a pinned buffer, or pinned by the I/O threads where there is room
     held = [pinned.lookup(p, st) if st and st.st_size else None for p, st in zip(paths, stats)]
     unread = [k for k, size in enumerate(sizes) if size and held[k] is None]
@@ -544,7 +544,7 @@ class GpuSource:
 
     def __dask_tokenize__(self):
         meta = Path(self.lay.root) / ("zarr.json" if (Path(self.lay.root) / "zarr.json").exists() else ".zarray")
-        return ("pipeline.gpu_zarr.GpuSource", self.lay, os.stat(meta).st_mtime_ns)
+        return ("pipeline.gpu.reader.GpuSource", self.lay, os.stat(meta).st_mtime_ns)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import pytest
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
 
-from pipeline.gpu import reader as gpu_zarr
+from pipeline.gpu import reader
 from pipeline import state
 from pipeline.errors import InputError, UnsupportedLayout
 from pipeline.sinks.convert import convert, inner_chunk
@@ -55,7 +55,7 @@ def make(tmp_path, name, dtype="float32", holes=False, **extra):
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_and_host_decode_match_zarr(tmp_path, name):
     store, values = make(tmp_path, name, holes=True)
-    lay = gpu_zarr.layout(store / "x")
+    lay = reader.layout(store / "x")
     arr = zarr.open_array(store, path="x", mode="r")
     assert lay.shape == SHAPE and lay.dtype == np.float32
     assert lay.chunk == tuple(arr.shards or arr.chunks)
@@ -69,7 +69,7 @@ def test_layout_and_host_decode_match_zarr(tmp_path, name):
         except FileNotFoundError:
             assert np.isnan(values[region]).all(), f"{path} missing but holds values"
             continue
-        chunk = gpu_zarr.decode_chunk_host(lay, blob)
+        chunk = reader.decode_chunk_host(lay, blob)
         assert chunk.shape == lay.chunk
         np.testing.assert_array_equal(chunk[tuple(slice(0, r.stop - r.start) for r in region)], values[region])
         checked += 1
@@ -78,7 +78,7 @@ def test_layout_and_host_decode_match_zarr(tmp_path, name):
 
 def test_contiguous_inner():
     def lay(chunk, inner):
-        return gpu_zarr.Layout(root="", shape=chunk, dtype=np.dtype("f4"), chunk=chunk, inner=inner, codec="zstd", frame_crc=False, sharded=True)
+        return reader.Layout(root="", shape=chunk, dtype=np.dtype("f4"), chunk=chunk, inner=inner, codec="zstd", frame_crc=False, sharded=True)
 
     assert lay((4, 10, 12), (1, 5, 12)).contiguous_inner
     assert lay((4, 10, 12), (1, 10, 12)).contiguous_inner
@@ -96,7 +96,7 @@ def test_contiguous_inner():
 def test_unsupported_layouts_are_named(tmp_path, codecs):
     zarr.create_array(tmp_path / "s.zarr", name="x", shape=(4, 4, 4), chunks=(2, 2, 2), dtype="f4", **codecs)
     with pytest.raises(UnsupportedLayout):
-        gpu_zarr.layout(tmp_path / "s.zarr" / "x")
+        reader.layout(tmp_path / "s.zarr" / "x")
 
 
 def test_inner_chunk_is_a_contiguous_run():
@@ -107,7 +107,7 @@ def test_inner_chunk_is_a_contiguous_run():
     for shard in [(73, 721, 1440), (12, 6, 7), (5, 1 << 20)]:
         inner = inner_chunk(shard, 4, 4096)
         assert all(s % i == 0 for s, i in zip(shard, inner))
-        lay = gpu_zarr.Layout(root="", shape=shard, dtype=np.dtype("f4"), chunk=shard, inner=inner, codec="zstd", frame_crc=False, sharded=True)
+        lay = reader.Layout(root="", shape=shard, dtype=np.dtype("f4"), chunk=shard, inner=inner, codec="zstd", frame_crc=False, sharded=True)
         assert lay.contiguous_inner
 
 
@@ -120,7 +120,7 @@ def test_convert_keeps_values_and_shards(tmp_path):
     for v in a.data_vars:
         np.testing.assert_array_equal(a[v].values, b[v].values)
         assert a[v].dtype == b[v].dtype
-    lay = gpu_zarr.layout(dst / "tas")
+    lay = reader.layout(dst / "tas")
     assert lay.sharded and lay.contiguous_inner and lay.inner_nbytes <= 8192
     assert b["tas"].data.chunks == a["tas"].data.chunks  # one block per shard, not per inner chunk
     # chunks given for some dimensions: the others still take one block per shard (xarray alone
@@ -128,7 +128,7 @@ def test_convert_keeps_values_and_shards(tmp_path):
     shard = b["tas"].data.chunksize
     c = open_dataset(dst, backend="cpu", chunks={"time": 2 * shard[0]})["tas"].data
     assert c.chunksize == (min(2 * shard[0], c.shape[0]), *shard[1:])
-    assert gpu_zarr.aligned(c.chunks, lay.chunk)
+    assert reader.aligned(c.chunks, lay.chunk)
 
 
 def _two_sharded_arrays(tmp_path):
@@ -162,11 +162,11 @@ def test_convert_uncompressed_is_one_plain_chunk_per_block(tmp_path):
 
     src = write_demo(tmp_path / "demo.zarr", "2MB")
     dst = convert(src, tmp_path / "raw.zarr", compression="none", chunks={"time": 10})
-    lay = gpu_zarr.layout(dst / "tas")
+    lay = reader.layout(dst / "tas")
     assert (lay.codec, lay.sharded, lay.chunk[0]) == ("none", False, 10)
     a = open_dataset(src, backend="cpu")["tas"].values
     blob = (dst / "tas" / "c" / "0" / "0" / "0").read_bytes()
-    np.testing.assert_array_equal(gpu_zarr.decode_chunk_host(lay, blob), a[:10])
+    np.testing.assert_array_equal(reader.decode_chunk_host(lay, blob), a[:10])
     with pytest.raises(InputError, match="compression must be"):
         convert(src, tmp_path / "bad.zarr", compression="lz4")
 
@@ -182,9 +182,9 @@ def test_gpu_read_equals_zarr(tmp_path, name, nvcomp):
     import cupy as cp
 
     store, values = make(tmp_path, name, holes=True)
-    lay = gpu_zarr.layout(store / "x")
+    lay = reader.layout(store / "x")
     for chunks in (None, tuple(2 * c for c in lay.chunk)):
-        x = gpu_zarr.open_array(store, "x", chunks=chunks, nvcomp=nvcomp)
+        x = reader.open_array(store, "x", chunks=chunks, nvcomp=nvcomp)
         assert isinstance(x._meta, cp.ndarray)
         out = x.compute()
         assert isinstance(out, cp.ndarray)
@@ -203,18 +203,18 @@ def test_gpu_reads_pin_files_and_see_them_change(tmp_path, name):
     sizes = {str(p): p.stat().st_size for p in (store / "x").rglob("*") if p.is_file() and p.name != "zarr.json"}
     pinned.release_files()
     with dask.config.set({"pipeline.gpu.pinned-files": 0}):
-        np.testing.assert_array_equal(gpu_zarr.open_array(store, "x").compute().get(), values)
+        np.testing.assert_array_equal(reader.open_array(store, "x").compute().get(), values)
         assert pinned.pinned_files_bytes() == 0
     with dask.config.set({"pipeline.gpu.pinned-files": "1GB"}):
         for _ in range(2):  # the first read pins every file, the second copies from them
-            np.testing.assert_array_equal(gpu_zarr.open_array(store, "x").compute().get(), values)
+            np.testing.assert_array_equal(reader.open_array(store, "x").compute().get(), values)
             assert pinned.pin_failure() is None
             assert pinned.pinned_files_bytes() == sum(sizes.values())
             assert set(state.pinned.files) == set(sizes)
         arr = zarr.open_array(store, path="x", mode="r+")
         changed = values * 2 + 1
         arr[...] = changed
-        np.testing.assert_array_equal(gpu_zarr.open_array(store, "x").compute().get(), changed)
+        np.testing.assert_array_equal(reader.open_array(store, "x").compute().get(), changed)
     assert pinned.release_files() > 0 and pinned.pinned_files_bytes() == 0
 
 
@@ -242,10 +242,10 @@ def test_gpu_blocks_grow_to_the_block_size(tmp_path):
 @pytest.mark.gpu
 def test_gpu_read_uses_nvcomp_where_it_can(tmp_path):
     store, _ = make(tmp_path, "v3-sharded-contiguous")
-    x = gpu_zarr.open_array(store, "x", nvcomp=True)
-    sources = [v for v in x.dask.values() if isinstance(v, (gpu_zarr.GpuSource, gpu_zarr.StagedSource))]
-    assert gpu_zarr.nvcomp_available(), "nvCOMP is not installed (the gpu extra installs it)"
-    assert sources and all(isinstance(s, gpu_zarr.GpuSource) for s in sources)
+    x = reader.open_array(store, "x", nvcomp=True)
+    sources = [v for v in x.dask.values() if isinstance(v, (reader.GpuSource, reader.StagedSource))]
+    assert reader.nvcomp_available(), "nvCOMP is not installed (the gpu extra installs it)"
+    assert sources and all(isinstance(s, reader.GpuSource) for s in sources)
 
 
 @requires_gpu
@@ -255,7 +255,7 @@ def test_gpu_read_other_dtypes(tmp_path, dtype):
     import cupy as cp
 
     store, values = make(tmp_path, "v3-sharded-tiles", dtype=dtype)
-    np.testing.assert_array_equal(cp.asnumpy(gpu_zarr.open_array(store, "x", nvcomp=True).compute()), values)
+    np.testing.assert_array_equal(cp.asnumpy(reader.open_array(store, "x", nvcomp=True).compute()), values)
 
 
 @requires_gpu
