@@ -121,7 +121,9 @@ def cmd_demo(args) -> int:
     from .demo import write_demo
 
     t = time.perf_counter()
-    path = write_demo(args.path, args.size, seed=args.seed, resolution=args.resolution, time_chunk=args.time_chunk, overwrite=args.overwrite)
+    from . import config
+
+    path = write_demo(args.path, args.size or config.get("demo.size", "64MB"), seed=args.seed, resolution=args.resolution, time_chunk=args.time_chunk, overwrite=args.overwrite)
     from .sinks.zarr import directory_bytes
 
     print(f"wrote {path} ({directory_bytes(path) / 1e9:.3f} GB stored) in {time.perf_counter() - t:.1f} s")
@@ -188,7 +190,7 @@ def parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="write a synthetic CF-style climate dataset as Zarr")
     d.add_argument("path", nargs="?", default="data/demo.zarr")
-    d.add_argument("--size", default="64MB", help="total uncompressed size, e.g. 64MB, 4GB (default 64MB)")
+    d.add_argument("--size", default=None, help="total uncompressed size, e.g. 64MB, 4GB (default: the setting pipeline.demo.size, 64MB)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--resolution", type=float, default=None, help="grid spacing in degrees (default: 2.5 below 1 GiB, else 0.25)")
     d.add_argument("--time-chunk", type=int, default=73, help="time steps per chunk (default 73)")

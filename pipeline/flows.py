@@ -34,6 +34,7 @@ from dask.utils import parse_bytes
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from . import backend as B
+from . import config
 from .exec import memory
 from . import ops as ops_registry
 from .errors import FlowError, InputError
@@ -49,7 +50,7 @@ class _Strict(BaseModel):
 class DemoSource(_Strict):
     """Generate the source with ``pipeline demo`` settings when it does not exist yet."""
 
-    size: str = "64MB"
+    size: str = Field(default_factory=lambda: str(config.get("demo.size", "64MB")))
     seed: int = 0
     resolution: float | None = None
 
