@@ -4,7 +4,7 @@ and what it did hold, for the report.
 The plan is deliberately simple, and errs high: each of the scheduler's threads holds at most a
 few blocks at a time (its input block, its output, one temporary), and an input larger than half of
 the budget is never held whole on the device, because two-pass ops hold it in pinned host memory
-or read it again (:func:`pipeline.reductions.second_pass`). A plan over budget is an error that names the setting to
+or read it again (:func:`pipeline.exec.spill.second_pass`). A plan over budget is an error that names the setting to
 change, raised before any task runs, rather than an out-of-memory failure an hour in.
 """
 
@@ -24,7 +24,7 @@ from ..errors import InputError
 # of 303 MB): monthly means ran with three threads (device pool peak 3.33 GiB) and the
 # standardized anomaly with five (3.39 GiB)
 BLOCKS_PER_THREAD = 3
-# and moving-window ops (pipeline.overlap's halos) two more: in the same runs, the rolling maximum
+# and moving-window ops (the halos of pipeline.reduce.overlap) two more: in the same runs, the rolling maximum
 # peaked at 3.68 GiB with three threads, ran out of memory with three in a later run, and with four
 HALO_BLOCKS = 2
 # a thread merging partials holds two of them besides its blocks (its result and one input)

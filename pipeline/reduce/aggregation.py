@@ -116,7 +116,13 @@ class Aggregation:
         return sum(np.dtype(d).itemsize for d in self.fields.values())
 
 
-def _check_kernel(agg: Aggregation, kernel: Callable) -> Callable:
+def _check_kernel(agg: Aggregation, kernel: Callable | None, x: da.Array) -> Callable:
+    """``kernel``, which must be the blueprint's; by default the blueprint's for ``x``'s backend
+    (ops pass the one they declare, from :meth:`pipeline.ops.Op.kernel`)."""
+    if kernel is None:
+        from .. import kernels
+
+        return kernels.get(agg.chunk, backend_of(x))
     name = getattr(kernel, "name", agg.chunk)
     if name != agg.chunk:
         raise ValueError(f"{agg.name} reduces blocks with the kernel {agg.chunk!r}, not {name!r}")
@@ -177,7 +183,7 @@ def reduce(
     agg: Aggregation,
     axis: tuple[int, ...],
     *,
-    kernel: Callable,
+    kernel: Callable | None = None,
     dtype,
     weights: da.Array | None = None,
     weights_const: np.ndarray | None = None,
@@ -186,7 +192,7 @@ def reduce(
     output_size: int = 1,
 ) -> da.Array:
     """Reduce ``x`` over ``axis`` with the blueprint ``agg``, blocks reduced by ``kernel`` (the
-    blueprint's chunk kernel for ``x``'s backend); the result keeps ``x``'s backend.
+    blueprint's chunk kernel, by default that of ``x``'s backend); the result keeps ``x``'s backend.
 
     Weights come as a Dask array that broadcasts to ``x`` (``weights``), or as one small NumPy
     array that broadcasts to every block of ``x`` (``weights_const``), moved to the block's
@@ -194,7 +200,7 @@ def reduce(
     """
     if agg.pairwise:
         raise ValueError(f"{agg.name} merges partials by group: use group_reduce or binned_reduce")
-    kernel = _check_kernel(agg, kernel)
+    kernel = _check_kernel(agg, kernel, x)
     axis = tuple(sorted(a % x.ndim for a in axis))
     params = dict(agg.params)
     weighted = weights is not None or weights_const is not None
@@ -350,10 +356,10 @@ def _labels_array(labels: np.ndarray, x: da.Array, axis: int) -> da.Array:
     return da.from_array(np.asarray(labels, dtype=np.int64), chunks=(x.chunks[axis],))
 
 
-def _partials(x: da.Array, labels: np.ndarray, agg: Aggregation, axis: int, kernel: Callable) -> da.Array:
+def _partials(x: da.Array, labels: np.ndarray, agg: Aggregation, axis: int, kernel: Callable | None) -> da.Array:
     if not agg.pairwise:
         raise ValueError(f"{agg.name} merges partials over axes: use reduce")
-    kernel = _check_kernel(agg, kernel)
+    kernel = _check_kernel(agg, kernel, x)
     inds = tuple(range(x.ndim))
     return da.blockwise(
         chunk_partial, inds, x, inds, _labels_array(labels, x, axis), (axis,),
@@ -362,8 +368,8 @@ def _partials(x: da.Array, labels: np.ndarray, agg: Aggregation, axis: int, kern
     )
 
 
-def group_reduce(x: da.Array, agg: Aggregation, labels: np.ndarray, axis: int, out_dtype, *, kernel: Callable,
-                 split_every=None) -> da.Array:
+def group_reduce(x: da.Array, agg: Aggregation, labels: np.ndarray, axis: int, out_dtype, *,
+                 kernel: Callable | None = None, split_every=None) -> da.Array:
     """Reduce ``x`` by ``labels`` (one per step along ``axis``, any order), blocks reduced by
     ``kernel``; the result has one row per distinct label, sorted, along ``axis``."""
     groups = np.unique(labels)
@@ -390,7 +396,7 @@ def group_reduce(x: da.Array, agg: Aggregation, labels: np.ndarray, axis: int, o
 
 
 def binned_reduce(x: da.Array, agg: Aggregation, bins: np.ndarray, nbins: int, axis: int, out_dtype, *,
-                  kernel: Callable) -> da.Array:
+                  kernel: Callable | None = None) -> da.Array:
     """Reduce ``x`` into consecutive bins, blocks reduced by ``kernel``: ``bins`` (one per step,
     non-decreasing, in ``0..nbins-1``; bins with no step are allowed) -> ``nbins`` rows along
     ``axis``."""
@@ -496,9 +502,9 @@ def mean_std(axis: int) -> Aggregation:
     )
 
 
-def nanmean_std(x: da.Array, axis: int, *, kernel: Callable, dtype=ACC) -> tuple[da.Array, da.Array]:
+def nanmean_std(x: da.Array, axis: int, *, kernel: Callable | None = None, dtype=ACC) -> tuple[da.Array, da.Array]:
     """Mean and (ddof=0) standard deviation along one axis, NaN-skipping, that axis kept; blocks
-    reduced by ``kernel`` (the ``moments`` kernel of ``x``'s backend).
+    reduced by ``kernel`` (the ``moments`` kernel, by default that of ``x``'s backend).
 
     One pass over ``x``: both statistics come out of one tree of moment partials, whose
     finalize stacks them along the reduced axis (``output_size=2``).
