@@ -60,7 +60,8 @@ def cmd_ops(args) -> int:
     from . import ops
 
     listing = [
-        {"name": op.name, "description": op.description, "backends": list(op.backends), "params": op.parameters()}
+        {"name": op.name, "description": op.description, "backends": list(op.backends),
+         "kernels": {b: list(names) for b, names in op.kernels.items()}, "params": op.parameters()}
         for op in ops.all_ops()
     ]
     if args.json:
@@ -69,6 +70,11 @@ def cmd_ops(args) -> int:
     for op in listing:
         print(f"{op['name']}  [{', '.join(op['backends'])}]")
         print(f"    {op['description']}")
+        per_backend = {b: ", ".join(names) for b, names in op["kernels"].items()}
+        if len(set(per_backend.values())) == 1:
+            print(f"    kernels: {next(iter(per_backend.values()))}")
+        else:
+            print("    kernels: " + "; ".join(f"{b}: {names}" for b, names in per_backend.items()))
         for name, p in op["params"].items():
             default = "required" if p["required"] else f"default {p['default']!r}"
             print(f"    - {name}: {p['type']} ({default})")

@@ -138,9 +138,16 @@ def test_registry_lists_backends_and_names_missing_ones():
     assert op.parameters()["window"]["required"]
     with pytest.raises(KeyError, match="unknown op 'nope'"):
         pipeline.ops.get("nope")
-    bare = pipeline.ops.Op("bare", lambda x: x, "", op.params, {"cpu": "numpy:asarray"})
-    with pytest.raises(NotImplementedError, match="'bare' has no gpu implementation"):
-        bare.kernel("gpu")
+    assert op.kernels == {"cpu": ("rolling_mean",), "gpu": ("rolling_mean",)}
+    assert op.kernel("rolling_mean", "cpu").name == "rolling_mean"
+    with pytest.raises(NotImplementedError, match="'rolling_mean' has no cpu kernel 'moments'"):
+        op.kernel("moments", "cpu")  # a kernel the op does not declare
+    bare = pipeline.ops.Op("bare", lambda x: x, "", op.params, {"cpu": ("rolling_mean",)})
+    assert bare.backends == ("cpu",)
+    with pytest.raises(NotImplementedError, match="'bare' has no gpu kernel 'rolling_mean'"):
+        bare.kernel("rolling_mean", "gpu")
+    missing = pipeline.ops.Op("missing", lambda x: x, "", op.params, {"cpu": ("nope",), "gpu": ("rolling_mean",)})
+    assert missing.backends == ("gpu",)  # a backend counts only where every kernel the op declares exists
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

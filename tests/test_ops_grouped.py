@@ -153,6 +153,31 @@ def test_bad_time_axis_and_freq():
         pipeline.ops.resample_mean(x.assign_coords(time=np.arange(40.0)), freq="1D")
 
 
+@pytest.mark.parametrize(
+    "name, params",
+    [("climatology", {}), ("anomaly", {"freq": "dayofyear"}), ("resample_mean", {"freq": "MS"}),
+     ("count_above", {"threshold": 285.0, "freq": "MS"}), ("max_spell_length", {"threshold": 281.0, "freq": "MS"}),
+     ("max_spell_length", {"threshold": 281.0, "freq": "MS", "resample_before_rl": True})],
+)
+def test_grouped_ops_take_the_dimension_of_dates(backend, name, params):
+    """The grouped ops reduce over the dimension ``dim`` names, here one not called "time" and not
+    first, as they do over "time"; a dimension that is missing, or holds no dates, is named."""
+    x = daily(nt=100).chunk({"time": 23, "lat": 3})
+    op = getattr(pipeline.ops, name)
+    want = op(on_backend(x, backend), **params)
+    moved = x.rename(time="day").transpose("lat", "day", "lon")
+    got = op(on_backend(moved, backend), dim="day", **params)
+    new_dim = {"climatology": "month"}.get(name, "day")
+    assert new_dim in got.dims and "time" not in got.dims
+    expected = want.rename({d: new_dim for d in want.dims if d in ("time",)}).transpose(*got.dims)
+    np.testing.assert_array_equal(B.to_numpy(got).values, B.to_numpy(expected).values)
+    np.testing.assert_array_equal(got[new_dim].values, expected[new_dim].values)
+    with pytest.raises(InputError, match="variable 'tas' has no dimension 'time'"):
+        op(moved, **params)
+    with pytest.raises(InputError, match="dimension 'lon' of 'tas' must hold dates"):
+        op(moved, dim="lon", **params)
+
+
 @pytest.mark.gpu
 def test_grouped_results_stay_on_gpu():
     import cupy
@@ -197,7 +222,8 @@ def test_additive_merge_equals_merging_one_by_one(backend):
     data; groups not asked for are dropped."""
     from dataclasses import replace
 
-    from pipeline.reduce import groups as groupby
+    from pipeline import kernels
+    from pipeline.reduce import aggregation as groupby
 
     xp = B.module(backend)
     rng = np.random.default_rng(3)
@@ -207,11 +233,12 @@ def test_additive_merge_equals_merging_one_by_one(backend):
         x = rng.standard_normal((lab.size, 7)).astype(np.float32)
         x[rng.random(x.shape) < 0.3] = np.nan
         blocks.append(x)
-    parts = [groupby.chunk_partial(xp.asarray(x), lab, groupby.MEAN, 0) for x, lab in zip(blocks, labels)]
+    kernel = kernels.get("group_sum", backend)
+    parts = [groupby.chunk_partial(xp.asarray(x), lab, groupby.GROUP_MEAN, 0, kernel) for x, lab in zip(blocks, labels)]
     data, every = np.concatenate(blocks).astype(np.float64), np.concatenate(labels)
-    one_by_one = replace(groupby.MEAN, additive=False)
+    one_by_one = replace(groupby.GROUP_MEAN, additive=False)
     for groups in (None, np.array([1, 3, 5, 12]), np.array([2, 6])):
-        summed = groupby.merge_partials(parts, groupby.MEAN, groups)
+        summed = groupby.merge_partials(parts, groupby.GROUP_MEAN, groups)
         merged = groupby.merge_partials(parts, one_by_one, groups)
         want = np.unique(every) if groups is None else groups
         assert np.array_equal(summed["groups"], want) and np.array_equal(merged["groups"], want)

@@ -124,8 +124,9 @@ def test_partials_are_sized_from_the_reductions_result_not_their_input():
     standardized anomaly under a device budget. Group means' partials hold a row per group."""
     import dask.array as da
 
+    from pipeline import kernels
     from pipeline.exec import memory
-    from pipeline.reduce import groups as groupby
+    from pipeline.reduce import aggregation
 
     x = da.ones((40, 10, 20), chunks=(8, 10, 20), dtype="f4")
     block = 8 * 10 * 20 * 4
@@ -133,7 +134,7 @@ def test_partials_are_sized_from_the_reductions_result_not_their_input():
     assert memory.graph_block_bytes(moments) == block
     assert memory.graph_partial_bytes(moments) == memory.PARTIAL_BYTES_PER_VALUE * 10 * 20
     labels = np.arange(40) % 12
-    means = groupby.tree_reduce(x, groupby.MEAN, labels, 0, np.float32)
+    means = aggregation.group_reduce(x, aggregation.GROUP_MEAN, labels, 0, np.float32, kernel=kernels.get("group_sum", "cpu"))
     assert memory.graph_block_bytes(means) == 12 * 10 * 20 * 4  # the result: one row a group
     assert memory.graph_partial_bytes(means) == 2 * 8 * 12 * 10 * 20  # a float64 sum and count a value
 

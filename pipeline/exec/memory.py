@@ -11,7 +11,6 @@ change, raised before any task runs, rather than an out-of-memory failure an hou
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass
 
 import dask.array as da
@@ -25,7 +24,7 @@ from ..errors import InputError
 # of 303 MB): monthly means ran with three threads (device pool peak 3.33 GiB) and the
 # standardized anomaly with five (3.39 GiB)
 BLOCKS_PER_THREAD = 3
-# and moving-window ops (pipeline.overlap's halos) two more: in the same runs, the rolling maximum
+# and moving-window ops (the halos of pipeline.reduce.overlap) two more: in the same runs, the rolling maximum
 # peaked at 3.68 GiB with three threads, ran out of memory with three in a later run, and with four
 HALO_BLOCKS = 2
 # a thread merging partials holds two of them besides its blocks (its result and one input)
@@ -72,17 +71,45 @@ def largest_block(*arrays: da.Array) -> int:
     return max(sizes, default=0)
 
 
-# the steps of dask's tree reductions (dask.array.reduction): NAME-partial-TOKEN, NAME-aggregate-TOKEN
-_TREE_STEP = re.compile(r"^(?P<name>.+)-(partial|aggregate)-[0-9a-f]+$")
-# a partial holds a few float64 fields (count, mean and M2 of moments) for each value of the
-# reduction's result: counted at this many bytes per value of the result's blocks, unless the
-# reduction's aggregate layer says how many (PARTIAL_BYTES_KEY in its annotations: group means
-# hold a sum and a count)
+# --- what the graph builders declare ---------------------------------------------------------------
+#
+# The builders that make reductions and halos (pipeline.reduce) say, on each layer they create,
+# what its blocks hold, under one key of the layer's ``collection_annotations`` (as cubed's
+# ``projected_mem``); the plan reads those declarations:
+#
+# - ``partial_bytes``: the layer's blocks are a reduction's partials, each of up to this many bytes;
+#   not counted as blocks;
+# - ``view``: the layer's blocks are views of a smaller array (broadcast weights); not counted;
+# - ``block_bytes``: each block of the layer counts as this many bytes (instead of its shape and dtype);
+# - ``extra_blocks``: a thread running the layer's tasks holds this many blocks more than
+#   BLOCKS_PER_THREAD (the halos of moving-window ops).
+#
+# A layer without a declaration is an array of its own, sized from dask's annotations.
+DECLARED = "pipeline-memory"
+# Reductions that pipeline did not build (dask's own, as ``x.mean()``) declare nothing: their
+# partials are counted, as a few float64 fields (count, mean and M2) a value of their result, from
+# the last step that dask.array.reduction names NAME-aggregate-TOKEN.
 PARTIAL_BYTES_PER_VALUE = 3 * 8
-PARTIAL_BYTES_KEY = "pipeline-partial-bytes-per-value"
 
 
-def _layer_bytes(layer, per_value: int | None = None) -> int | None:
+def declare(array: da.Array, layers=None, **declaration) -> da.Array:
+    """Record ``declaration`` (the keys above) on the layers ``layers`` of ``array``'s graph (by
+    default its own last layer); returns ``array``."""
+    graph = array.__dask_graph__()
+    for name in [array.name] if layers is None else layers:
+        layer = graph.layers[name]
+        if layer.collection_annotations is None:
+            layer.collection_annotations = {}
+        layer.collection_annotations.setdefault(DECLARED, {}).update(declaration)
+    return array
+
+
+def declared(layer) -> dict:
+    """The declaration on ``layer`` ({} where none)."""
+    return (getattr(layer, "collection_annotations", None) or {}).get(DECLARED, {})
+
+
+def layer_bytes(layer, per_value: int | None = None) -> int | None:
     """Bytes of the largest block of an array's layer (``per_value`` bytes a value, else its
     dtype's), from the annotations dask keeps on it."""
     import numpy as np
@@ -94,39 +121,48 @@ def _layer_bytes(layer, per_value: int | None = None) -> int | None:
         return None
 
 
-def _partial_layers(graph) -> dict:
-    """Layers of ``graph`` whose blocks are a tree reduction's partials -> the reduction's
-    aggregate layer. They are the reduction's steps and the layers before them that bear its name:
-    dask annotates the first with the chunks of the reduction's input, not of the partials."""
+def _undeclared_reductions(graph) -> dict:
+    """Layers of dask's own tree reductions in ``graph`` -> bytes of their partials: the last step
+    (NAME-aggregate-TOKEN) and the steps before it that bear its name."""
     deps = graph.dependencies
     found: dict = {}
-    todo = []
-    for name in deps:
-        m = _TREE_STEP.match(str(name))
-        if m and str(name).startswith(m["name"] + "-aggregate-"):
-            todo.append((name, name, m["name"] + "-"))
-    while todo:
-        name, aggregate, prefix = todo.pop()
-        found[name] = aggregate
-        todo.extend((d, aggregate, prefix) for d in deps.get(name, ()) if str(d).startswith(prefix) and d not in found)
+    for name, layer in graph.layers.items():
+        head, sep, token = str(name).rpartition("-aggregate-")
+        if not sep or declared(layer) or not token.isalnum():
+            continue
+        size = layer_bytes(layer, PARTIAL_BYTES_PER_VALUE) or 0
+        todo, prefix = [name], head + "-"
+        while todo:
+            n = todo.pop()
+            found[n] = max(found.get(n, 0), size)
+            todo.extend(d for d in deps.get(n, ()) if str(d).startswith(prefix) and d not in found)
     return found
 
 
-def _array_layers(arrays):
-    """The layers of the graphs of ``arrays`` that hold arrays of their own: not broadcasts
-    (views of a smaller array), nor reductions' partials (:func:`graph_partial_bytes`)."""
+def _layers(arrays):
+    """(layer, declaration) of every layer in the graphs of ``arrays``, dask's own reductions'
+    declared as partials."""
     for a in arrays:
         graph = a.__dask_graph__()
-        partials = _partial_layers(graph)
-        for name, layer in getattr(graph, "layers", {}).items():
-            if not (str(name).startswith("broadcast_to-") or name in partials):
-                yield layer
+        layers = getattr(graph, "layers", {})
+        undeclared = _undeclared_reductions(graph) if layers else {}
+        for name, layer in layers.items():
+            yield layer, ({"partial_bytes": undeclared[name]} if name in undeclared else declared(layer))
+
+
+def _array_layers(arrays):
+    """The layers of the graphs of ``arrays`` that hold arrays of their own: not views, nor
+    reductions' partials."""
+    for layer, d in _layers(arrays):
+        if not (d.get("view") or "partial_bytes" in d):
+            yield layer, d
 
 
 def graph_block_bytes(*arrays: da.Array) -> int:
     """The largest block of any array in the graphs of ``arrays``: their inputs and intermediates
     too, as dask records them on each layer, not only the (often tiny) results."""
-    return max([largest_block(*arrays), *(_layer_bytes(layer) or 0 for layer in _array_layers(arrays))])
+    sizes = (d["block_bytes"] if "block_bytes" in d else layer_bytes(layer) or 0 for layer, d in _array_layers(arrays))
+    return max([largest_block(*arrays), *sizes])
 
 
 def graph_array_bytes(*arrays: da.Array) -> int:
@@ -134,7 +170,7 @@ def graph_array_bytes(*arrays: da.Array) -> int:
     import numpy as np
 
     sizes = [a.nbytes for a in arrays]
-    for layer in _array_layers(arrays):
+    for layer, _ in _array_layers(arrays):
         ann = getattr(layer, "collection_annotations", None) or {}
         try:
             sizes.append(math.prod(ann["shape"]) * np.dtype(ann["dtype"]).itemsize)
@@ -144,25 +180,14 @@ def graph_array_bytes(*arrays: da.Array) -> int:
 
 
 def graph_blocks_per_thread(*arrays: da.Array) -> int:
-    """Blocks a thread may hold at once in the graphs of ``arrays``: BLOCKS_PER_THREAD, and
-    HALO_BLOCKS more where a moving-window op cuts halos (pipeline.overlap's ``halo-`` layers)."""
-    for a in arrays:
-        if any(str(name).startswith("halo-") for name in getattr(a.__dask_graph__(), "layers", {})):
-            return BLOCKS_PER_THREAD + HALO_BLOCKS
-    return BLOCKS_PER_THREAD
+    """Blocks a thread may hold at once in the graphs of ``arrays``: BLOCKS_PER_THREAD, and the
+    most ``extra_blocks`` that a layer declares (HALO_BLOCKS where a moving-window op cuts halos)."""
+    return BLOCKS_PER_THREAD + max((d.get("extra_blocks", 0) for _, d in _layers(arrays)), default=0)
 
 
 def graph_partial_bytes(*arrays: da.Array) -> int:
-    """The largest partial of the tree reductions in the graphs of ``arrays``, from the blocks of
-    each reduction's result (PARTIAL_BYTES_PER_VALUE a value)."""
-    best = 0
-    for a in arrays:
-        graph = a.__dask_graph__()
-        for aggregate in set(_partial_layers(graph).values()):
-            layer = graph.layers[aggregate]
-            per_value = (getattr(layer, "collection_annotations", None) or {}).get(PARTIAL_BYTES_KEY, PARTIAL_BYTES_PER_VALUE)
-            best = max(best, _layer_bytes(layer, per_value) or 0)
-    return best
+    """The largest partial of the reductions in the graphs of ``arrays``, as they declare it."""
+    return max((d.get("partial_bytes", 0) for _, d in _layers(arrays)), default=0)
 
 
 def per_thread_bytes(block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD) -> int:

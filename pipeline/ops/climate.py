@@ -3,7 +3,7 @@
 Each op takes an ``xarray.DataArray`` whose data is a Dask array of NumPy or CuPy chunks (an
 in-memory array is accepted too, and then an in-memory result comes back) and returns a
 ``DataArray`` on the same backend. The mathematics lives in the kernels and in the reduction
-blueprints of :mod:`pipeline.reductions`; here are the axis bookkeeping and the graph.
+blueprints of :mod:`pipeline.reduce.aggregation`; here are the axis bookkeeping and the graph.
 """
 
 from __future__ import annotations
@@ -14,53 +14,19 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from ..exec import spill
-from ..reduce import aggregation as reductions
 from ..backend import backend_of, meta, to_backend, to_numpy
 from ..errors import InputError
+from ..exec import spill
+from ..reduce import aggregation as agg
 from ..reduce.overlap import map_halo
+from ._common import _as_dask, _axis, _finish, float_dtype  # noqa: F401  (float_dtype: for callers of this module)
 from .registry import register
-
-
-
-# --- helpers shared by the ops -------------------------------------------------------------------
-
-
-def _as_dask(x: xr.DataArray) -> tuple[da.Array, bool]:
-    if not isinstance(x, xr.DataArray):
-        raise InputError(f"expected an xarray.DataArray, got {type(x).__name__}")
-    if isinstance(x.data, da.Array):
-        return x.data, False
-    return da.from_array(x.data, chunks=-1, meta=meta(backend_of(x.data), x.dtype, x.ndim)), True
-
-
-def _finish(template: xr.DataArray, data: da.Array, eager: bool, **kwargs) -> xr.DataArray:
-    out = xr.DataArray(data, **kwargs) if kwargs else template.copy(data=data)
-    return out.compute() if eager else out
-
-
-def _axis(x: xr.DataArray, dim: str) -> int:
-    if dim not in x.dims:
-        raise InputError(f"variable {x.name!r} has no dimension {dim!r} (its dimensions: {', '.join(map(str, x.dims))})")
-    return x.dims.index(dim)
-
-
-def float_dtype(dtype) -> np.dtype:
-    """Result type of a mean of ``dtype`` data: float32 stays float32, the rest become float64."""
-    dtype = np.dtype(dtype)
-    return dtype if dtype.kind == "f" and dtype.itemsize >= 4 else np.dtype(np.float64)
-
 
 
 # --- standardized anomaly ------------------------------------------------------------------------
 
 
-@register(
-    kernels={
-        "cpu": "pipeline.kernels.elementwise:standardize_cpu",
-        "gpu": "pipeline.kernels.elementwise:standardize_gpu",
-    }
-)
+@register(kernels=("moments", "standardize"))
 def standardized_anomaly(x: xr.DataArray, dim: str = "time") -> xr.DataArray:
     """Standardized anomaly (x - mean) / std along a dimension, NaN-skipping.
 
@@ -73,10 +39,11 @@ def standardized_anomaly(x: xr.DataArray, dim: str = "time") -> xr.DataArray:
     """
     data, eager = _as_dask(x)
     axis = _axis(x, dim)
-    mean, std = reductions.nanmean_std(data, axis)
-    out_dtype = float_dtype(x.dtype)
     backend = backend_of(data)
-    kernel = standardized_anomaly.op.kernel(backend)
+    op = standardized_anomaly.op
+    mean, std = agg.nanmean_std(data, axis, kernel=op.kernel("moments", backend))
+    out_dtype = float_dtype(x.dtype)
+    kernel = op.kernel("standardize", backend)
     z = da.map_blocks(
         kernel, spill.second_pass(data, mean, std), mean, std, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
     )
@@ -116,7 +83,7 @@ def _weights(x: xr.DataArray, weights) -> xr.DataArray | None:
     raise InputError(f"weights must be 'coslat', a coordinate name, a DataArray or None; got {type(weights).__name__}")
 
 
-@register(kernels="pipeline.reductions:weighted_mean")
+@register(kernels=("weighted_sums",))
 def weighted_mean(
     x: xr.DataArray, dims: Sequence[str] = ("lat", "lon"), weights: str | xr.DataArray | None = "coslat"
 ) -> xr.DataArray:
@@ -144,21 +111,22 @@ def weighted_mean(
     shape = tuple(x.sizes[d] if d in w.dims else 1 for d in x.dims)
     w_np = w_full.values.reshape(shape)
     out_dtype = float_dtype(x.dtype)
+    kernel = weighted_mean.op.kernel("weighted_sums", backend_of(data))
     if all(len(c) == 1 for c, n in zip(data.chunks, shape) if n > 1):
         # the weights vary only along axes that x does not split (the usual case: chunks along
         # time): every block takes the same small array, broadcast inside the task. As a Dask
         # array of their own, the weights would be a second root of the graph that Dask's
         # ordering can leave for late, holding every data block until then (seen with one or two
         # threads: the whole input held).
-        result = reductions.reduce(data, reductions.weighted_mean, axes, dtype=out_dtype, weights_const=w_np)
+        result = agg.reduce(data, agg.WEIGHTED_MEAN, axes, kernel=kernel, dtype=out_dtype, weights_const=w_np)
     else:
         chunks = tuple(c if d in w.dims else (1,) for d, c in zip(x.dims, data.chunks))
         w_da = to_backend(da.from_array(w_np, chunks=chunks), backend_of(data))
         # broadcast to x's blocks here, block by block, so that each weights block is a view with
         # zero strides; left to dask's reduction, the weights are rechunked into a float64 array
         # the size of each data block
-        w_da = da.broadcast_to(w_da, data.shape, chunks=data.chunks)
-        result = reductions.reduce(data, reductions.weighted_mean, axes, dtype=out_dtype, weights=w_da)
+        w_da = agg.broadcast_view(w_da, data.shape, chunks=data.chunks)
+        result = agg.reduce(data, agg.WEIGHTED_MEAN, axes, kernel=kernel, dtype=out_dtype, weights=w_da)
     keep = [d for d in x.dims if d not in dims]
     coords = {k: v for k, v in x.coords.items() if not set(v.dims) & set(dims)}
     out = _finish(x, result, eager, dims=keep, coords=coords, name=x.name, attrs=dict(x.attrs))
@@ -168,9 +136,7 @@ def weighted_mean(
 # --- rolling mean --------------------------------------------------------------------------------
 
 
-@register(
-    kernels={"cpu": "pipeline.kernels.rolling:rolling_mean_cpu", "gpu": "pipeline.kernels.rolling:rolling_mean_gpu"}
-)
+@register(kernels=("rolling_mean",))
 def rolling_mean(
     x: xr.DataArray, window: int, dim: str = "time", center: bool = False, min_periods: int | None = None
 ) -> xr.DataArray:
@@ -178,7 +144,7 @@ def rolling_mean(
 
     The window ends at each label (``center=False``) or is centred on it; a result needs at
     least ``min_periods`` valid values (default: the whole window). Windows cross chunk
-    boundaries through :func:`pipeline.overlap.map_halo`: each chunk gets the neighbouring rows
+    boundaries through :func:`pipeline.reduce.overlap.map_halo`: each chunk gets the neighbouring rows
     it needs as halo, copied, so that out of core no chunk is held for its neighbour's sake.
     """
     if not isinstance(window, (int, np.integer)) or window < 1:
@@ -192,7 +158,7 @@ def rolling_mean(
     before, after = (window // 2, window - 1 - window // 2) if center else (window - 1, 0)
     out_dtype = float_dtype(x.dtype)
     backend = backend_of(data)
-    kernel = rolling_mean.op.kernel(backend)
+    kernel = rolling_mean.op.kernel("rolling_mean", backend)
     result = map_halo(
         kernel,
         data,

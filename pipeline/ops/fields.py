@@ -1,7 +1,8 @@
 """Field ops: coarsening, detrending, quantiles and multi-term formulas (see the ops below).
 
 As in :mod:`pipeline.ops.climate`, each op takes a ``DataArray`` of Dask (or in-memory) NumPy or
-CuPy data and returns one on the same backend; the kernels are in :mod:`pipeline.kernels.fields`.
+CuPy data and returns one on the same backend; the kernels are reached through the registry
+(:mod:`pipeline.kernels`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from dask.array.core import normalize_chunks
 import numpy as np
 import xarray as xr
 
-from ..exec import spill
-from ..reduce import aggregation as reductions
 from ..backend import backend_of, meta, to_backend, to_numpy
 from ..errors import InputError
-from .climate import _as_dask, _axis, _finish, float_dtype
+from ..exec import spill
+from ..reduce import aggregation as agg
+from ._common import _as_dask, _axis, _finish, float_dtype
 from .registry import register
 
 
@@ -37,7 +38,7 @@ def _multiple_chunks(chunks: tuple[int, ...], f: int) -> tuple[int, ...]:
     return tuple(int(c) for c in np.diff([0, *sorted(bounds)]))
 
 
-@register(kernels={"cpu": "pipeline.kernels.fields:coarsen_mean", "gpu": "pipeline.kernels.coarsen:coarsen_mean_gpu"})
+@register(kernels=("coarsen_mean",))
 def coarsen_mean(x: xr.DataArray, factors: dict[str, int]) -> xr.DataArray:
     """Mean over non-overlapping blocks, NaN-skipping, as x.coarsen(factors, boundary="trim").mean().
 
@@ -61,7 +62,7 @@ def coarsen_mean(x: xr.DataArray, factors: dict[str, int]) -> xr.DataArray:
     out_dtype = float_dtype(x.dtype)
     chunks = tuple(tuple(c // axes[i] for c in cs) if i in axes else cs for i, cs in enumerate(data.chunks))
     result = data.map_blocks(
-        coarsen_mean.op.kernel(backend_of(data)),
+        coarsen_mean.op.kernel("coarsen_mean", backend_of(data)),
         factors=axes,
         out_dtype=out_dtype,
         chunks=chunks,
@@ -94,9 +95,8 @@ def _trend_coordinate(x: xr.DataArray, dim: str) -> np.ndarray:
     return (v - (lo + hi) / 2) / half
 
 
-@register(
-    kernels={"cpu": "pipeline.kernels.fields:polyval_subtract", "gpu": "pipeline.kernels.fields:polyval_subtract_gpu"}
-)
+# on the GPU, where ``dim`` is one chunk, one kernel detrends each block (detrend_block)
+@register(kernels={"cpu": ("polyfit", "polyval_subtract"), "gpu": ("polyfit", "polyval_subtract", "detrend_block")})
 def detrend(x: xr.DataArray, dim: str = "time", deg: int = 1) -> xr.DataArray:
     """Remove a least-squares polynomial trend along a dimension from every grid point, NaN-skipping.
 
@@ -119,22 +119,21 @@ def detrend(x: xr.DataArray, dim: str = "time", deg: int = 1) -> xr.DataArray:
     u_chunks = tuple(c if i == axis else (1,) for i, c in enumerate(data.chunks))
     u = to_backend(da.from_array(u, chunks=u_chunks), backend)
     out_dtype = float_dtype(x.dtype)
+    op = detrend.op
     if backend == "gpu" and len(data.chunks[axis]) == 1:
-        from ..kernels.fields import detrend_block_gpu
-
         result = da.map_blocks(
-            detrend_block_gpu, data, u, axis=axis, deg=deg, out_dtype=out_dtype, dtype=out_dtype,
+            op.kernel("detrend_block", backend), data, u, axis=axis, deg=deg, out_dtype=out_dtype, dtype=out_dtype,
             meta=meta(backend, out_dtype, x.ndim),
         )
         return _finish(x, result, eager)
-    from ..kernels.fields import polyfit  # kernel code is imported on first use, as the registry's
-
     # coefficients c_0..c_deg stacked along dim, as the output of one tree reduction
-    coefs = reductions.reduce(
-        data, polyfit(axis, deg), (axis,), dtype=np.float64, weights=u, keepdims=True, output_size=deg + 1
+    fit = agg.polyfit(axis, deg)
+    coefs = agg.reduce(
+        data, fit, (axis,), kernel=op.kernel(fit.chunk, backend), dtype=np.float64, weights=u, keepdims=True,
+        output_size=deg + 1,
     )
     coefs = [coefs[tuple(slice(k, k + 1) if i == axis else slice(None) for i in range(x.ndim))] for k in range(deg + 1)]
-    kernel = detrend.op.kernel(backend)
+    kernel = op.kernel("polyval_subtract", backend)
     result = da.map_blocks(
         kernel, spill.second_pass(data, *coefs), u, *coefs, axis=axis, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
     )
@@ -146,7 +145,7 @@ def detrend(x: xr.DataArray, dim: str = "time", deg: int = 1) -> xr.DataArray:
 QUANTILE_CHUNK_BYTES = 256 * 2**20  # per input chunk; the sort and the interpolation take a few times that
 
 
-@register(kernels="pipeline.kernels.fields:quantile")
+@register(kernels=("quantile",))
 def quantile(x: xr.DataArray, q: float | list[float], dim: str = "time") -> xr.DataArray:
     """Quantiles along a dimension, NaN-skipping, as x.quantile(q, dim) (linear interpolation).
 
@@ -171,7 +170,7 @@ def quantile(x: xr.DataArray, q: float | list[float], dim: str = "time") -> xr.D
     out_dtype = float_dtype(x.dtype)
     backend = backend_of(data)
     result = data.map_blocks(
-        quantile.op.kernel(backend),
+        quantile.op.kernel("quantile", backend),
         q=qs,
         axis=axis,
         out_dtype=out_dtype,
@@ -200,12 +199,7 @@ _CELSIUS = {
 }
 
 
-@register(
-    kernels={
-        "cpu": "pipeline.kernels.fields:saturation_vapor_pressure_cpu",
-        "gpu": "pipeline.kernels.fields:saturation_vapor_pressure_gpu",
-    }
-)
+@register(kernels=("saturation_vapor_pressure",))
 def saturation_vapor_pressure(
     x: xr.DataArray, method: Literal["sonntag90", "tetens30"] = "sonntag90"
 ) -> xr.DataArray:
@@ -230,7 +224,7 @@ def saturation_vapor_pressure(
     backend = backend_of(data)
     out_dtype = float_dtype(x.dtype)
     result = data.map_blocks(
-        saturation_vapor_pressure.op.kernel(backend),
+        saturation_vapor_pressure.op.kernel("saturation_vapor_pressure", backend),
         offset=offset,
         method=method,
         out_dtype=out_dtype,

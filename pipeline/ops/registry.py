@@ -2,14 +2,15 @@
 
 An op is a function of an ``xarray.DataArray`` (first argument) and keyword parameters. Its
 parameters are read from its signature into a pydantic model, so flows are checked against the
-same definition that Python callers use. Its kernels are named per backend as
-``"module:function"`` strings and imported on first use, as sgkit does, so that listing ops
-imports no kernel code and a missing backend is reported by name.
+same definition that Python callers use. Its kernels are declared by name (``"moments"``,
+``"standardize"``) and reached through :func:`pipeline.kernels.get` as ``{name}_{backend}``, as
+sgkit does: the op asks for each kernel it runs with :meth:`Op.kernel`, which refuses a kernel the
+op did not declare, so what an op declares is what runs. Kernel modules are imported on first use,
+so listing ops imports no kernel code.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -25,23 +26,26 @@ class Op:
     func: Callable
     description: str
     params: type[BaseModel]
-    kernels: dict[str, str] = field(default_factory=dict)
+    kernels: dict[str, tuple[str, ...]] = field(default_factory=dict)  # backend -> names of its kernels
 
     @property
     def backends(self) -> tuple[str, ...]:
-        return tuple(sorted(self.kernels))
+        """The backends on which every kernel the op declares exists."""
+        from .. import kernels
 
-    def kernel(self, backend: str) -> Callable:
-        """The kernel of this op for ``backend`` ("cpu" or "gpu")."""
-        try:
-            target = self.kernels[backend]
-        except KeyError:
+        return tuple(b for b in kernels.BACKENDS if b in self.kernels and all(kernels.has(k, b) for k in self.kernels[b]))
+
+    def kernel(self, name: str, backend: str) -> Callable:
+        """The kernel ``name`` for ``backend`` ("cpu" or "gpu"), one of those the op declares."""
+        from .. import kernels
+
+        if name not in self.kernels.get(backend, ()):
+            declared = ", ".join(self.kernels.get(backend, ())) or "none"
             raise NotImplementedError(
-                f"op {self.name!r} has no {backend} implementation "
-                f"(it has: {', '.join(self.backends) or 'none'})"
-            ) from None
-        module, _, attr = target.partition(":")
-        return getattr(importlib.import_module(module), attr)
+                f"op {self.name!r} has no {backend} kernel {name!r} (it declares: {declared}; "
+                f"its backends: {', '.join(self.backends) or 'none'})"
+            )
+        return kernels.get(name, backend)
 
     def parameters(self) -> dict[str, dict[str, Any]]:
         """Name -> {"type", "default", "required"}, for listings and generated help."""
@@ -78,14 +82,19 @@ def _params_model(func: Callable) -> type[BaseModel]:
     )
 
 
-def register(*, kernels: dict[str, str] | str, description: str | None = None):
+def register(*, kernels: tuple[str, ...] | dict[str, tuple[str, ...]], description: str | None = None):
     """Decorator: register an op under its function's name.
 
-    ``kernels`` maps each backend to ``"module:function"``; a single string names one function
-    written against the array module of its input, which serves both backends.
+    ``kernels`` names the kernels the op runs (:data:`pipeline.kernels.FAMILIES`), the same on
+    every backend, or per backend where they differ (``{"cpu": (...), "gpu": (...)}``).
     """
+    from .. import kernels as _kernels
+
     if isinstance(kernels, str):
-        kernels = {"cpu": kernels, "gpu": kernels}
+        kernels = (kernels,)
+    if not isinstance(kernels, dict):
+        kernels = dict.fromkeys(_kernels.BACKENDS, tuple(kernels))
+    kernels = {b: tuple(names) for b, names in kernels.items()}
 
     def wrap(func: Callable) -> Callable:
         doc = inspect.getdoc(func) or ""

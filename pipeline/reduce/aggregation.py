@@ -1,31 +1,64 @@
-"""Reductions across chunks and GPUs as chunk / combine / finalize.
+"""Reductions as one blueprint, chunk / combine / finalize, and the graphs that run it.
 
-Each reduction is declared as an :class:`Aggregation`, in the manner of flox and cubed: ``chunk``
-reduces one block to a *partial* (a dict of small arrays, reduced axes kept with length 1),
-``combine`` merges partials concatenated along the reduced axes (dask builds a tree of them,
-``split_every`` wide, so partials from many chunks and many GPUs merge pairwise rather than all on
-one worker), and ``finalize`` turns the last partial into the result. :func:`reduce` hands the
-three to :func:`dask.array.reduction`, dask's own tree reduction.
+A reduction is declared once, as an :class:`Aggregation`, in the manner of flox and cubed:
 
-All functions here are written against the array module of their input, so the same code runs
-on NumPy and CuPy chunks. Partials accumulate in float64 so that float32 data reduce to within
-float32 rounding of a float64 reference.
+- ``chunk`` names the kernel (:func:`pipeline.kernels.get`) that reduces one block to a *partial*:
+  a dict of small arrays, its ``fields``, accumulated in float64;
+- ``combine`` merges partials, and ``identity`` is each field's value where there is no data;
+- ``finalize`` turns the last partial into the result;
+- ``scan``, for reductions whose result in one bin depends on data past the bin's own blocks
+  (runs that go on), carries a state across blocks (flox's ``Scan``).
+
+The op that runs a reduction resolves the chunk kernel through the registry for its backend and
+hands it to one of three graph builders:
+
+- :func:`reduce`, over axes: dask's tree reduction (``dask.array.reduction``) merges partials
+  ``split_every`` at a time across chunks and GPUs, the partials laid side by side along the
+  reduced axes (``combine(partial, axis)``, e.g. Chan's merge of moments);
+- :func:`group_reduce`, by groups that recur all along an axis (months of a climatology): the same
+  tree, over partials that hold a row per group present in their block;
+- :func:`binned_reduce`, into consecutive bins (days, months, years): each output block merges
+  only the partials of the input blocks its bins span, so memory stays bounded by the bins of one
+  block however long the axis; with a ``scan``, each block also sees the state after it.
+
+Partials by group merge in axis order, ``combine(earlier, later)``, after aligning both on the union
+of their groups with ``identity`` (or, for ``additive`` reductions, by adding each into the rows of
+its groups).
+
+Every builder declares, on the layers it creates, the bytes of the partials they hold
+(:func:`pipeline.exec.memory.declare`): the memory plan reads them rather than guess.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import dask.array as da
 import numpy as np
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
 
-from ..backend import backend_of, is_cupy, xp_of
-from ..backend import meta as backend_meta
+from ..backend import backend_of, meta as backend_meta, xp_of
+from ..exec.memory import declare
 
 Partial = Mapping[str, object]
-ACC = np.float64  # accumulator type of every partial
+ACC = np.float64  # accumulator type of every float partial
+
+
+@dataclass(frozen=True)
+class Scan:
+    """State carried across the blocks of a binned reduction, as flox's ``Scan``.
+
+    ``continuation(partial, after) -> state`` is scanned from the last block backwards (``after``
+    is the state of the block after, or None at the end); ``close(merged, before, after)`` settles
+    a merged partial given the partial of the block before it (or None) and the state after it
+    (or None)."""
+
+    continuation: Callable
+    close: Callable
 
 
 @dataclass(frozen=True)
@@ -37,19 +70,77 @@ class Aggregation:
     name
         Prefix of the dask task names.
     chunk
-        ``chunk(x, weights, axis) -> Partial``: one block (and its weights block, or None) to a
-        partial with the reduced ``axis`` kept at length 1.
+        Name of the kernel that makes a block's partial: over axes, ``kernel(block, axis, **params)``
+        or, with weights, ``kernel(block, weights, axis, **params)``, reduced axes kept at length 1;
+        by groups, ``kernel(x2d, labels, k, **params)`` -> fields of ``k`` rows.
     combine
-        ``combine(partial, axis) -> Partial``: a partial whose fields were concatenated along
-        ``axis`` (one entry per input) to one partial with those axes at length 1.
+        Over axes: ``combine(partial, axis)``, the fields of several partials side by side along
+        ``axis``, to one partial with those axes at length 1. By groups (``pairwise``):
+        ``combine(earlier, later)`` of two partials on the same groups.
     finalize
-        ``finalize(partial) -> array``: the result, reduced axes still kept.
+        ``finalize(partial) -> array``.
+    fields
+        Name -> dtype of each field of a partial: their bytes a value are what a partial declares.
+    identity
+        Value of each field where a group has no data (by groups).
+    params
+        Keyword arguments of the chunk kernel.
+    pairwise
+        ``combine`` merges two partials in axis order (by groups) rather than many side by side.
+    additive
+        ``combine`` adds the fields: partials by group are then summed into one accumulator in
+        place, rather than each aligned to the union of the groups first.
+    scan
+        State carried across blocks (binned reductions whose runs go on past their bins).
+    partial_bytes_per_value
+        Bytes a value of the result that a partial is counted at, where not the fields' own.
     """
 
     name: str
-    chunk: Callable[..., Partial]
-    combine: Callable[[Partial, tuple[int, ...]], Partial]
-    finalize: Callable[[Partial], object]
+    chunk: str
+    combine: Callable
+    finalize: Callable
+    fields: Mapping[str, str] = field(default_factory=dict)
+    identity: Mapping[str, float] = field(default_factory=dict)
+    params: Mapping[str, object] = field(default_factory=dict)
+    pairwise: bool = False
+    additive: bool = False
+    scan: Scan | None = None
+    partial_bytes_per_value: int | None = None
+
+    @property
+    def bytes_per_value(self) -> int:
+        """Bytes of a partial for each value of the result."""
+        if self.partial_bytes_per_value is not None:
+            return self.partial_bytes_per_value
+        return sum(np.dtype(d).itemsize for d in self.fields.values())
+
+
+def _check_kernel(agg: Aggregation, kernel: Callable | None, x: da.Array) -> Callable:
+    """``kernel``, which must be the blueprint's; by default the blueprint's for ``x``'s backend
+    (ops pass the one they declare, from :meth:`pipeline.ops.Op.kernel`)."""
+    if kernel is None:
+        from .. import kernels
+
+        return kernels.get(agg.chunk, backend_of(x))
+    name = getattr(kernel, "name", agg.chunk)
+    if name != agg.chunk:
+        raise ValueError(f"{agg.name} reduces blocks with the kernel {agg.chunk!r}, not {name!r}")
+    return kernel
+
+
+def _declare_partials(out: da.Array, agg: Aggregation, x: da.Array) -> da.Array:
+    """Declare the steps of ``out``'s reduction (the layers added to ``x``'s graph under the
+    blueprint's name) as partials, sized from the blocks of its last step, a value each at the
+    blueprint's bytes a value."""
+    ann = out.__dask_graph__().layers[out.name].collection_annotations or {}
+    size = int(np.prod(ann.get("chunksize", out.chunksize))) * agg.bytes_per_value
+    before, prefix = x.__dask_graph__().layers, agg.name + "-"
+    steps = [n for n in out.__dask_graph__().layers if n not in before and str(n).startswith(prefix)]
+    return declare(out, steps, partial_bytes=size)
+
+
+# --- reductions over axes ---------------------------------------------------------------------------
 
 
 def _concat_nested(parts, axes: tuple[int, ...]):
@@ -80,11 +171,19 @@ def _gather(parts, axis) -> dict:
     return {k: _concat_nested(_field(parts, k), axes) for k in _first_leaf(parts)}
 
 
+def broadcast_view(w: da.Array, shape: tuple[int, ...], chunks=None) -> da.Array:
+    """``da.broadcast_to(w, shape, chunks)``, declared a view: its blocks are ``w``'s with zero
+    strides, not arrays of their own."""
+    out = da.broadcast_to(w, shape, chunks=chunks)
+    return out if out is w else declare(out, view=True)
+
+
 def reduce(
     x: da.Array,
     agg: Aggregation,
     axis: tuple[int, ...],
     *,
+    kernel: Callable | None = None,
     dtype,
     weights: da.Array | None = None,
     weights_const: np.ndarray | None = None,
@@ -92,19 +191,28 @@ def reduce(
     split_every: int | None = None,
     output_size: int = 1,
 ) -> da.Array:
-    """Reduce ``x`` over ``axis`` with the blueprint ``agg``; the result keeps ``x``'s backend.
+    """Reduce ``x`` over ``axis`` with the blueprint ``agg``, blocks reduced by ``kernel`` (the
+    blueprint's chunk kernel, by default that of ``x``'s backend); the result keeps ``x``'s backend.
 
-    Weights come as a Dask array chunked as ``x`` (``weights``), or as one small NumPy array that
-    broadcasts to every block of ``x`` (``weights_const``), moved to the block's backend in the task.
+    Weights come as a Dask array that broadcasts to ``x`` (``weights``), or as one small NumPy
+    array that broadcasts to every block of ``x`` (``weights_const``), moved to the block's
+    backend in the task.
     """
+    if agg.pairwise:
+        raise ValueError(f"{agg.name} merges partials by group: use group_reduce or binned_reduce")
+    kernel = _check_kernel(agg, kernel, x)
     axis = tuple(sorted(a % x.ndim for a in axis))
+    params = dict(agg.params)
+    weighted = weights is not None or weights_const is not None
 
     def chunk(block, weights_block=None, axis=None, keepdims=True, computing_meta=False):
         if computing_meta:
             return block
         if weights_const is not None:
             weights_block = xp_of(block).broadcast_to(xp_of(block).asarray(weights_const), block.shape)
-        return agg.chunk(block, weights_block, axis)
+        if weighted:
+            return kernel(block, weights_block, axis, **params)
+        return kernel(block, axis, **params)
 
     def combine(parts, axis=None, keepdims=True, computing_meta=False):
         if computing_meta:
@@ -120,9 +228,11 @@ def reduce(
             out = out.squeeze(axis=axis)
         return out.astype(dtype, copy=False)
 
+    if weights is not None:
+        weights = broadcast_view(weights, x.shape)  # as dask's reduction would, declared a view
     out_ndim = x.ndim if keepdims else x.ndim - len(axis)
     # dask's reduction would call the functions on empty arrays to find the output type: give it.
-    return da.reduction(
+    out = da.reduction(
         x,
         chunk,
         aggregate,
@@ -137,26 +247,215 @@ def reduce(
         weights=weights,
         output_size=output_size,
     )
+    return _declare_partials(out, agg, x)
 
 
-# --- mean and variance: count, mean and sum of squared deviations, merged stably ----------------
+# --- reductions by group along one axis ---------------------------------------------------------
 
 
-def _moments_chunk(x, weights, axis):
-    if is_cupy(x) and len(axis) == 1:
-        from ..kernels.moments import moments_gpu
+def _to_2d(block, axis):
+    xp = xp_of(block)
+    moved = xp.moveaxis(block, axis, 0)
+    return xp.ascontiguousarray(moved).reshape(moved.shape[0], -1), moved.shape[1:]
 
-        return moments_gpu(x, axis[0])
-    xp = xp_of(x)
-    valid = ~xp.isnan(x)
-    n = valid.sum(axis=axis, keepdims=True, dtype=ACC)
-    total = xp.nansum(x, axis=axis, keepdims=True, dtype=ACC)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = xp.where(n > 0, total / xp.where(n > 0, n, 1), 0.0)
-    # deviations from the chunk's own mean: the two-pass formula inside a chunk
-    dev = xp.where(valid, x.astype(ACC, copy=False) - mean, 0.0)
-    m2 = (dev * dev).sum(axis=axis, keepdims=True)
-    return {"n": n, "mean": mean, "m2": m2}
+
+def _from_2d(res2d, rest, axis):
+    xp = xp_of(res2d)
+    return xp.moveaxis(res2d.reshape((res2d.shape[0], *rest)), 0, axis)
+
+
+def chunk_partial(block, labels, agg: Aggregation, axis: int, kernel: Callable) -> dict:
+    """The partial of one block by group: ``kernel`` (the blueprint's chunk kernel) over the
+    block's groups, and the ids of those groups."""
+    x2, rest = _to_2d(block, axis)
+    labels = np.asarray(labels)
+    groups, local = np.unique(labels, return_inverse=True)
+    fields = kernel(x2, local.astype(np.int64).ravel(), len(groups), **agg.params)
+    if "tail_group" in fields:  # block-local group numbers -> the axis' group ids
+        xp = xp_of(x2)
+        ids = xp.asarray(groups)
+        tg = fields["tail_group"]
+        fields["tail_group"] = xp.where(tg >= 0, ids[xp.maximum(tg, 0)], -1)
+    return {"groups": groups, "rest": rest, "length": int(labels.size), "first_group": int(labels[0]), **fields}
+
+
+def _align(p: dict, union: np.ndarray, agg: Aggregation) -> dict:
+    """``p`` on the groups ``union``: its rows where present, the identity elsewhere; rows of
+    groups not in ``union`` are dropped."""
+    if np.array_equal(p["groups"], union):
+        return p
+    keep = np.isin(p["groups"], union)
+    pos = np.searchsorted(union, p["groups"][keep])
+    out = {k: v for k, v in p.items() if k not in agg.identity}
+    out["groups"] = union
+    for f, ident in agg.identity.items():
+        src = p[f]
+        xp = xp_of(src)
+        a = xp.full((len(union), *src.shape[1:]), ident, dtype=src.dtype)
+        if keep.any():
+            a[xp.asarray(pos)] = src[xp.asarray(np.flatnonzero(keep))]
+        out[f] = a
+    return out
+
+
+def merge_partials(parts: list[dict], agg: Aggregation, groups: np.ndarray | None = None) -> dict:
+    """Merge partials by group given in axis order; on ``groups`` when given, else on the union
+    of theirs.
+
+    One partial at a time is aligned to ``groups`` (or, for additive reductions, none is: each is
+    added into the rows of its groups), so a merge holds its result and one aligned copy at most,
+    not one for every partial: merging four partials of a few months each into twelve months held
+    four copies at full size."""
+    if groups is None:
+        groups = np.unique(np.concatenate([p["groups"] for p in parts]))
+    if agg.additive:
+        return _sum_partials(parts, agg, groups)
+    acc = _align(parts[0], groups, agg)
+    for p in parts[1:]:
+        p = _align(p, groups, agg)
+        acc = {**acc, "length": acc.get("length", 0) + p.get("length", 0), **agg.combine(acc, p)}
+    return acc
+
+
+def _sum_partials(parts: list[dict], agg: Aggregation, groups: np.ndarray) -> dict:
+    """The sum of additive partials on ``groups``, added in order into one accumulator per field
+    (the same additions, in the same order, as merging them one by one)."""
+    out = {k: v for k, v in parts[0].items() if k not in agg.identity}
+    out["groups"] = groups
+    out["length"] = sum(p.get("length", 0) for p in parts)
+    for f, ident in agg.identity.items():
+        first = parts[0][f]
+        xp = xp_of(first)
+        acc = xp.full((len(groups), *first.shape[1:]), ident, dtype=np.result_type(*(p[f].dtype for p in parts)))
+        for p in parts:
+            keep = np.isin(p["groups"], groups)
+            rows = np.searchsorted(groups, p["groups"][keep])
+            src = p[f] if keep.all() else p[f][xp.asarray(np.flatnonzero(keep))]
+            if np.array_equal(rows, np.arange(len(groups))):
+                acc += src
+            elif rows.size:
+                acc[xp.asarray(rows)] += src
+        out[f] = acc
+    return out
+
+
+def _finish(parts, agg: Aggregation, groups: np.ndarray, axis: int, out_dtype, before=None, after=None):
+    merged = merge_partials(parts, agg, groups)
+    if agg.scan is not None:
+        merged = agg.scan.close(merged, before, after)
+    return _from_2d(agg.finalize(merged), merged["rest"], axis).astype(out_dtype, copy=False)
+
+
+def _flatten(parts):
+    if isinstance(parts, dict):
+        return [parts]
+    return list(itertools.chain.from_iterable(_flatten(p) for p in parts))
+
+
+def _labels_array(labels: np.ndarray, x: da.Array, axis: int) -> da.Array:
+    return da.from_array(np.asarray(labels, dtype=np.int64), chunks=(x.chunks[axis],))
+
+
+def _partials(x: da.Array, labels: np.ndarray, agg: Aggregation, axis: int, kernel: Callable | None) -> da.Array:
+    if not agg.pairwise:
+        raise ValueError(f"{agg.name} merges partials over axes: use reduce")
+    kernel = _check_kernel(agg, kernel, x)
+    inds = tuple(range(x.ndim))
+    return da.blockwise(
+        chunk_partial, inds, x, inds, _labels_array(labels, x, axis), (axis,),
+        agg=agg, axis=axis, kernel=kernel, dtype=np.float64, meta=np.empty((0,) * x.ndim),
+        name=f"{agg.name}-chunk-{tokenize(x, labels, agg.name, agg.params, kernel)}",
+    )
+
+
+def group_reduce(x: da.Array, agg: Aggregation, labels: np.ndarray, axis: int, out_dtype, *,
+                 kernel: Callable | None = None, split_every=None) -> da.Array:
+    """Reduce ``x`` by ``labels`` (one per step along ``axis``, any order), blocks reduced by
+    ``kernel``; the result has one row per distinct label, sorted, along ``axis``."""
+    groups = np.unique(labels)
+    parts = _partials(x, labels, agg, axis, kernel)
+
+    def combine(p, axis=None, keepdims=True, computing_meta=False):
+        return p if computing_meta else merge_partials(_flatten(p), agg)
+
+    def aggregate(p, axis=None, keepdims=True, computing_meta=False):
+        return p if computing_meta else _finish(_flatten(p), agg, groups, axis[0], out_dtype)
+
+    out = da.reduction(
+        parts, lambda p, axis=None, keepdims=True, computing_meta=False: p, aggregate,
+        combine=combine, axis=(axis,), keepdims=True, dtype=out_dtype, split_every=split_every,
+        concatenate=False, output_size=len(groups), name=agg.name,
+        meta=backend_meta(backend_of(x), out_dtype, x.ndim),
+    )
+    # dask annotates the last step with one row along ``axis``; it has one per group, and so do
+    # the merged partials
+    ann = out.__dask_graph__().layers[out.name].collection_annotations
+    if ann is not None:
+        ann.update(shape=out.shape, chunks=out.chunks, chunksize=out.chunksize)
+    return _declare_partials(out, agg, x)
+
+
+def binned_reduce(x: da.Array, agg: Aggregation, bins: np.ndarray, nbins: int, axis: int, out_dtype, *,
+                  kernel: Callable | None = None) -> da.Array:
+    """Reduce ``x`` into consecutive bins, blocks reduced by ``kernel``: ``bins`` (one per step,
+    non-decreasing, in ``0..nbins-1``; bins with no step are allowed) -> ``nbins`` rows along
+    ``axis``."""
+    bins = np.asarray(bins, dtype=np.int64)
+    if np.any(np.diff(bins) < 0):
+        raise ValueError("bins must be non-decreasing along the axis")
+    parts = _partials(x, bins, agg, axis, kernel)
+    # a block's partial holds a row of fields for each bin it touches: counted as one float64
+    # block of its input, as the plan has counted it since it was measured
+    declare(parts, block_bytes=int(np.prod(parts.chunksize)) * np.dtype(ACC).itemsize)
+    bounds = np.cumsum((0, *x.chunks[axis]))
+    block_of_step = np.searchsorted(bounds, np.arange(bins.size), side="right") - 1
+    first_step = np.searchsorted(bins, np.arange(nbins), side="left")
+    home = block_of_step[np.minimum(first_step, bins.size - 1)]  # the block where each bin starts
+    outputs = []  # (first bin, end bin, first block, last block) of each output block
+    for blk in np.unique(home):
+        b0, b1 = np.flatnonzero(home == blk)[[0, -1]] + (0, 1)
+        last = block_of_step[max(np.searchsorted(bins, b1, side="left") - 1, 0)]
+        outputs.append((int(b0), int(b1), int(blk), int(last)))
+
+    name = f"{agg.name}-{tokenize(parts.name, nbins)}"
+    cont = f"{agg.name}-continuation-{tokenize(parts.name)}"
+    nblocks = x.numblocks[axis]
+    scan = agg.scan
+    dsk = {}
+    for idx in itertools.product(*[range(n) for i, n in enumerate(x.numblocks) if i != axis]):
+        key = lambda n, i: (n, *idx[:axis], i, *idx[axis:])  # noqa: E731
+        if scan is not None:  # scanned from the last block backwards
+            for i in reversed(range(nblocks)):
+                nxt = key(cont, i + 1) if i + 1 < nblocks else None
+                dsk[key(cont, i)] = (scan.continuation, key(parts.name, i), nxt)
+        for j, (b0, b1, blk, last) in enumerate(outputs):
+            span = [key(parts.name, i) for i in range(blk, last + 1)]
+            task = (_finish, span, agg, np.arange(b0, b1), axis, out_dtype)
+            if scan is not None:
+                before = key(parts.name, blk - 1) if blk > 0 else None
+                after = key(cont, last + 1) if last + 1 < nblocks else None
+                task = (*task, before, after)
+            dsk[key(name, j)] = task
+    out_chunks = tuple(b1 - b0 for b0, b1, _, _ in outputs)
+    chunks = tuple(out_chunks if i == axis else c for i, c in enumerate(x.chunks))
+    graph = HighLevelGraph.from_collections(name, dsk, dependencies=[parts])
+    return da.Array(graph, name, chunks, meta=backend_meta(backend_of(x), out_dtype, x.ndim))
+
+
+# --- the reductions ---------------------------------------------------------------------------------
+#
+# Each blueprint below names its chunk kernel; the merges and finalizers are array formulas on the
+# array module of their input, so the same code runs on NumPy and CuPy partials.
+
+F8 = "float64"
+I4 = "int32"
+
+
+def _sum_fields(p, axis):
+    return {k: v.sum(axis=axis, keepdims=True) for k, v in p.items()}
+
+
+# mean and variance: count, mean and sum of squared deviations, merged stably
 
 
 def _moments_combine(p, axis):
@@ -190,22 +489,28 @@ def _std_finalize(p):
     return xp_of(p["n"]).sqrt(_var_finalize(p))
 
 
+def _mean_std_finalize(p, axis: int):
+    xp = xp_of(p["n"])
+    return xp.concatenate([_mean_finalize(p), _std_finalize(p)], axis=axis)
 
 
-def nanmean_std(x: da.Array, axis: int, dtype=ACC) -> tuple[da.Array, da.Array]:
-    """Mean and (ddof=0) standard deviation along one axis, NaN-skipping, that axis kept.
+def mean_std(axis: int) -> Aggregation:
+    """Mean and (ddof=0) standard deviation, stacked along ``axis``."""
+    return Aggregation(
+        "pipeline-moments", "moments", _moments_combine, functools.partial(_mean_std_finalize, axis=axis),
+        fields={"n": F8, "mean": F8, "m2": F8}, identity={"n": 0.0, "mean": 0.0, "m2": 0.0},
+    )
+
+
+def nanmean_std(x: da.Array, axis: int, *, kernel: Callable | None = None, dtype=ACC) -> tuple[da.Array, da.Array]:
+    """Mean and (ddof=0) standard deviation along one axis, NaN-skipping, that axis kept; blocks
+    reduced by ``kernel`` (the ``moments`` kernel, by default that of ``x``'s backend).
 
     One pass over ``x``: both statistics come out of one tree of moment partials, whose
     finalize stacks them along the reduced axis (``output_size=2``).
     """
     axis = axis % x.ndim
-
-    def finalize(p):
-        xp = xp_of(p["n"])
-        return xp.concatenate([_mean_finalize(p), _std_finalize(p)], axis=axis)
-
-    agg = Aggregation("pipeline-moments", _moments_chunk, _moments_combine, finalize)
-    stats = reduce(x, agg, (axis,), dtype=dtype, keepdims=True, output_size=2)
+    stats = reduce(x, mean_std(axis), (axis,), kernel=kernel, dtype=dtype, keepdims=True, output_size=2)
     index = [slice(None)] * x.ndim
     index[axis] = slice(0, 1)
     mean = stats[tuple(index)]
@@ -213,59 +518,7 @@ def nanmean_std(x: da.Array, axis: int, dtype=ACC) -> tuple[da.Array, da.Array]:
     return mean, stats[tuple(index)]
 
 
-# --- weighted mean: sum(w * x) / sum(w where x is valid) ----------------------------------------
-
-
-def _weighted_chunk(x, w, axis):
-    if is_cupy(x):
-        return _weighted_chunk_gpu(x, w, axis)
-    xp = xp_of(x)
-    valid = ~xp.isnan(x)
-    wx = xp.where(valid, x.astype(ACC, copy=False) * w, 0.0)
-    wsum = xp.where(valid, w, 0).astype(ACC, copy=False)
-    return {"wx": wx.sum(axis=axis, keepdims=True), "w": wsum.sum(axis=axis, keepdims=True)}
-
-
-@functools.cache
-def _weighted_sum_kernel():
-    import cupy
-
-    # One pass for both sums: each element maps to the complex number (w*x, w), zero where x is
-    # NaN, and complex addition adds the two parts independently. Two real reductions would read
-    # the block twice.
-    return cupy.ReductionKernel(
-        "T x, float64 w",
-        "complex128 y",
-        "x == x ? complex<double>((double)x * w, w) : complex<double>(0.0, 0.0)",
-        "a + b",
-        "y = a",
-        "complex<double>(0.0, 0.0)",
-        "pipeline_weighted_sums",
-        options=("--fmad=false",),
-    )
-
-
-def _weighted_chunk_gpu(x, w, axis):
-    import cupy
-
-    w = cupy.asarray(w)
-    lead = x.ndim - len(axis)
-    trailing = tuple(axis) == tuple(range(lead, x.ndim))
-    if trailing and x.flags.c_contiguous and w.shape == x.shape and all(st == 0 for st in w.strides[:lead]):
-        # the usual case: weights that vary only along the reduced axes (cos(lat)), and a block
-        # laid out with those axes last: one pass of the two-stage kernel
-        from ..kernels.weighted import weighted_rows_gpu as weighted_sums_gpu
-
-        rows = int(np.prod(x.shape[:lead], dtype=np.int64))
-        wx, ws = weighted_sums_gpu(x.reshape(rows, -1), w[(0,) * lead].reshape(-1))
-        shape = (*x.shape[:lead], *(1,) * len(axis))
-        return {"wx": wx.reshape(shape), "w": ws.reshape(shape)}
-    sums = _weighted_sum_kernel()(x, w.astype(np.float64, copy=False), axis=axis, keepdims=True)
-    return {"wx": sums.real.copy(), "w": sums.imag.copy()}
-
-
-def _sum_fields(p, axis):
-    return {k: v.sum(axis=axis, keepdims=True) for k, v in p.items()}
+# weighted mean: sum(w * x) / sum(w where x is valid)
 
 
 def _weighted_finalize(p):
@@ -273,4 +526,176 @@ def _weighted_finalize(p):
     return xp.where(p["w"] != 0, p["wx"] / xp.where(p["w"] != 0, p["w"], 1), xp.nan)
 
 
-weighted_mean = Aggregation("pipeline-weighted-mean", _weighted_chunk, _sum_fields, _weighted_finalize)
+WEIGHTED_MEAN = Aggregation(
+    "pipeline-weighted-mean", "weighted_sums", _sum_fields, _weighted_finalize,
+    fields={"wx": F8, "w": F8}, identity={"wx": 0.0, "w": 0.0},
+    partial_bytes_per_value=3 * 8,  # as the plan has counted it since it was measured
+)
+
+
+# polynomial fit: the normal equations' sums S_k = Σ u^k (k = 0..2 deg) and T_k = Σ u^k x (k = 0..deg)
+
+
+def _polyfit_finalize(p, axis: int, deg: int):
+    """Coefficients c_0..c_deg of Σ c_k u^k, stacked along ``axis``; NaN where fewer than deg + 1
+    samples are valid (the normal matrix is singular there)."""
+    xp = xp_of(p["s0"])
+    m = deg + 1
+    a = xp.stack([xp.stack([p[f"s{i + j}"] for j in range(m)], axis=-1) for i in range(m)], axis=-2)
+    b = xp.stack([p[f"t{i}"] for i in range(m)], axis=-1)[..., None]
+    enough = p["s0"] >= m
+    # NumPy's solve raises on one singular matrix in the batch: solve the identity there instead
+    a = xp.where(enough[..., None, None], a, xp.eye(m, dtype=ACC))
+    c = xp.linalg.solve(a, b)[..., 0]
+    c = xp.where(enough[..., None], c, xp.nan)
+    return xp.concatenate([c[..., k] for k in range(m)], axis=axis)
+
+
+def polyfit(axis: int, deg: int) -> Aggregation:
+    """Coefficients of the least-squares polynomial of degree ``deg`` along ``axis``, stacked
+    along it (the weights are the abscissa u)."""
+    fields = {**{f"s{k}": F8 for k in range(2 * deg + 1)}, **{f"t{k}": F8 for k in range(deg + 1)}}
+    return Aggregation(
+        "pipeline-polyfit", "polyfit", _sum_fields, functools.partial(_polyfit_finalize, axis=axis, deg=deg),
+        fields=fields, identity=dict.fromkeys(fields, 0.0), params={"deg": deg},
+        partial_bytes_per_value=3 * 8,  # as the plan has counted it since it was measured
+    )
+
+
+# by group: sums and counts
+
+
+def _add(a, b):
+    return {"sum": a["sum"] + b["sum"], "count": a["count"] + b["count"]}
+
+
+def _mean(p):
+    xp = xp_of(p["sum"])
+    return xp.where(p["count"] > 0, p["sum"] / xp.where(p["count"] > 0, p["count"], 1), xp.nan)
+
+
+def _sums(p):
+    return p["sum"]
+
+
+GROUP_MEAN = Aggregation(
+    "pipeline-group-mean", "group_sum", _add, _mean, fields={"sum": F8, "count": F8},
+    identity={"sum": 0.0, "count": 0.0}, pairwise=True, additive=True,
+)
+
+
+def count_above(threshold: float) -> Aggregation:
+    """Number of steps above ``threshold`` by group (missing values count as not above)."""
+    return Aggregation(
+        "pipeline-count-above", "group_sum", _add, _sums, fields={"sum": F8, "count": F8},
+        identity={"sum": 0.0, "count": 0.0}, params={"threshold": float(threshold), "mode": 1},
+        pairwise=True, additive=True,
+    )
+
+
+# by group: longest runs above a threshold
+
+
+def _runs_merge(a, b):
+    """Runs cut at group bounds: join ``a``'s open run to ``b``'s opening run, group by group."""
+    xp = xp_of(a["length"])
+    a_full = a["prefix"] == a["length"]
+    b_full = b["prefix"] == b["length"]
+    return {
+        "length": a["length"] + b["length"],
+        "prefix": xp.where(a_full, a["length"] + b["prefix"], a["prefix"]),
+        "current": xp.where(b_full, b["length"] + a["current"], b["current"]),
+        "longest": xp.maximum(xp.maximum(a["longest"], b["longest"]), a["current"] + b["prefix"]),
+    }
+
+
+def _raise_rows(best, groups, group_of_point, value):
+    """``best[row of group_of_point[p], p] = max(.., value[p])`` where that group is a row of ``best``."""
+    xp = xp_of(best)
+    ids = xp.asarray(groups)
+    rows = xp.clip(xp.searchsorted(ids, group_of_point), 0, len(groups) - 1)
+    cols = xp.arange(best.shape[1])
+    hit = (ids[rows] == group_of_point) & (value > 0)
+    rows, cols, value = rows[hit], cols[hit], value[hit].astype(best.dtype)
+    best[rows, cols] = xp.maximum(best[rows, cols], value)
+
+
+def _spells_merge(a, b):
+    """Join the runs of ``a`` and of the block ``b`` that follows it (see kernels.groups.group_spells)."""
+    xp = xp_of(a["best"])
+    best = xp.maximum(a["best"], b["best"])
+    a_whole = a["lead"] == a["length"]  # ``a`` is one run from end to end
+    b_whole = b["lead"] == b["length"]
+    # the run across the junction begins in a's open run, or else at b's first step
+    start = xp.where(a["tail"] > 0, a["tail_group"], b["first_group"])
+    joined = a["tail"] + b["lead"]
+    _raise_rows(best, a["groups"], start, xp.where(a_whole, 0, joined))
+    return {
+        "best": best,
+        "lead": xp.where(a_whole, a["length"] + b["lead"], a["lead"]),
+        "tail": xp.where(b_whole, xp.where(a["tail"] > 0, a["tail"] + b["length"], b["length"]), b["tail"]),
+        "tail_group": xp.where(b_whole, start, b["tail_group"]),
+        "first_group": a["first_group"],
+    }
+
+
+def _spells_continuation(p, after):
+    """Length of the run of steps above the threshold from the start of block ``p`` on."""
+    return p["lead"] if after is None else p["lead"] + (p["lead"] == p["length"]) * after
+
+
+def _spells_close(m, before, after):
+    """Settle the runs at both ends of merged blocks: the leading run counts here only if it
+    begins here (the block before ends below the threshold), and both it and the open run go on
+    into the blocks after as far as the continuation says."""
+    xp = xp_of(m["best"])
+    after = xp.zeros_like(m["lead"]) if after is None else after
+    whole = m["lead"] == m["length"]
+    begins_here = xp.ones(m["lead"].shape, dtype=bool) if before is None else before["tail"] == 0
+    lead = xp.where(begins_here, m["lead"] + xp.where(whole, after, 0), 0)
+    _raise_rows(m["best"], m["groups"], xp.full_like(m["lead"], m["first_group"]), lead)
+    _raise_rows(m["best"], m["groups"], m["tail_group"], xp.where(whole, 0, m["tail"] + after))
+    return m
+
+
+def _longest(p):
+    return p["longest"]
+
+
+def _best(p):
+    return p["best"]
+
+
+SPELLS = Scan(_spells_continuation, _spells_close)
+
+
+def longest_spell(threshold: float, cut_at_bins: bool = False) -> Aggregation:
+    """Longest run above ``threshold`` per bin: a run counts whole for the bin where it begins
+    (xclim's ``run_length.longest_run``), or, with ``cut_at_bins``, only its part in each bin."""
+    if cut_at_bins:
+        fields = dict.fromkeys(("length", "prefix", "current", "longest"), I4)
+        return Aggregation(
+            "pipeline-longest-run-in-bin", "group_runs", _runs_merge, _longest, fields=fields,
+            identity=dict.fromkeys(fields, 0), params={"threshold": float(threshold)}, pairwise=True,
+        )
+    return Aggregation(
+        "pipeline-longest-spell", "group_spells", _spells_merge, _best, fields={"best": I4}, identity={"best": 0},
+        params={"threshold": float(threshold)}, pairwise=True, scan=SPELLS,
+    )
+
+
+# --- for the kernels' tests: a block's partial by the kernel of its backend ----------------------
+
+
+def _moments_chunk(x, weights, axis):
+    """The ``moments`` partial of ``x`` over ``axis`` by the kernel of ``x``'s backend."""
+    from .. import kernels
+
+    return kernels.get("moments", backend_of(x))(x, axis)
+
+
+def _weighted_chunk(x, w, axis):
+    """The ``weighted_sums`` partial of ``x`` over ``axis`` by the kernel of ``x``'s backend."""
+    from .. import kernels
+
+    return kernels.get("weighted_sums", backend_of(x))(x, w, axis)

@@ -17,6 +17,7 @@ from typing import Callable
 import dask.array as da
 
 from ..backend import xp_of
+from ..exec.memory import HALO_BLOCKS, declare
 
 
 def _rows(axis: int, ndim: int, start: int | None, stop: int | None) -> tuple:
@@ -66,7 +67,8 @@ def map_halo(fn: Callable, data: da.Array, axis: int, depth: tuple[int, int], *,
 
     ``fn`` keeps the shape of its input, and its row ``t`` depends only on rows ``t - depth[0]``
     to ``t + depth[1]`` (rows past the ends of its input counting as missing), as a moving window
-    does. Blocks shorter than the halo are first merged, as map_overlap does."""
+    does. Blocks shorter than the halo are first merged, as map_overlap does. Where halos are cut,
+    the result declares the blocks a thread holds besides its own (:data:`pipeline.exec.memory.HALO_BLOCKS`)."""
     from dask.array.overlap import ensure_minimum_chunksize
 
     axis = axis % data.ndim
@@ -87,7 +89,11 @@ def map_halo(fn: Callable, data: da.Array, axis: int, depth: tuple[int, int], *,
         # get a neighbour's rows as a stand-in that _with_halo leaves out
         order = [0, *range(n - 1)] if side == 0 else [*range(1, n), n - 1]
         halos[side] = da.concatenate(_blocks(cut, axis, order), axis=axis)
-    return da.map_blocks(
+    out = da.map_blocks(
         _with_halo, data, *halos, dtype=dtype, meta=meta,
         token=getattr(fn, "__name__", "map-halo"), fn=fn, axis=axis, depth=(before, after), last=n - 1, **kwargs,
     )
+    if any(h is not None for h in halos):
+        # a thread holds the halos it takes besides its block, and the rows it computes again
+        declare(out, extra_blocks=HALO_BLOCKS)
+    return out

@@ -1,0 +1,39 @@
+"""What every op does around its graph: take the data as Dask, find an axis, wrap the result."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from ..backend import backend_of, meta
+from ..errors import InputError
+
+
+def _as_dask(x: xr.DataArray) -> tuple[da.Array, bool]:
+    """``x``'s data as a Dask array, and whether it was in memory (the result is then computed)."""
+    if not isinstance(x, xr.DataArray):
+        raise InputError(f"expected an xarray.DataArray, got {type(x).__name__}")
+    if isinstance(x.data, da.Array):
+        return x.data, False
+    return da.from_array(x.data, chunks=-1, meta=meta(backend_of(x.data), x.dtype, x.ndim)), True
+
+
+def _finish(template: xr.DataArray, data: da.Array, eager: bool, **kwargs) -> xr.DataArray:
+    """``data`` as a DataArray (``template``'s dims and coords, or those in ``kwargs``), computed
+    when the op's input was in memory."""
+    out = xr.DataArray(data, **kwargs) if kwargs else template.copy(data=data)
+    return out.compute() if eager else out
+
+
+def _axis(x: xr.DataArray, dim: str) -> int:
+    """The axis of dimension ``dim`` of ``x``; InputError naming both where it has none."""
+    if dim not in x.dims:
+        raise InputError(f"variable {x.name!r} has no dimension {dim!r} (its dimensions: {', '.join(map(str, x.dims))})")
+    return x.dims.index(dim)
+
+
+def float_dtype(dtype) -> np.dtype:
+    """Result type of a mean of ``dtype`` data: float32 stays float32, the rest become float64."""
+    dtype = np.dtype(dtype)
+    return dtype if dtype.kind == "f" and dtype.itemsize >= 4 else np.dtype(np.float64)
