@@ -132,7 +132,7 @@ def test_partials_are_sized_from_the_reductions_result_not_their_input():
     block = 8 * 10 * 20 * 4
     moments = pipeline.ops.standardized_anomaly(xr.DataArray(x, dims=("time", "lat", "lon")), dim="time").data
     assert memory.graph_block_bytes(moments) == block
-    assert memory.graph_partial_bytes(moments) == memory.PARTIAL_BYTES_PER_VALUE * 10 * 20
+    assert memory.graph_partial_bytes(moments) == 3 * 8 * 10 * 20  # float64 count, mean and M2 a value
     labels = np.arange(40) % 12
     means = aggregation.group_reduce(x, aggregation.GROUP_MEAN, labels, 0, np.float32, kernel=kernels.get("group_sum", "cpu"))
     assert memory.graph_block_bytes(means) == 12 * 10 * 20 * 4  # the result: one row a group
@@ -164,11 +164,14 @@ def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit():
     from pipeline.exec import memory
     from pipeline.exec.compute import compute_threads
 
+    from pipeline.reduce.aggregation import nanmean_std
+
     x = da.ones((40, 100, 100), chunks=(10, 100, 100), dtype="f4")  # 400 kB blocks
-    total = ((x - x.mean(axis=0)) ** 2).sum(axis=(1, 2))  # a tiny result of large blocks
+    mean, _ = nanmean_std(x, 0)
+    total = ((x - mean.astype("f4")) ** 2).sum(axis=(1, 2))  # a tiny result of large blocks
     assert memory.graph_block_bytes(total) == 400_000
-    # the mean's partials: a few float64 fields for each of the 100 x 100 values of its result
-    assert memory.graph_partial_bytes(total) == memory.PARTIAL_BYTES_PER_VALUE * 100 * 100
+    # the mean's partials, as it declares them: float64 count, mean and M2 for each of its 100 x 100 values
+    assert memory.graph_partial_bytes(total) == 3 * 8 * 100 * 100
     per_thread = memory.BLOCKS_PER_THREAD * 400_000 + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(total)
     with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": 8 * per_thread}):
         assert compute_threads(total) == 8

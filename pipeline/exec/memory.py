@@ -18,15 +18,14 @@ import dask.array as da
 from .. import backend as B
 from .. import config, state
 from ..errors import InputError
+from ..reduce.declare import declared
+from ..reduce.overlap import HALO_BLOCKS
 
 # a thread holds about three blocks at a time: its input, its output and one temporary (for a
 # reading task, the block's compressed bytes). Measured under a 4 GB GPU limit (18.2 GB in blocks
 # of 303 MB): monthly means ran with three threads (device pool peak 3.33 GiB) and the
 # standardized anomaly with five (3.39 GiB)
 BLOCKS_PER_THREAD = 3
-# and moving-window ops (the halos of pipeline.reduce.overlap) two more: in the same runs, the rolling maximum
-# peaked at 3.68 GiB with three threads, ran out of memory with three in a later run, and with four
-HALO_BLOCKS = 2
 # a thread merging partials holds two of them besides its blocks (its result and one input)
 PARTIALS_PER_THREAD = 2
 
@@ -71,44 +70,6 @@ def largest_block(*arrays: da.Array) -> int:
     return max(sizes, default=0)
 
 
-# --- what the graph builders declare ---------------------------------------------------------------
-#
-# The builders that make reductions and halos (pipeline.reduce) say, on each layer they create,
-# what its blocks hold, under one key of the layer's ``collection_annotations`` (as cubed's
-# ``projected_mem``); the plan reads those declarations:
-#
-# - ``partial_bytes``: the layer's blocks are a reduction's partials, each of up to this many bytes;
-#   not counted as blocks;
-# - ``view``: the layer's blocks are views of a smaller array (broadcast weights); not counted;
-# - ``block_bytes``: each block of the layer counts as this many bytes (instead of its shape and dtype);
-# - ``extra_blocks``: a thread running the layer's tasks holds this many blocks more than
-#   BLOCKS_PER_THREAD (the halos of moving-window ops).
-#
-# A layer without a declaration is an array of its own, sized from dask's annotations.
-DECLARED = "pipeline-memory"
-# Reductions that pipeline did not build (dask's own, as ``x.mean()``) declare nothing: their
-# partials are counted, as a few float64 fields (count, mean and M2) a value of their result, from
-# the last step that dask.array.reduction names NAME-aggregate-TOKEN.
-PARTIAL_BYTES_PER_VALUE = 3 * 8
-
-
-def declare(array: da.Array, layers=None, **declaration) -> da.Array:
-    """Record ``declaration`` (the keys above) on the layers ``layers`` of ``array``'s graph (by
-    default its own last layer); returns ``array``."""
-    graph = array.__dask_graph__()
-    for name in [array.name] if layers is None else layers:
-        layer = graph.layers[name]
-        if layer.collection_annotations is None:
-            layer.collection_annotations = {}
-        layer.collection_annotations.setdefault(DECLARED, {}).update(declaration)
-    return array
-
-
-def declared(layer) -> dict:
-    """The declaration on ``layer`` ({} where none)."""
-    return (getattr(layer, "collection_annotations", None) or {}).get(DECLARED, {})
-
-
 def layer_bytes(layer, per_value: int | None = None) -> int | None:
     """Bytes of the largest block of an array's layer (``per_value`` bytes a value, else its
     dtype's), from the annotations dask keeps on it."""
@@ -121,33 +82,13 @@ def layer_bytes(layer, per_value: int | None = None) -> int | None:
         return None
 
 
-def _undeclared_reductions(graph) -> dict:
-    """Layers of dask's own tree reductions in ``graph`` -> bytes of their partials: the last step
-    (NAME-aggregate-TOKEN) and the steps before it that bear its name."""
-    deps = graph.dependencies
-    found: dict = {}
-    for name, layer in graph.layers.items():
-        head, sep, token = str(name).rpartition("-aggregate-")
-        if not sep or declared(layer) or not token.isalnum():
-            continue
-        size = layer_bytes(layer, PARTIAL_BYTES_PER_VALUE) or 0
-        todo, prefix = [name], head + "-"
-        while todo:
-            n = todo.pop()
-            found[n] = max(found.get(n, 0), size)
-            todo.extend(d for d in deps.get(n, ()) if str(d).startswith(prefix) and d not in found)
-    return found
-
-
 def _layers(arrays):
-    """(layer, declaration) of every layer in the graphs of ``arrays``, dask's own reductions'
-    declared as partials."""
+    """(layer, declaration) of every layer in the graphs of ``arrays``. A layer that declares
+    nothing (dask's own reductions too) counts as an array of its own, at its blocks' size: for a
+    reduction's first step, that of its input's blocks, which errs high."""
     for a in arrays:
-        graph = a.__dask_graph__()
-        layers = getattr(graph, "layers", {})
-        undeclared = _undeclared_reductions(graph) if layers else {}
-        for name, layer in layers.items():
-            yield layer, ({"partial_bytes": undeclared[name]} if name in undeclared else declared(layer))
+        for layer in getattr(a.__dask_graph__(), "layers", {}).values():
+            yield layer, declared(layer)
 
 
 def _array_layers(arrays):

@@ -26,7 +26,7 @@ of their groups with ``identity`` (or, for ``additive`` reductions, by adding ea
 its groups).
 
 Every builder declares, on the layers it creates, the bytes of the partials they hold
-(:func:`pipeline.exec.memory.declare`): the memory plan reads them rather than guess.
+(:func:`pipeline.reduce.declare.declare`): the memory plan reads them rather than guess.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from ..backend import backend_of, meta as backend_meta, xp_of
-from ..exec.memory import declare
+from .declare import declare
 
 Partial = Mapping[str, object]
 ACC = np.float64  # accumulator type of every float partial

@@ -17,7 +17,12 @@ from typing import Callable
 import dask.array as da
 
 from ..backend import xp_of
-from ..exec.memory import HALO_BLOCKS, declare
+from .declare import declare
+
+# a thread running a moving-window op holds this many blocks more than other ops' threads (pipeline.exec.memory's
+# BLOCKS_PER_THREAD): measured under a 4 GB GPU limit, the rolling maximum peaked at 3.68 GiB with three
+# threads, ran out of memory with three in a later run, and with four
+HALO_BLOCKS = 2
 
 
 def _rows(axis: int, ndim: int, start: int | None, stop: int | None) -> tuple:
@@ -68,7 +73,7 @@ def map_halo(fn: Callable, data: da.Array, axis: int, depth: tuple[int, int], *,
     ``fn`` keeps the shape of its input, and its row ``t`` depends only on rows ``t - depth[0]``
     to ``t + depth[1]`` (rows past the ends of its input counting as missing), as a moving window
     does. Blocks shorter than the halo are first merged, as map_overlap does. Where halos are cut,
-    the result declares the blocks a thread holds besides its own (:data:`pipeline.exec.memory.HALO_BLOCKS`)."""
+    the result declares the blocks a thread holds besides its own (:data:`HALO_BLOCKS`)."""
     from dask.array.overlap import ensure_minimum_chunksize
 
     axis = axis % data.ndim

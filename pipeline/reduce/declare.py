@@ -1,0 +1,39 @@
+"""What the graph builders declare for the memory plan.
+
+The builders that make reductions and halos (:mod:`pipeline.reduce`) say, on each layer they create,
+what its blocks hold, under one key of the layer's ``collection_annotations`` (as cubed's
+``projected_mem``); the plan (:mod:`pipeline.exec.memory`) reads those
+declarations:
+
+- ``partial_bytes``: the layer's blocks are a reduction's partials, each of up to this many bytes;
+  not counted as blocks;
+- ``view``: the layer's blocks are views of a smaller array (broadcast weights); not counted;
+- ``block_bytes``: each block of the layer counts as this many bytes (instead of its shape and dtype);
+- ``extra_blocks``: a thread running the layer's tasks holds this many blocks more than
+  BLOCKS_PER_THREAD (the halos of moving-window ops).
+
+A layer without a declaration is an array of its own, sized from dask's annotations.
+"""
+
+from __future__ import annotations
+
+import dask.array as da
+
+DECLARED = "pipeline-memory"
+
+
+def declare(array: da.Array, layers=None, **declaration) -> da.Array:
+    """Record ``declaration`` (the keys above) on the layers ``layers`` of ``array``'s graph (by
+    default its own last layer); returns ``array``."""
+    graph = array.__dask_graph__()
+    for name in [array.name] if layers is None else layers:
+        layer = graph.layers[name]
+        if layer.collection_annotations is None:
+            layer.collection_annotations = {}
+        layer.collection_annotations.setdefault(DECLARED, {}).update(declaration)
+    return array
+
+
+def declared(layer) -> dict:
+    """The declaration on ``layer`` ({} where none)."""
+    return (getattr(layer, "collection_annotations", None) or {}).get(DECLARED, {})
