@@ -92,8 +92,6 @@ class Aggregation:
         place, rather than each aligned to the union of the groups first.
     scan
         State carried across blocks (binned reductions whose runs go on past their bins).
-    partial_bytes_per_value
-        Bytes a value of the result that a partial is counted at, where not the fields' own.
     """
 
     name: str
@@ -106,13 +104,10 @@ class Aggregation:
     pairwise: bool = False
     additive: bool = False
     scan: Scan | None = None
-    partial_bytes_per_value: int | None = None
 
     @property
     def bytes_per_value(self) -> int:
         """Bytes of a partial for each value of the result."""
-        if self.partial_bytes_per_value is not None:
-            return self.partial_bytes_per_value
         return sum(np.dtype(d).itemsize for d in self.fields.values())
 
 
@@ -529,7 +524,6 @@ def _weighted_finalize(p):
 WEIGHTED_MEAN = Aggregation(
     "pipeline-weighted-mean", "weighted_sums", _sum_fields, _weighted_finalize,
     fields={"wx": F8, "w": F8}, identity={"wx": 0.0, "w": 0.0},
-    partial_bytes_per_value=3 * 8,  # as the plan has counted it since it was measured
 )
 
 
@@ -558,8 +552,7 @@ def polyfit(axis: int, deg: int) -> Aggregation:
     return Aggregation(
         "pipeline-polyfit", "polyfit", _sum_fields, functools.partial(_polyfit_finalize, axis=axis, deg=deg),
         fields=fields, identity=dict.fromkeys(fields, 0.0), params={"deg": deg},
-        partial_bytes_per_value=3 * 8,  # as the plan has counted it since it was measured
-    )
+        )
 
 
 # by group: sums and counts
