@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, create_model
 
+from ..errors import KernelNotFound
+
 _REGISTRY: dict[str, "Op"] = {}
 
 
@@ -41,7 +43,7 @@ class Op:
 
         if name not in self.kernels.get(backend, ()):
             declared = ", ".join(self.kernels.get(backend, ())) or "none"
-            raise NotImplementedError(
+            raise KernelNotFound(
                 f"op {self.name!r} has no {backend} kernel {name!r} (it declares: {declared}; "
                 f"its backends: {', '.join(self.backends) or 'none'})"
             )
