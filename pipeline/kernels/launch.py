@@ -89,7 +89,7 @@ def _template(filename: str) -> string.Template:
     return string.Template((CUDA_DIR / filename).read_text())
 
 
-def cuda_source(filename: str, **params) -> str:
+def cuda_source(filename: str, /, **params) -> str:
     """The source of ``cuda/<filename>`` with its ``${name}`` placeholders filled in (what CuPy
     compiles; the tests compile it with nvcc too)."""
     return _template(filename).substitute({k: str(v) for k, v in params.items()})
@@ -102,12 +102,12 @@ FMAD_CXX17 = ("--fmad=false", "-std=c++17")
 
 
 @functools.cache
-def raw_kernel(filename: str, name: str, options: tuple[str, ...], **params):
-    """The kernel ``name`` of ``cuda/<filename>`` filled in with ``params``, compiled by CuPy with
-    ``options`` (once per combination)."""
+def raw_kernel(filename: str, kernel: str, options: tuple[str, ...], /, **params):
+    """The kernel named ``kernel`` in ``cuda/<filename>`` filled in with ``params``, compiled by
+    CuPy with ``options`` (once per combination)."""
     import cupy
 
-    return cupy.RawKernel(cuda_source(filename, **params), name, options=options)
+    return cupy.RawKernel(cuda_source(filename, **params), kernel, options=options)
 
 
 # --- streaming kernels: one C expression per element, four loads in flight --------------------------
