@@ -77,7 +77,7 @@ def make_moments_column(jit):
 # kernel, 87%), and the steps are cut into tiles, merged afterwards, only where the points alone
 # are too few to fill the GPU.
 
-THREADS = 128
+THREADS = 128  # threads per block
 UNROLL = 4  # points per thread, loads in flight per thread
 
 def source(in_dtype, threads: int = THREADS, unroll: int = UNROLL) -> str:

@@ -303,7 +303,7 @@ def detrend_block_gpu(x, u, *, axis: int, deg: int, out_dtype):
 # blocks (one slab of steps each), whose sums meet through distributed shared memory:
 #
 # 1. thread (q, g) sums the data's normal equations of point q (sums of u^k x, and the count) over
-#    steps g, g + G, ... of its block's slab (G = THREADS / P groups of steps), from shared memory;
+#    steps g, g + G, ... of its block's slab (G = TILE_THREADS / P groups of steps), from shared memory;
 #    the sums of u^k alone are the same for every group without NaN, so they are made once per
 #    launch (``pipeline_detrend_whole``), and a group with NaNs makes its own in a second look;
 # 2. each block adds its groups in order g = 0, 1, ...; then every block of the tile adds the
@@ -331,7 +331,7 @@ def detrend_block_gpu(x, u, *, axis: int, deg: int, out_dtype):
 # twin (:func:`detrend_tile_twin`, Numba on the CPU) does the same float64 operations in the same
 # order; without fused multiply-adds (``--fmad=false``) the two agree bit for bit.
 
-THREADS = 256
+TILE_THREADS = 256  # threads per block of the tile kernel: TILE_THREADS / P groups of steps per point
 TILE_BYTES = 40 * 1024  # a block's share of a tile at most: four blocks fit a multiprocessor
 ONE_BLOCK_BYTES = 100 * 1024  # a whole tile and its coordinates in one block: two blocks fit a multiprocessor
 MAX_CLUSTER = 8  # the largest cluster that every GPU of compute capability 9.0 schedules
@@ -343,7 +343,7 @@ def _params(in_dtype, out_dtype, deg: int, points: int, threads: int, cluster: i
                 m=deg + 1, cluster=cluster)
 
 
-def source(in_dtype, out_dtype, deg: int, points: int = 64, threads: int = THREADS, cluster: int = 1) -> str:
+def source(in_dtype, out_dtype, deg: int, points: int = 64, threads: int = TILE_THREADS, cluster: int = 1) -> str:
     """The CUDA source of the kernel (the tests compile it with nvcc too)."""
     return launch.cuda_source("detrend.cu", **_params(in_dtype, out_dtype, deg, points, threads, cluster))
 
@@ -390,7 +390,7 @@ def supported(dtype) -> bool:
 
 
 def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, cluster: int | None = None,
-                 threads: int = THREADS) -> bool:
+                 threads: int = TILE_THREADS) -> bool:
     """Detrend the C-contiguous (steps, points) CuPy array ``x2d`` into ``out2d`` by the tile
     kernel (``u1d`` the float64 coordinate of the steps); False, doing nothing, where
     :func:`plan` finds no tile. ``points`` and ``cluster`` are the plan's unless both are given."""
@@ -474,7 +474,7 @@ def _twin(deg: int, groups: int, cluster: int):
     return run
 
 
-def detrend_tile_twin(x2d, u1d, deg: int, out_dtype, *, points: int, threads: int = THREADS, cluster: int = 1):
+def detrend_tile_twin(x2d, u1d, deg: int, out_dtype, *, points: int, threads: int = TILE_THREADS, cluster: int = 1):
     """What :func:`detrend_tile` computes, on the CPU, in the kernel's order of operations."""
     out = np.empty(x2d.shape, dtype=out_dtype)
     steps = slab(x2d.shape[0], cluster)
