@@ -5,7 +5,8 @@ For every op two figures, each the median of ``--repeat`` timed runs after one w
 - ``kernel``: the op's chunk kernel on one block holding the whole array (no dask), timed with
   CUDA events on the GPU; bytes moved are the input read plus the output written (a kernel that
   reads its input twice, as detrend's, is still counted once); on the GPU, rows named
-  ``<name>_previous`` time the kernels that the current ones replaced, for comparison. Each
+  ``<name>_previous`` time the kernels that the current ones replaced, for comparison (they are
+  in ``kernels_previous.py``, beside this file). Each
   kernel is timed twice: one call alone (its host-side preparation, during which the GPU waits,
   included), and ``IN_A_ROW`` calls issued back to back (time per call), where each call's
   preparation overlaps the kernel before it, as the tasks of a pipeline do;
@@ -105,7 +106,7 @@ OPS = [
 
 def kernel_cases(x, backend):
     """(name, function, bytes moved) for the chunk kernels, on the whole array as one block."""
-    from pipeline.kernels import coarsen, elementwise, groups, rolling
+    from pipeline.kernels import coarsen, elementwise, fields, groups, rolling, trend
     from pipeline.reduce.aggregation import _moments_chunk, _weighted_chunk
 
     xp = B.module(backend)
@@ -129,14 +130,14 @@ def kernel_cases(x, backend):
     std_k = getattr(elementwise, f"standardize_{side}")
     roll = getattr(rolling, f"rolling_mean_{side}")
     sub = getattr(groups, f"subtract_groups_{side}")
+    group_sum = getattr(groups, f"group_sum_{side}")
+    group_spells = getattr(groups, f"group_spells_{side}")
     n, small = data.nbytes, npts * 8
-    from pipeline.kernels import fields
-
     svp = getattr(fields, f"saturation_vapor_pressure_{side}")
     u = xp.linspace(-1.0, 1.0, nt)[:, None, None]
     trimmed = data[:, : data.shape[1] // 4 * 4, : data.shape[2] // 4 * 4]  # as the op trims it: a view
-    coarse = coarsen.coarsen_mean_gpu if backend == "gpu" else fields.coarsen_mean
-    detrend = fields.detrend_block_gpu if backend == "gpu" else fields.detrend_block
+    coarse = getattr(coarsen, f"coarsen_mean_{side}")
+    detrend = getattr(trend, f"detrend_block_{side}")
     cases = []
     if backend == "gpu":  # the same formula as a plain cupy.ElementwiseKernel, for comparison
         cases.append(("standardize, ElementwiseKernel", lambda: elementwise._gpu_kernel("standardize")(data, mean, std, xp.empty_like(data)), 2 * n))
@@ -146,9 +147,9 @@ def kernel_cases(x, backend):
         ("moments (time)", lambda: _moments_chunk(data, None, (0,)), n + 3 * small),
         ("weighted sums (lat, lon)", lambda: _weighted_chunk(data, w, (1, 2)), n + 16 * nt),
         ("rolling mean (30 steps)", lambda: roll(data, 0, 29, 0, 30, f32), 2 * n),
-        ("group sums (12 months)", lambda: groups.group_sum(x2, labels, 12), n + 24 * small),
-        ("group spells (12 months)", lambda: groups.group_spells(x2, labels, 12, 290.0), n + 15 * npts * 4),
-        ("group spells (years, sorted)", lambda: groups.group_spells(x2, years, nyears, 290.0), n + (nyears + 3) * npts * 4),
+        ("group sums (12 months)", lambda: group_sum(x2, labels, 12), n + 24 * small),
+        ("group spells (12 months)", lambda: group_spells(x2, labels, 12, 290.0), n + 15 * npts * 4),
+        ("group spells (years, sorted)", lambda: group_spells(x2, years, nyears, 290.0), n + (nyears + 3) * npts * 4),
         ("subtract groups (anomaly)", lambda: sub(x2, labels, values, f32), 2 * n),
         ("saturation vapour pressure", lambda: svp(data, 0.0, "sonntag90", f32), 2 * n),
         ("coarsen mean (4 x 4, lat and lon)", lambda: coarse(trimmed, {1: 4, 2: 4}, f32), trimmed.nbytes + trimmed.nbytes // 16),
@@ -156,19 +157,21 @@ def kernel_cases(x, backend):
         ("detrend (deg 1, whole axis)", lambda: detrend(data, u, axis=0, deg=1, out_dtype=f32), 2 * n),
     ]
     if backend == "gpu":  # the kernels these replace, for comparison: <name>_previous
-        from pipeline.kernels import detrend as detrend_tile
-        from pipeline.kernels import moments, weighted
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import kernels_previous as prev
+
+        from pipeline.kernels import moments
 
         cases += [  # the weights taken as _weighted_chunk takes them, for the same work around the kernel
-            ("weighted sums_previous", lambda: weighted.weighted_sums_gpu_previous(x2, w[0].reshape(-1)), n + 16 * nt),
-            ("rolling mean_previous", lambda: rolling.rolling_mean_gpu_previous(data, 0, 29, 0, 30, f32), 2 * n),
-            ("group sums_previous", lambda: groups.group_sum_previous(x2, labels, 12), n + 24 * small),
-            ("group spells_previous", lambda: groups.group_spells_previous(x2, labels, 12, 290.0), n + 15 * npts * 4),
-            ("group spells_previous (years)", lambda: groups.group_spells_previous(x2, years, nyears, 290.0), n + (nyears + 3) * npts * 4),
-            ("detrend_previous (formulas)", lambda: fields.detrend_block(data, u, axis=0, deg=1, out_dtype=f32), 2 * n),
-            ("detrend_previous (Numba, reads twice)", lambda: fields.detrend_block_gpu(data, u, axis=0, deg=1, out_dtype=f32, tile=False), 2 * n),
-            ("coarsen mean_previous (formulas)", lambda: fields.coarsen_mean(trimmed, {1: 4, 2: 4}, f32), trimmed.nbytes + trimmed.nbytes // 16),
-            ("moments_previous (Numba)", lambda: moments.moments_gpu(data, 0, previous=True), n + 3 * small),
+            ("weighted sums_previous", lambda: prev.weighted_sums_gpu_previous(x2, w[0].reshape(-1)), n + 16 * nt),
+            ("rolling mean_previous", lambda: prev.rolling_mean_gpu_previous(data, 0, 29, 0, 30, f32), 2 * n),
+            ("group sums_previous", lambda: prev.group_sum_previous_gpu(x2, labels, 12), n + 24 * small),
+            ("group spells_previous", lambda: prev.group_spells_previous_gpu(x2, labels, 12, 290.0), n + 15 * npts * 4),
+            ("group spells_previous (years)", lambda: prev.group_spells_previous_gpu(x2, years, nyears, 290.0), n + (nyears + 3) * npts * 4),
+            ("detrend_previous (formulas)", lambda: trend.detrend_block_cpu(data, u, axis=0, deg=1, out_dtype=f32), 2 * n),
+            ("detrend_previous (Numba, reads twice)", lambda: prev.detrend_numba_gpu(data, u, axis=0, deg=1, out_dtype=f32), 2 * n),
+            ("coarsen mean_previous (formulas)", lambda: coarsen.coarsen_mean_formulas(trimmed, {1: 4, 2: 4}, f32), trimmed.nbytes + trimmed.nbytes // 16),
+            ("moments_previous (Numba)", lambda: prev.moments_gpu_previous(data, 0), n + 3 * small),
         ]
         # the other shapes of the one-read kernels, for choosing their defaults: [threads x points a thread]
         # for moments, [points a tile, blocks a tile] for detrend
@@ -177,9 +180,9 @@ def kernel_cases(x, backend):
         for threads, unroll in ((256, 2), (128, 8), (256, 4)):
             cases.append((f"moments [{threads} x {unroll}]", lambda t=threads, k=unroll: moments.moments_raw(x2, threads=t, unroll=k), n + 3 * small))
         for points, cluster in ((32, 1), (16, 1), (32, 2), (32, 3), (32, 5), (64, 3)):
-            if detrend_tile.slab(nt, cluster) * points * 4 <= 200 * 1024:
+            if trend.slab(nt, cluster) * points * 4 <= 200 * 1024:
                 cases.append((f"detrend [{points} points, {cluster} blocks]",
-                              lambda p=points, c=cluster: detrend_tile.detrend_tile(x2, u1, out2, 1, points=p, cluster=c), 2 * n))
+                              lambda p=points, c=cluster: trend.detrend_tile(x2, u1, out2, 1, points=p, cluster=c), 2 * n))
     return cases
 
 

@@ -107,3 +107,100 @@ def test_host_read_smoke(tmp_path, monkeypatch):
         assert r["bytes"] == (146 * 9 * 16 * 4 if r["stage"].startswith("pipeline") else files), r
     with pytest.raises(SystemExit):
         host_read.main(["--store", str(store), "--backend", "cpu", "--stages", "h2d"])
+
+
+# --- the previous kernels (benchmarks/kernels_previous.py): Numba CUDA, checked in the simulator ---
+
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from .test_kernels import group_inputs, rolling_reference, sample, spells_reference  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def previous():
+    return load("kernels_previous")
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("before,after,min_periods", [(0, 0, 1), (4, 0, 5), (4, 0, 2), (2, 2, 3), (1, 2, 1), (30, 0, 1)])
+def test_previous_rolling_kernel(previous, before, after, min_periods):
+    x = sample()
+    out = np.empty_like(x)
+    previous.rolling_launch(x, out, before, after, min_periods)  # NumPy in, NumPy out: Numba moves them
+    np.testing.assert_allclose(out, rolling_reference(x, before, after, min_periods), rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.cudasim
+def test_previous_rolling_kernel_more_points_than_a_thread_block(previous):
+    x = sample(nt=4, npts=previous.THREADS_PER_BLOCK + 5, seed=3)
+    out = np.empty_like(x)
+    previous.rolling_launch(x, out, 2, 0, 1)
+    np.testing.assert_allclose(out, rolling_reference(x, 2, 0, 1), rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.cudasim
+def test_previous_moments_kernel_matches_two_pass_moments(previous):
+    from pipeline.kernels import launch, moments
+
+    x = sample(nt=31, npts=40, seed=4)
+    x[:, 5] = np.nan  # no valid value
+    x[3:, 6] = np.nan  # one valid value
+    n, mean, m2 = (np.zeros(x.shape[1]) for _ in range(3))
+    launch.launch_numba(previous.moments_kernel, x.shape[1], x, n, mean, m2)
+    ref = moments.moments_cpu(x, 0)  # the CPU formula
+    np.testing.assert_array_equal(n, ref["n"][0])
+    np.testing.assert_allclose(mean, ref["mean"][0], rtol=1e-12)
+    np.testing.assert_allclose(m2, ref["m2"][0], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("mode", [0, 1])
+def test_previous_group_sum_kernel(previous, mode):
+    from pipeline.kernels import groups, launch
+
+    x, labels = group_inputs()
+    sums, counts = np.zeros((4, x.shape[1])), np.zeros((4, x.shape[1]))
+    launch.launch_numba(previous.group_sum_kernel, x.shape[1], x, labels, np.float64(280.0), np.int32(mode), sums, counts)
+    expected = groups.group_sum_cpu(x, labels, 4, threshold=280.0, mode=mode)  # the CPU kernel
+    np.testing.assert_allclose(sums, expected["sum"], rtol=1e-12)
+    np.testing.assert_array_equal(counts, expected["count"])
+    cpu = previous.group_sum_previous_cpu(x, labels, 4, threshold=280.0, mode=mode)
+    np.testing.assert_array_equal(sums, cpu["sum"])
+    for g in range(4):
+        block = x[labels == g].astype(np.float64)
+        if mode == 0:
+            np.testing.assert_allclose(expected["sum"][g], np.nansum(block, axis=0), rtol=1e-12)
+            np.testing.assert_array_equal(expected["count"][g], (~np.isnan(block)).sum(axis=0))
+        else:
+            np.testing.assert_array_equal(expected["sum"][g], (block > 280.0).sum(axis=0))
+
+
+@pytest.mark.cudasim
+def test_previous_group_spells_kernel(previous):
+    from pipeline.kernels import groups, launch
+
+    x, labels = group_inputs(seed=1)
+    labels = np.sort(labels)
+    x[:, 7] = 400  # one run over the whole block
+    npts = x.shape[1]
+    best, lead, tail, tail_group = (np.zeros((4, npts), np.int32), *(np.zeros(npts, np.int32) for _ in range(3)))
+    launch.launch_numba(previous.group_spells_kernel, npts, x, labels, np.float64(280.0), best, lead, tail, tail_group)
+    cpu = groups.group_spells_cpu(x, labels, 4, 280.0)
+    for name, gpu in [("best", best), ("lead", lead), ("tail", tail), ("tail_group", tail_group)]:
+        np.testing.assert_array_equal(gpu, cpu[name], err_msg=name)
+    for p in range(npts):
+        b, ld, t, tg = spells_reference(x[:, p] > 280.0, labels, 4)
+        np.testing.assert_array_equal(cpu["best"][:, p], b)
+        assert (cpu["lead"][p], cpu["tail"][p], cpu["tail_group"][p]) == (ld, t, tg)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not installed")
+@pytest.mark.parametrize("in_t", [np.float32, np.float64])
+def test_previous_weighted_sums_source_compiles(previous, tmp_path, in_t):
+    src = tmp_path / "weighted.cu"
+    src.write_text(previous.weighted_source(in_t))
+    r = subprocess.run(["nvcc", "-c", "-arch=sm_90", "--fmad=false", str(src), "-o", str(tmp_path / "w.o")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

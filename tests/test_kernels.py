@@ -1,17 +1,32 @@
 """Kernels on one chunk, against NumPy references.
 
-The Numba CUDA kernel runs on the GPU where there is one and in Numba's CUDA simulator
-elsewhere (tests/conftest.py sets NUMBA_ENABLE_CUDASIM), so its logic is checked on every run.
+The Numba CUDA kernels run on the GPU where there is one and in Numba's CUDA simulator
+elsewhere (tests/conftest.py sets NUMBA_ENABLE_CUDASIM), so their logic is checked on every run.
+(The previous kernels, in benchmarks/kernels_previous.py, are tested in tests/test_benchmarks.py.)
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from pipeline.kernels import elementwise, rolling
+from pipeline.kernels import elementwise, launch, rolling
 
 from .conftest import requires_gpu
+
+
+@functools.cache
+def kernels_previous():
+    """benchmarks/kernels_previous.py: the previous kernels, a second reference for the current ones."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "kernels_previous.py"
+    spec = importlib.util.spec_from_file_location("kernels_previous", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def rolling_reference(x, before, after, min_periods):
@@ -32,23 +47,6 @@ def sample(nt=23, npts=37, seed=0):
     x[rng.random(x.shape) < 0.2] = np.nan
     x[:, 3] = np.nan
     return x
-
-
-@pytest.mark.cudasim
-@pytest.mark.parametrize("before,after,min_periods", [(0, 0, 1), (4, 0, 5), (4, 0, 2), (2, 2, 3), (1, 2, 1), (30, 0, 1)])
-def test_cuda_rolling_kernel(before, after, min_periods):
-    x = sample()
-    out = np.empty_like(x)
-    rolling.launch_gpu(x, out, before, after, min_periods)  # NumPy in, NumPy out: Numba moves them
-    np.testing.assert_allclose(out, rolling_reference(x, before, after, min_periods), rtol=1e-6, equal_nan=True)
-
-
-@pytest.mark.cudasim
-def test_cuda_rolling_kernel_more_points_than_a_thread_block():
-    x = sample(nt=4, npts=rolling.THREADS_PER_BLOCK + 5, seed=3)
-    out = np.empty_like(x)
-    rolling.launch_gpu(x, out, 2, 0, 1)
-    np.testing.assert_allclose(out, rolling_reference(x, 2, 0, 1), rtol=1e-6, equal_nan=True)
 
 
 @pytest.mark.parametrize("before,after,min_periods", [(0, 0, 1), (6, 0, 7), (3, 3, 2), (1, 2, 1)])
@@ -194,24 +192,6 @@ def group_inputs(seed=0):
     return x, labels
 
 
-@pytest.mark.cudasim
-@pytest.mark.parametrize("mode", [0, 1])
-def test_cuda_group_sum_kernel(mode):
-    x, labels = group_inputs()
-    sums, counts = np.zeros((4, x.shape[1])), np.zeros((4, x.shape[1]))
-    groups.launch_gpu("group_sum", x, labels, np.float64(280.0), np.int32(mode), sums, counts)
-    expected = groups.group_sum(x, labels, 4, threshold=280.0, mode=mode)  # the CPU kernel
-    np.testing.assert_allclose(sums, expected["sum"], rtol=1e-12)
-    np.testing.assert_array_equal(counts, expected["count"])
-    for g in range(4):
-        block = x[labels == g].astype(np.float64)
-        if mode == 0:
-            np.testing.assert_allclose(expected["sum"][g], np.nansum(block, axis=0), rtol=1e-12)
-            np.testing.assert_array_equal(expected["count"][g], (~np.isnan(block)).sum(axis=0))
-        else:
-            np.testing.assert_array_equal(expected["sum"][g], (block > 280.0).sum(axis=0))
-
-
 def spells_reference(above, labels, k):
     """Longest run per group of its first step, whole runs; leading run apart (see the kernel)."""
     best = np.zeros(k, dtype=np.int32)
@@ -227,23 +207,6 @@ def spells_reference(above, labels, k):
         else:
             run, in_lead = 0, False
     return best, lead, run, (group if run else -1)
-
-
-@pytest.mark.cudasim
-def test_cuda_group_spells_kernel():
-    x, labels = group_inputs(seed=1)
-    labels = np.sort(labels)
-    x[:, 7] = 400  # one run over the whole block
-    npts = x.shape[1]
-    best, lead, tail, tail_group = (np.zeros((4, npts), np.int32), *(np.zeros(npts, np.int32) for _ in range(3)))
-    groups.launch_gpu("group_spells", x, labels, np.float64(280.0), best, lead, tail, tail_group)
-    cpu = groups.group_spells(x, labels, 4, 280.0)
-    for name, gpu in [("best", best), ("lead", lead), ("tail", tail), ("tail_group", tail_group)]:
-        np.testing.assert_array_equal(gpu, cpu[name], err_msg=name)
-    for p in range(npts):
-        b, ld, t, tg = spells_reference(x[:, p] > 280.0, labels, 4)
-        np.testing.assert_array_equal(cpu["best"][:, p], b)
-        assert (cpu["lead"][p], cpu["tail"][p], cpu["tail_group"][p]) == (ld, t, tg)
 
 
 def sequential_group_sums(x, labels, k):
@@ -270,16 +233,16 @@ def test_group_sum_twin_of_the_cuda_c_kernel(seed):
     x = sample(nt=29 + seed, npts=41, seed=seed)
     labels = awkward_labels(x.shape[0], 5, seed)
     for mode in (0, 1):
-        got = groups.group_sum(x, labels, 5, threshold=280.0, mode=mode)  # the CPU kernel: the twin
-        prev = groups.group_sum_previous(x, labels, 5, threshold=280.0, mode=mode)
+        got = groups.group_sum_cpu(x, labels, 5, threshold=280.0, mode=mode)  # the CPU kernel: the twin
+        prev = kernels_previous().group_sum_previous_cpu(x, labels, 5, threshold=280.0, mode=mode)
         np.testing.assert_allclose(got["sum"], prev["sum"], rtol=1e-12)
         np.testing.assert_array_equal(got["count"], prev["count"])
     sums, counts = sequential_group_sums(x, labels, 5)
-    got = groups.group_sum(x, labels, 5)
+    got = groups.group_sum_cpu(x, labels, 5)
     np.testing.assert_array_equal(got["sum"], sums)  # each group's values in time order, bit for bit
     np.testing.assert_array_equal(got["count"], counts)
     assert (got["sum"][[1, 4]] == 0).all() and (got["count"][[1, 4]] == 0).all()
-    empty = groups.group_sum(x[:0], labels[:0], 3)
+    empty = groups.group_sum_cpu(x[:0], labels[:0], 3)
     assert (empty["sum"] == 0).all() and empty["sum"].shape == (3, 41)
 
 
@@ -310,8 +273,8 @@ def test_group_spells_twin_of_the_cuda_c_kernel(seed):
     x[:, 7] = 400  # one run over the whole block
     x[::3, 8] = 400  # short runs
     for labels in (np.sort(awkward_labels(37, 4, seed)), awkward_labels(37, 4, seed)):
-        got = groups.group_spells(x, labels, 4, 280.0)  # the CPU kernel: the twin
-        prev = groups.group_spells_previous(x, labels, 4, 280.0)
+        got = groups.group_spells_cpu(x, labels, 4, 280.0)  # the CPU kernel: the twin
+        prev = kernels_previous().group_spells_previous_cpu(x, labels, 4, 280.0)
         for name in got:
             np.testing.assert_array_equal(got[name], prev[name], err_msg=name)
         for p in range(x.shape[1]):
@@ -337,7 +300,7 @@ def runs_and_stretches(nt, npts, k, seed):
 def test_group_spells_twin_carried_runs(seed):
     x, labels = runs_and_stretches(61, 80, 5, seed)
     for lab in (labels, np.sort(labels)):
-        got = groups.group_spells(x, lab, 5, 280.0)
+        got = groups.group_spells_cpu(x, lab, 5, 280.0)
         for p in range(x.shape[1]):
             b, ld, t, tg = spells_reference(x[:, p] > 280.0, lab, 5)
             np.testing.assert_array_equal(got["best"][:, p], b, err_msg=f"point {p}")
@@ -354,8 +317,8 @@ def test_group_spells_kernel_carried_runs(threads, unroll):
     for seed, nt in enumerate((2, 3, 16, 24, 61, 62, 63, 64)):
         x, labels = runs_and_stretches(nt, 300, 5, seed)
         for lab in (labels, np.sort(labels)):
-            cpu = groups.group_spells(x, lab, 5, 280.0)
-            gpu = groups.group_spells(cupy.asarray(x), lab, 5, 280.0, threads=threads, unroll=unroll)
+            cpu = groups.group_spells_cpu(x, lab, 5, 280.0)
+            gpu = groups.group_spells_gpu(cupy.asarray(x), lab, 5, 280.0, threads=threads, unroll=unroll)
             for f in cpu:
                 np.testing.assert_array_equal(cupy.asnumpy(gpu[f]), cpu[f], err_msg=f)
 
@@ -370,12 +333,12 @@ def test_group_cuda_c_kernels_match_their_twins(dtype):
     x = np.nan_to_num(x, nan=0).astype(dtype) if dtype == np.int16 else x.astype(dtype)
     for labels in (np.sort(awkward_labels(43, 5, 1)), awkward_labels(43, 5, 2)):
         for mode in (0, 1):
-            cpu = groups.group_sum(x, labels, 5, threshold=280.0, mode=mode)
-            gpu = groups.group_sum(cupy.asarray(x), labels, 5, threshold=280.0, mode=mode)
+            cpu = groups.group_sum_cpu(x, labels, 5, threshold=280.0, mode=mode)
+            gpu = groups.group_sum_gpu(cupy.asarray(x), labels, 5, threshold=280.0, mode=mode)
             for f in cpu:
                 np.testing.assert_array_equal(cupy.asnumpy(gpu[f]), cpu[f], err_msg=f)
-        cpu = groups.group_spells(x, labels, 5, 280.0)
-        gpu = groups.group_spells(cupy.asarray(x), labels, 5, 280.0)
+        cpu = groups.group_spells_cpu(x, labels, 5, 280.0)
+        gpu = groups.group_spells_gpu(cupy.asarray(x), labels, 5, 280.0)
         for f in cpu:
             np.testing.assert_array_equal(cupy.asnumpy(gpu[f]), cpu[f], err_msg=f)
 
@@ -392,8 +355,8 @@ def test_group_sum_kernel_lengths(unroll):
         x = sample(nt=nt, npts=300, seed=nt)
         labels = awkward_labels(nt, 5, nt)
         for mode in (0, 1):
-            cpu = groups.group_sum(x, labels, 5, threshold=280.0, mode=mode)
-            gpu = groups.group_sum(cupy.asarray(x), labels, 5, threshold=280.0, mode=mode, unroll=unroll)
+            cpu = groups.group_sum_cpu(x, labels, 5, threshold=280.0, mode=mode)
+            gpu = groups.group_sum_gpu(cupy.asarray(x), labels, 5, threshold=280.0, mode=mode, unroll=unroll)
             for f in cpu:
                 np.testing.assert_array_equal(cupy.asnumpy(gpu[f]), cpu[f], err_msg=f"{f}, {nt} steps")
 
@@ -412,12 +375,12 @@ def test_group_kernels_gpu_match_cpu():
 
     x, labels = group_inputs()
     for mode in (0, 1):
-        cpu = groups.group_sum(x, labels, 4, threshold=280.0, mode=mode)
-        gpu = groups.group_sum(cupy.asarray(x), labels, 4, threshold=280.0, mode=mode)
+        cpu = groups.group_sum_cpu(x, labels, 4, threshold=280.0, mode=mode)
+        gpu = groups.group_sum_gpu(cupy.asarray(x), labels, 4, threshold=280.0, mode=mode)
         for f in cpu:
             np.testing.assert_allclose(cupy.asnumpy(gpu[f]), cpu[f], rtol=1e-12)
-    cpu = groups.group_spells(x, np.sort(labels), 4, 280.0)
-    gpu = groups.group_spells(cupy.asarray(x), np.sort(labels), 4, 280.0)
+    cpu = groups.group_spells_cpu(x, np.sort(labels), 4, 280.0)
+    gpu = groups.group_spells_gpu(cupy.asarray(x), np.sort(labels), 4, 280.0)
     for f in cpu:
         np.testing.assert_array_equal(cupy.asnumpy(gpu[f]), cpu[f])
     values = np.random.default_rng(2).standard_normal((4, x.shape[1]))
@@ -428,20 +391,21 @@ def test_group_kernels_gpu_match_cpu():
 # --- moments ---------------------------------------------------------------------------------------
 
 from pipeline.kernels import moments  # noqa: E402
-from pipeline.reduce.aggregation import _moments_chunk  # noqa: E402
+from pipeline.kernels import weighted  # noqa: E402
 
 
-@pytest.mark.cudasim
-def test_cuda_moments_kernel_matches_two_pass_moments():
-    x = sample(nt=31, npts=40, seed=4)
-    x[:, 5] = np.nan  # no valid value
-    x[3:, 6] = np.nan  # one valid value
-    n, mean, m2 = (np.zeros(x.shape[1]) for _ in range(3))
-    moments.launch_gpu(x, n, mean, m2)
-    ref = _moments_chunk(x, None, (0,))  # the CPU formula
-    np.testing.assert_array_equal(n, ref["n"][0])
-    np.testing.assert_allclose(mean, ref["mean"][0], rtol=1e-12)
-    np.testing.assert_allclose(m2, ref["m2"][0], rtol=1e-9, atol=1e-9)
+def test_moments_cpu_any_axes():
+    x = sample(nt=31, npts=40, seed=4).reshape(31, 8, 5)
+    x[:, 1] = np.nan  # no valid value
+    x64, valid = x.astype(np.float64), ~np.isnan(x)
+    for axis in (0, 2, (0, 2), (1, 2)):
+        got = moments.moments_cpu(x, axis)
+        ax = (axis,) if isinstance(axis, int) else axis
+        n = valid.sum(axis=ax, keepdims=True)
+        mean = np.where(valid, x64, 0).sum(axis=ax, keepdims=True) / np.maximum(n, 1)
+        np.testing.assert_array_equal(got["n"], n)
+        np.testing.assert_allclose(got["mean"], mean, rtol=1e-12)
+        np.testing.assert_allclose(got["m2"], (np.where(valid, x64 - mean, 0) ** 2).sum(axis=ax, keepdims=True), rtol=1e-9)
 
 
 @pytest.mark.gpu
@@ -449,18 +413,16 @@ def test_cuda_moments_kernel_matches_two_pass_moments():
 def test_gpu_partials_match_cpu_partials():
     import cupy
 
-    from pipeline.reduce.aggregation import _weighted_chunk
-
     x = sample(nt=31, npts=40, seed=4).reshape(31, 8, 5)
-    for axis in (0, 2):
-        cpu, gpu = _moments_chunk(x, None, (axis,)), _moments_chunk(cupy.asarray(x), None, (axis,))
+    for axis in (0, 2, (0, 2)):
+        cpu, gpu = moments.moments_cpu(x, axis), moments.moments_gpu(cupy.asarray(x), axis)
         for k in cpu:
             np.testing.assert_allclose(cupy.asnumpy(gpu[k]), cpu[k], rtol=1e-9, atol=1e-9)
     w1 = np.linspace(0.1, 1, 8)[None, :, None]
     w = np.broadcast_to(w1, x.shape)
-    cpu = _weighted_chunk(x, w, (1, 2))
-    fast = _weighted_chunk(cupy.asarray(x), cupy.broadcast_to(cupy.asarray(w1), x.shape), (1, 2))  # two-stage kernel
-    general = _weighted_chunk(cupy.asarray(x), cupy.asarray(w), (1, 2))  # weights not broadcast: ReductionKernel
+    cpu = weighted.weighted_sums_cpu(x, w, (1, 2))
+    fast = weighted.weighted_sums_gpu(cupy.asarray(x), cupy.broadcast_to(cupy.asarray(w1), x.shape), (1, 2))  # two-stage kernel
+    general = weighted.weighted_sums_gpu(cupy.asarray(x), cupy.asarray(w), (1, 2))  # weights not broadcast: ReductionKernel
     for gpu in (fast, general):
         for k in cpu:
             np.testing.assert_allclose(cupy.asnumpy(gpu[k]), cpu[k], rtol=1e-12)
@@ -472,8 +434,8 @@ def test_cuda_group_runs_kernel():
     labels = np.sort(labels)
     npts = x.shape[1]
     gpu = {f: np.zeros((4, npts), np.int32) for f in ("length", "prefix", "current", "longest")}
-    groups.launch_gpu("group_runs", x, labels, np.float64(280.0), *gpu.values())
-    cpu = groups.group_runs(x, labels, 4, 280.0)
+    launch.launch_numba(groups.runs_kernel(), npts, x, labels, np.float64(280.0), *gpu.values())
+    cpu = groups.group_runs_cpu(x, labels, 4, 280.0)
     for f in gpu:
         np.testing.assert_array_equal(gpu[f], cpu[f], err_msg=f)
     for p in range(npts):
@@ -488,8 +450,6 @@ def test_cuda_group_runs_kernel():
 
 
 # --- weighted sums: the tiled kernel's twin ------------------------------------------------------------
-
-from pipeline.kernels import weighted  # noqa: E402
 
 
 @pytest.mark.parametrize("rows,npts,threads,unroll", [(1, 4, 32, 1), (3, 37, 32, 2), (5, 2049, 256, 8), (2, 5000, 64, 4)])
@@ -519,6 +479,7 @@ def test_weighted_partials_gpu_match_the_twin():
 # --- detrend: the Numba CUDA kernels against the CPU formulas --------------------------------------------
 
 from pipeline.kernels import fields as field_kernels  # noqa: E402
+from pipeline.kernels import trend  # noqa: E402
 
 
 def trend_sample():
@@ -531,12 +492,10 @@ def trend_sample():
 @pytest.mark.cudasim
 @pytest.mark.parametrize("deg", [0, 1, 2, 3])
 def test_cuda_trend_kernels(deg):
-    from pipeline.kernels.fields_cuda import trend_kernels
-
     x, u = trend_sample()
-    kernels = trend_kernels(deg)
+    kernels = trend.trend_kernels(deg)
     blocks = (2, 32)  # 64 threads for 37 points: a partial block
-    ref = field_kernels.detrend_block(x, u[:, None], axis=0, deg=deg, out_dtype=np.float64)
+    ref = trend.detrend_block_cpu(x, u[:, None], axis=0, deg=deg, out_dtype=np.float64)
     out = np.empty(x.shape)
     kernels["detrend"][blocks](x, u, out)
     np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-9, equal_nan=True)
@@ -544,17 +503,17 @@ def test_cuda_trend_kernels(deg):
 
     s, b = np.empty((2 * deg + 1, 37)), np.empty((deg + 1, 37))
     kernels["sums"][blocks](x, u, s, b)
-    partial = field_kernels.polyfit_chunk_xp(x, np.broadcast_to(u[:, None], x.shape), (0,), deg)
+    partial = trend.polyfit_cpu(x, np.broadcast_to(u[:, None], x.shape), (0,), deg)
     for k in range(2 * deg + 1):
         np.testing.assert_allclose(s[k], partial[f"s{k}"][0], rtol=1e-12)
     for k in range(deg + 1):
         np.testing.assert_allclose(b[k], partial[f"t{k}"][0], rtol=1e-12)
 
-    c = field_kernels.polyfit_finalize(partial, 0, deg)
+    c = trend.polyfit_finalize(partial, 0, deg)
     out32 = np.empty(x.shape, dtype=np.float32)
     kernels["subtract"][blocks](x, u, np.ascontiguousarray(c), out32)
     coefs = [c[k : k + 1] for k in range(deg + 1)]
-    expected = field_kernels.polyval_subtract(x, u[:, None], *coefs, out_dtype=np.float32)
+    expected = trend.polyval_subtract_cpu(x, u[:, None], *coefs, out_dtype=np.float32)
     np.testing.assert_array_equal(out32, expected)
 
 
@@ -568,12 +527,12 @@ def test_detrend_gpu_kernels_match_cpu(axis):
     x3 = np.moveaxis(x.reshape(23, 37, 1), 0, axis)
     uu = np.moveaxis(u.reshape(23, 1, 1), 0, axis)
     for deg in (0, 1, 2):
-        cpu = field_kernels.detrend_block(x3, uu, axis=axis, deg=deg, out_dtype=np.float32)
-        gpu = field_kernels.detrend_block_gpu(cupy.asarray(x3), cupy.asarray(uu), axis=axis, deg=deg, out_dtype=np.float32)
+        cpu = trend.detrend_block_cpu(x3, uu, axis=axis, deg=deg, out_dtype=np.float32)
+        gpu = trend.detrend_block_gpu(cupy.asarray(x3), cupy.asarray(uu), axis=axis, deg=deg, out_dtype=np.float32)
         np.testing.assert_allclose(cupy.asnumpy(gpu), cpu, rtol=1e-5, atol=1e-4, equal_nan=True)
         ub = np.broadcast_to(uu, x3.shape)
-        cpu_p = field_kernels.polyfit_chunk_xp(x3, ub, (axis,), deg)
-        gpu_p = field_kernels.polyfit_chunk(cupy.asarray(x3), cupy.asarray(ub), (axis,), deg)
+        cpu_p = trend.polyfit_cpu(x3, ub, (axis,), deg)
+        gpu_p = trend.polyfit_gpu(cupy.asarray(x3), cupy.asarray(ub), (axis,), deg)
         for k in cpu_p:
             np.testing.assert_allclose(cupy.asnumpy(gpu_p[k]), cpu_p[k], rtol=1e-12, err_msg=k)
 
@@ -583,8 +542,7 @@ def test_detrend_gpu_kernels_match_cpu(axis):
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 
-from pipeline.kernels import detrend  # noqa: E402
-from pipeline.kernels.streaming import Spec  # noqa: E402
+from pipeline.kernels.launch import Spec  # noqa: E402
 
 STREAMING = [
     (elementwise.STANDARDIZE, np.float32, np.float32),
@@ -608,11 +566,11 @@ RAW_SOURCES = {
     "weighted_tiled_f64": weighted.tiled_source(np.float64),
     "moments_f32": moments.source(np.float32),
     "moments_f64_256x2": moments.source(np.float64, 256, 2),
-    "detrend_f32_deg1_p16": detrend.source(np.float32, np.float32, 1, 16),
-    "detrend_f32_deg1_p64_c5": detrend.source(np.float32, np.float32, 1, 64, 256, 5),
-    "detrend_f64_deg3_p32_c8": detrend.source(np.float64, np.float64, 3, 32, 256, 8),
-    "detrend_f64_deg2_p16": detrend.source(np.float64, np.float64, 2, 16),
-    "detrend_f32_f64_deg0_p8": detrend.source(np.float32, np.float64, 0, 8, 128),
+    "detrend_f32_deg1_p16": trend.source(np.float32, np.float32, 1, 16),
+    "detrend_f32_deg1_p64_c5": trend.source(np.float32, np.float32, 1, 64, 256, 5),
+    "detrend_f64_deg3_p32_c8": trend.source(np.float64, np.float64, 3, 32, 256, 8),
+    "detrend_f64_deg2_p16": trend.source(np.float64, np.float64, 2, 16),
+    "detrend_f32_f64_deg0_p8": trend.source(np.float32, np.float64, 0, 8, 128),
 }
 
 
@@ -625,17 +583,6 @@ def test_raw_kernel_sources_compile(tmp_path, name):
         ["nvcc", "-c", "-arch=sm_90", "--fmad=false", "-std=c++17", str(src), "-o", str(tmp_path / "k.o")],
         capture_output=True, text=True,
     )
-    assert r.returncode == 0, r.stderr
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not installed")
-@pytest.mark.parametrize("in_t", [np.float32, np.float64])
-def test_weighted_sums_source_compiles(tmp_path, in_t):
-    from pipeline.kernels import weighted
-
-    src = tmp_path / "weighted.cu"
-    src.write_text(weighted.source(in_t))
-    r = subprocess.run(["nvcc", "-c", "-arch=sm_90", "--fmad=false", str(src), "-o", str(tmp_path / "w.o")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.kernels import detrend, fields, moments
-from pipeline.reduce.aggregation import _moments_chunk
+from pipeline.kernels import moments, trend
 
 from .conftest import requires_gpu
 
@@ -29,7 +28,7 @@ def sample(nt, npts, seed=0, dtype=np.float32):
 @pytest.mark.parametrize("tile", [131, 64, 40, 7, 1])
 def test_moments_twin_matches_two_pass_formula(tile):
     x = sample(131, 77)
-    ref = _moments_chunk(x, None, (0,))
+    ref = moments.moments_cpu(x, 0)
     n, mean, m2 = moments.moments_twin(x, tile=tile)
     np.testing.assert_array_equal(n, ref["n"][0])
     np.testing.assert_allclose(mean, ref["mean"][0], rtol=1e-13)
@@ -82,8 +81,8 @@ def test_moments_kernel_variants_agree(threads, unroll):
 def test_detrend_twin_matches_formulas(deg, points, cluster):
     x = sample(97, 45, seed=2)
     u = np.linspace(-1, 1, 97)
-    ref = fields.detrend_block(x, u[:, None], axis=0, deg=deg, out_dtype=np.float64)
-    got = detrend.detrend_tile_twin(x, u, deg, np.float64, points=points, cluster=cluster)
+    ref = trend.detrend_block_cpu(x, u[:, None], axis=0, deg=deg, out_dtype=np.float64)
+    got = trend.detrend_tile_twin(x, u, deg, np.float64, points=points, cluster=cluster)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     # the normal equations of degree 3 lose a few digits; still far inside float32 rounding of 285
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-9 if deg < 3 else 1e-4, equal_nan=True)
@@ -93,23 +92,23 @@ def test_detrend_twin_matches_formulas(deg, points, cluster):
 
 def test_detrend_plan():
     # one block a tile, rows of 128 bytes, where the tile and its coordinates fit 100 KB
-    assert detrend.plan(730, 4) == (32, 1)
-    assert detrend.plan(730, 8) == (16, 1)
-    assert detrend.plan(100, 4) == (32, 1)
-    assert detrend.plan(1000, 4) == (16, 1)  # rows of 64 bytes
+    assert trend.plan(730, 4) == (32, 1)
+    assert trend.plan(730, 8) == (16, 1)
+    assert trend.plan(100, 4) == (32, 1)
+    assert trend.plan(1000, 4) == (16, 1)  # rows of 64 bytes
     # else rows of 128 bytes where the tile fits 8 blocks of 40 KB, else 64
-    assert detrend.plan(1460, 4) == (32, 5)
-    assert detrend.plan(4380, 4) == (16, 7)
-    assert detrend.plan(6000, 4) is None  # the Numba kernel, reading twice
+    assert trend.plan(1460, 4) == (32, 5)
+    assert trend.plan(4380, 4) == (16, 7)
+    assert trend.plan(6000, 4) is None  # the Numba kernel, reading twice
     # before compute capability 9.0: one block a tile of up to 100 KB, rows of 64 or 32 bytes
-    assert detrend.plan(730, 4, clusters=False) == (16, 1)
-    assert detrend.plan(730, 8, clusters=False) == (8, 1)
-    assert detrend.plan(2500, 4, clusters=False) == (8, 1)
-    assert detrend.plan(3200, 4, clusters=False) is None
-    assert detrend.plan(730, 2, dtype_ok=detrend.supported(np.int16)) is None
-    assert [detrend.slab(97, c) for c in (1, 5, 8)] == [97, 20, 13]
+    assert trend.plan(730, 4, clusters=False) == (16, 1)
+    assert trend.plan(730, 8, clusters=False) == (8, 1)
+    assert trend.plan(2500, 4, clusters=False) == (8, 1)
+    assert trend.plan(3200, 4, clusters=False) is None
+    assert trend.plan(730, 2, dtype_ok=trend.supported(np.int16)) is None
+    assert [trend.slab(97, c) for c in (1, 5, 8)] == [97, 20, 13]
     with pytest.raises(ValueError, match="both points and cluster"):
-        detrend.detrend_tile(np.zeros((10, 4), "f4"), np.zeros(10), np.zeros((10, 4), "f4"), 1, points=16)
+        trend.detrend_tile(np.zeros((10, 4), "f4"), np.zeros(10), np.zeros((10, 4), "f4"), 1, points=16)
 
 
 @pytest.mark.gpu
@@ -125,10 +124,10 @@ def test_detrend_kernel_equals_its_twin(in_t, out_t, deg, points, threads, clust
     x = sample(nt, npts, seed=3, dtype=in_t)
     u = np.linspace(-1, 1, nt)
     for cut in (npts, 96):  # 96 points: rows of whole 16-byte pieces
-        want = detrend.detrend_tile_twin(x[:, :cut], u, deg, out_t, points=points, threads=threads, cluster=cluster)
+        want = trend.detrend_tile_twin(x[:, :cut], u, deg, out_t, points=points, threads=threads, cluster=cluster)
         xg = cupy.asarray(x[:, :cut])
         out = cupy.empty(xg.shape, dtype=out_t)
-        assert detrend.detrend_tile(xg, cupy.asarray(u), out, deg, points=points, threads=threads, cluster=cluster)
+        assert trend.detrend_tile(xg, cupy.asarray(u), out, deg, points=points, threads=threads, cluster=cluster)
         np.testing.assert_array_equal(cupy.asnumpy(out), want)
 
 
@@ -141,9 +140,9 @@ def test_detrend_kernel_slabs_short_or_empty(nt, cluster):
 
     x = sample(nt, 300, seed=7)
     u = np.linspace(-1, 1, nt)
-    want = detrend.detrend_tile_twin(x, u, 1, np.float32, points=64, cluster=cluster)
+    want = trend.detrend_tile_twin(x, u, 1, np.float32, points=64, cluster=cluster)
     out = cupy.empty(x.shape, dtype=np.float32)
-    assert detrend.detrend_tile(cupy.asarray(x), cupy.asarray(u), out, 1, points=64, cluster=cluster)
+    assert trend.detrend_tile(cupy.asarray(x), cupy.asarray(u), out, 1, points=64, cluster=cluster)
     np.testing.assert_array_equal(cupy.asnumpy(out), want)
 
 
@@ -157,9 +156,9 @@ def test_detrend_kernel_many_tiles():
     x = sample(nt, npts, seed=6)
     u = np.linspace(-1, 1, nt)
     for points, cluster in ((32, 1), (16, 1), (64, 3)):
-        want = detrend.detrend_tile_twin(x, u, 1, np.float32, points=points, cluster=cluster)
+        want = trend.detrend_tile_twin(x, u, 1, np.float32, points=points, cluster=cluster)
         out = cupy.empty(x.shape, dtype=np.float32)
-        assert detrend.detrend_tile(cupy.asarray(x), cupy.asarray(u), out, 1, points=points, cluster=cluster)
+        assert trend.detrend_tile(cupy.asarray(x), cupy.asarray(u), out, 1, points=points, cluster=cluster)
         np.testing.assert_array_equal(cupy.asnumpy(out), want)
 
 
@@ -173,12 +172,12 @@ def test_detrend_block_gpu_takes_the_tile_kernel_or_falls_back():
     for block in (x, np.moveaxis(x, 0, 2)):  # axis 0, and the time axis last
         axis = 0 if block is x else 2
         uu = np.moveaxis(u, 0, axis)
-        got = fields.detrend_block_gpu(cupy.asarray(block), cupy.asarray(uu), axis=axis, deg=1, out_dtype=np.float32)
+        got = trend.detrend_block_gpu(cupy.asarray(block), cupy.asarray(uu), axis=axis, deg=1, out_dtype=np.float32)
         assert isinstance(got, cupy.ndarray)
-        ref = fields.detrend_block(block, uu, axis=axis, deg=1, out_dtype=np.float32)
+        ref = trend.detrend_block_cpu(block, uu, axis=axis, deg=1, out_dtype=np.float32)
         np.testing.assert_allclose(cupy.asnumpy(got), ref, rtol=1e-6, atol=1e-5, equal_nan=True)
     long = sample(6000, 40, seed=5)  # too long for a tile: the Numba kernel
     ul = np.linspace(-1, 1, 6000)[:, None]
-    got = fields.detrend_block_gpu(cupy.asarray(long), cupy.asarray(ul), axis=0, deg=1, out_dtype=np.float32)
-    np.testing.assert_allclose(cupy.asnumpy(got), fields.detrend_block(long, ul, axis=0, deg=1, out_dtype=np.float32),
+    got = trend.detrend_block_gpu(cupy.asarray(long), cupy.asarray(ul), axis=0, deg=1, out_dtype=np.float32)
+    np.testing.assert_allclose(cupy.asnumpy(got), trend.detrend_block_cpu(long, ul, axis=0, deg=1, out_dtype=np.float32),
                                rtol=1e-6, atol=1e-5, equal_nan=True)

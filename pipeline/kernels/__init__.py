@@ -3,11 +3,37 @@
 Every kernel is looked up by name and backend with :func:`get`, as sgkit picks
 ``f"{name}_{device}"``: the function ``{name}_cpu`` or ``{name}_gpu`` of the family's module in
 ``FAMILIES`` (or plain ``{name}``, written against the array module of its input, for both).
-Modules are imported on first use, so listing ops imports no kernel code, and nothing here imports
-CuPy or ``numba.cuda`` at module level. The launch machinery (block sizes, moving axes, compiling
-CUDA C, Numba on the CPU and on the GPU) lives in :mod:`pipeline.kernels.launch`.
+The CPU and GPU versions of a kernel are separate functions: none looks at the type of its block
+to choose a path. Modules are imported on first use, so listing ops imports no kernel code, and
+nothing here imports CuPy or ``numba.cuda`` at module level.
 
 ``FAMILIES`` is the table of contents: kernel name -> module of :mod:`pipeline.kernels`.
+
+How kernels are written (the idioms that remain, and why):
+
+- CPU, array formulas (NumPy): where NumPy's vectorized reductions and expressions are already
+  fast and need no compilation (elementwise, moments, weighted sums, coarsening, quantiles,
+  trends). Some are written against the array module of their input (``xp_of``) and serve as the
+  GPU's fallback for layouts its kernels do not take, or as the twins the tests check GPU
+  kernels against.
+- CPU, per-point loops compiled by Numba (``launch.cpu_jit``): where a formula would make many
+  passes or cannot be vectorized (rolling means, the group kernels), and as the twins of the CUDA
+  C kernels, each thread's loop step for step, so that CPU and GPU agree bit for bit.
+- GPU, CUDA C in ``cuda/*.cu``, compiled by CuPy's ``RawKernel`` (``launch.raw_kernel``): the hot
+  kernels, where control over loads in flight, shared memory and the order of additions reaches
+  the memory bandwidth; ``${name}`` placeholders carry the element types and compile-time
+  constants. The simplest (one C expression per element) share two streaming templates
+  (``launch.Spec``).
+- GPU, Numba CUDA (``launch.numba_cuda``, ``launch.launch_numba``): the per-point loops shared
+  with the CPU where they remain the GPU kernel (``group_runs``, the trend kernels); they run in
+  Numba's CUDA simulator in the tests.
+- GPU, CuPy's own ``ElementwiseKernel`` and ``ReductionKernel`` (one C expression), and CuPy
+  array formulas: for the general layouts the kernels above do not cover (broadcast or strided
+  blocks, several axes).
+
+The machinery (block sizes, grids, moving an axis to a (steps, points) layout, loading and
+compiling ``.cu`` files, Numba on the CPU and on the GPU) lives in :mod:`pipeline.kernels.launch`.
+The kernels the current ones replaced are in ``benchmarks/kernels_previous.py``, for comparison.
 """
 
 from __future__ import annotations
@@ -32,9 +58,10 @@ FAMILIES: dict[str, str] = {
     "group_runs": "groups",
     "subtract_groups": "groups",
     "coarsen_mean": "coarsen",
-    "polyfit": "fields",
-    "polyval_subtract": "fields",
-    "detrend_block": "fields",
+    "polyfit": "trend",
+    "polyfit_finalize": "trend",
+    "polyval_subtract": "trend",
+    "detrend_block": "trend",
     "quantile": "fields",
     "saturation_vapor_pressure": "fields",
 }

@@ -3,7 +3,7 @@
 On the GPU each formula is a single kernel: one read of every input and one write of the output,
 where the same expression in separate CuPy calls would make a temporary array, and a pass over
 memory, per operator (measured ``sin(2x+1)``: three kernels 15.4 ms, one fused 5.1 ms). The
-kernels are the unrolled streaming kernels of :mod:`pipeline.kernels.streaming` (2-3x faster than
+kernels are the unrolled streaming kernels of :mod:`pipeline.kernels.launch` (2-3x faster than
 a ``cupy.ElementwiseKernel`` on large blocks); a ``cupy.ElementwiseKernel`` with the same
 arithmetic serves layouts they do not cover (broadcasting along other axes, strided blocks).
 Explicit C types make the float64 arithmetic and the cast back to the output type visible.
@@ -15,16 +15,15 @@ import functools
 
 import numpy as np
 
-from .streaming import Spec
+from . import launch
+from .launch import Spec
 
 
 @functools.cache
 def _gpu_kernel(name: str):
     import cupy
 
-    # --fmad=false: no fused multiply-add, so a * b + c rounds twice as NumPy does and the GPU
-    # result is bit-identical to the CPU one (the kernels are memory-bound: FMA buys no speed).
-    return cupy.ElementwiseKernel(*_SOURCES[name], name=f"pipeline_{name}", options=("--fmad=false",))
+    return cupy.ElementwiseKernel(*_SOURCES[name], name=f"pipeline_{name}", options=launch.FMAD)
 
 
 _SOURCES = {
@@ -54,14 +53,12 @@ def standardize_cpu(x, mean, std, out_dtype):
 def standardize_gpu(x, mean, std, out_dtype):
     import cupy
 
-    from . import streaming
-
     mean = cupy.ascontiguousarray(mean, dtype=np.float64)
     std = cupy.ascontiguousarray(std, dtype=np.float64)
     z = cupy.empty(x.shape, dtype=out_dtype)
     if x.ndim and x.flags.c_contiguous and mean.shape == (1, *x.shape[1:]) == std.shape:
         cols = int(np.prod(x.shape[1:], dtype=np.int64))
-        streaming.run(STANDARDIZE, x.reshape(x.shape[0], cols), z.reshape(x.shape[0], cols), mean, std)
+        launch.stream(STANDARDIZE, x.reshape(x.shape[0], cols), z.reshape(x.shape[0], cols), mean, std)
         return z
     return _gpu_kernel("standardize")(x, mean, std, z)
 
@@ -92,14 +89,12 @@ def cf_decode_cpu(raw, fill_values, scale, offset, out_dtype):
 def cf_decode_gpu(raw, fill_values, scale, offset, out_dtype):
     import cupy
 
-    from . import streaming
-
     fills = [v for v in fill_values if not np.isnan(v)]
     (f0, f1), nfill = _fills(raw.dtype, fills)
     raw = cupy.ascontiguousarray(raw)
     out = cupy.empty(raw.shape, dtype=out_dtype)
     t = out_dtype.type
-    streaming.run(CF_DECODE, raw, out, f0, f1, np.int32(nfill), t(scale), t(offset), t(np.nan))
+    launch.stream(CF_DECODE, raw, out, f0, f1, np.int32(nfill), t(scale), t(offset), t(np.nan))
     for v in fills[2:]:  # rare: more than two fill values
         out[raw == raw.dtype.type(v)] = np.nan
     return out

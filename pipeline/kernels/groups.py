@@ -10,11 +10,15 @@ every group present in the block (no task per group), each thread owns one colum
 - ``group_spells``: for runs of ``x > threshold``, the longest run beginning in each group, and
   the state that joins runs across blocks (see :mod:`pipeline.groupby`).
 
-On the GPU both are CUDA C kernels in the manner of :mod:`pipeline.kernels.streaming` (CuPy
-launches them on its stream, with no host synchronisation): see "GPU kernels" below for what
-they do differently from the previous Numba CUDA loops, which are kept (``*_previous``) for the
-benchmarks. Each CUDA C kernel has a twin, its loop step for step in Numba, which is the CPU
-kernel: CPU and GPU results are the same bit for bit, and the CPU tests check the kernels' logic.
+- ``group_runs``: per group, runs of ``x > threshold`` cut at the group's bounds.
+
+On the GPU ``group_sum`` and ``group_spells`` are CUDA C kernels (``cuda/group_sum.cu``,
+``cuda/group_spells.cu``; CuPy launches them on its stream, with no host synchronisation): see
+"GPU kernels" below for what they do differently from the previous Numba CUDA loops (in
+``benchmarks/kernels_previous.py``). Each CUDA C kernel has a twin, its loop step for step in
+Numba, which is the CPU kernel: CPU and GPU results are the same bit for bit, and the CPU tests
+check the kernels' logic. ``group_runs`` is one per-point loop, compiled by Numba for the CPU and
+by Numba CUDA for the GPU.
 """
 
 from __future__ import annotations
@@ -23,101 +27,12 @@ import functools
 
 import numpy as np
 
-from .streaming import Spec
+from . import launch
+from .launch import Spec
 
-THREADS_PER_BLOCK = 256
-
-
-def make_group_sum_column(jit):
-    """The per-point loop of ``group_sum``, compiled by ``jit`` (``numba.njit`` or
-    ``cuda.jit(device=True)``). A group's running sum stays in registers while consecutive steps
-    belong to it and is added to ``sums`` when the group changes; four steps are loaded ahead."""
-
-    @jit
-    def step(x, labels, threshold, mode, sums, counts, p, t, v, group, acc, n):
-        g = labels[t]
-        if g != group:
-            if group >= 0:
-                sums[group, p] += acc
-                counts[group, p] += n
-            group, acc, n = g, 0.0, 0.0
-        if mode == 0:
-            if v == v:
-                acc += v
-                n += 1.0
-        elif v > threshold:
-            acc += 1.0
-        return group, acc, n
-
-    @jit
-    def column(x, labels, threshold, mode, sums, counts, p):
-        group, acc, n = -1, 0.0, 0.0
-        nt = x.shape[0]
-        t = 0
-        while t + 4 <= nt:
-            v0, v1, v2, v3 = float(x[t, p]), float(x[t + 1, p]), float(x[t + 2, p]), float(x[t + 3, p])
-            group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t, v0, group, acc, n)
-            group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t + 1, v1, group, acc, n)
-            group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t + 2, v2, group, acc, n)
-            group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t + 3, v3, group, acc, n)
-            t += 4
-        while t < nt:
-            group, acc, n = step(x, labels, threshold, mode, sums, counts, p, t, float(x[t, p]), group, acc, n)
-            t += 1
-        if group >= 0:
-            sums[group, p] += acc
-            counts[group, p] += n
-
-    return column
-
-
-def make_group_spells_column(jit):
-    """The per-point loop of ``group_spells``, compiled by ``jit``.
-
-    A run counts, with its whole length, for the group of its first step (xclim's "first"
-    index). The run that opens the block may have begun in an earlier block: it is kept apart in
-    ``lead``. The run still open at the end (``tail``, begun in group ``tail_group``) may go on
-    in the next block: it is counted with its length so far and lengthened on merge. A run is
-    written to ``best`` once, when it ends, and four steps are loaded ahead.
-    """
-
-    @jit
-    def step(labels, threshold, best, p, t, v, run, group, in_lead, n_lead):
-        if v > threshold:
-            if run == 0:
-                group = labels[t]
-            run += 1
-            if in_lead:
-                n_lead += 1
-        else:
-            if run > 0 and not in_lead and run > best[group, p]:
-                best[group, p] = run
-            run = 0
-            in_lead = False
-        return run, group, in_lead, n_lead
-
-    @jit
-    def column(x, labels, threshold, best, lead, tail, tail_group, p):
-        run, group, in_lead, n_lead = 0, -1, True, 0
-        nt = x.shape[0]
-        t = 0
-        while t + 4 <= nt:
-            v0, v1, v2, v3 = x[t, p], x[t + 1, p], x[t + 2, p], x[t + 3, p]
-            run, group, in_lead, n_lead = step(labels, threshold, best, p, t, v0, run, group, in_lead, n_lead)
-            run, group, in_lead, n_lead = step(labels, threshold, best, p, t + 1, v1, run, group, in_lead, n_lead)
-            run, group, in_lead, n_lead = step(labels, threshold, best, p, t + 2, v2, run, group, in_lead, n_lead)
-            run, group, in_lead, n_lead = step(labels, threshold, best, p, t + 3, v3, run, group, in_lead, n_lead)
-            t += 4
-        while t < nt:
-            run, group, in_lead, n_lead = step(labels, threshold, best, p, t, x[t, p], run, group, in_lead, n_lead)
-            t += 1
-        if run > 0 and not in_lead and run > best[group, p]:
-            best[group, p] = run
-        lead[p] = n_lead
-        tail[p] = run
-        tail_group[p] = group if run > 0 else -1
-
-    return column
+# numba.cuda, set on first GPU use by _runs_kernel: a global of the module that defines the
+# @cuda.jit kernel, as Numba's CUDA simulator requires (see launch.numba_cuda)
+cuda = None
 
 
 def _group_runs_column(x, labels, threshold, length, prefix, current, longest, p):
@@ -138,7 +53,7 @@ def _group_runs_column(x, labels, threshold, length, prefix, current, longest, p
 
 # --- GPU kernels ----------------------------------------------------------------------------------
 #
-# The previous loops (above, compiled by ``numba.cuda``) reached 65% (sums) and 47% (spells) of the
+# The previous loops (Numba CUDA, one thread per point, in benchmarks/kernels_previous.py) reached 65% (sums) and 47% (spells) of the
 # copy bandwidth on an H200. What held them back, and what these kernels do instead:
 #
 # - spells: at the end of every run the loop read ``best[group, p]`` from global memory to compare
@@ -179,143 +94,6 @@ GROUP_THREADS = 256
 GROUP_UNROLL = 8
 SPELLS_UNROLL = 4
 
-_SUM_SOURCE = r"""
-typedef {in_t} in_t;
-typedef {cmp_t} cmp_t;
-#define THREADS {threads}
-#define U {unroll}
-#define MODE {mode}
-extern "C" __global__ void __launch_bounds__(THREADS) pipeline_group_sum(
-        const in_t* __restrict__ x, const long long* __restrict__ order, const long long* __restrict__ ends,
-        cmp_t threshold, double* __restrict__ sums, double* __restrict__ counts, long long nt, long long npts, int k) {{
-    const long long p = (long long)blockIdx.x * THREADS + threadIdx.x;
-    if (p >= npts) return;
-    const in_t* xp = x + p;
-    double acc = 0.0, n = 0.0;
-    int g = 0;
-    long long end = k > 0 ? ends[0] : -1;
-    // write out the groups that end at position j of ``order`` (a group with no steps ends where the one before does)
-#define SETTLE(j) while (g < k && end == (j)) {{ sums[g * npts + p] = acc; counts[g * npts + p] = n; acc = 0.0; n = 0.0; \
-                                                if (++g < k) end = ends[g]; }}
-#if MODE == 0
-#define ADD(v) {{ const double d = (double)(v); if (d == d) {{ acc += d; n += 1.0; }} }}
-#else
-#define ADD(v) {{ if ((cmp_t)(v) > threshold) acc += 1.0; }}
-#endif
-    SETTLE(0)
-    // the next U steps are loaded while these are added up (as in the spells kernel)
-    long long j = 0;
-    in_t v[U];
-    if (U <= nt) {{
-#pragma unroll
-        for (int i = 0; i < U; ++i) v[i] = xp[order[i] * npts];
-    }}
-    for (; j + U <= nt; j += U) {{
-        in_t nv[U];
-        if (j + 2 * U <= nt) {{
-#pragma unroll
-            for (int i = 0; i < U; ++i) nv[i] = xp[order[j + U + i] * npts];
-        }}
-#pragma unroll
-        for (int i = 0; i < U; ++i) {{ ADD(v[i]) SETTLE(j + i + 1) }}
-#pragma unroll
-        for (int i = 0; i < U; ++i) v[i] = nv[i];
-    }}
-    for (; j < nt; ++j) {{ ADD(xp[order[j] * npts]) SETTLE(j + 1) }}
-}}
-"""
-
-_SPELLS_SOURCE = r"""
-typedef {in_t} in_t;
-typedef {cmp_t} cmp_t;
-#define THREADS {threads}
-#define U {unroll}
-#define SORTED {sorted}
-extern "C" __global__ void __launch_bounds__(THREADS) pipeline_group_spells(
-        const in_t* __restrict__ x, const long long* __restrict__ seg_end, const long long* __restrict__ seg_label,
-        cmp_t threshold, int* __restrict__ best, int* __restrict__ lead, int* __restrict__ tail,
-        int* __restrict__ tail_group, int nt, long long npts, int k) {{
-    const long long p = (long long)blockIdx.x * THREADS + threadIdx.x;
-    if (p >= npts) return;
-    const in_t* xp = x + p;
-    // Steps come in stretches of equal labels (stretch si ends before step seg_end[si]). ``run`` is
-    // the open run's length. While ``fresh`` (it began in this stretch) it raises hb, the best run
-    // begun in the stretch, as a running maximum: a run's longest length is its last. Otherwise it
-    // was carried in from an earlier stretch (begun in og; the block's leading run while
-    // ``is_lead``), and cl follows its length; once it has ended, it is settled at the end of its
-    // stretch: into hb if og is this stretch's label, else into its row, whose value (pv) was
-    // written when the carry began. A step is thus five selects (three once the warp has no
-    // carried run), and the stretch's end is looked for only in the batches of U steps that hold one.
-    int run = 0, hb = 0, cl = 0, si = 0, cur = (int)seg_label[0], og = cur, pv = 0, n_lead = 0;
-    int next = (int)seg_end[0];
-    bool fresh = false, pend = true, is_lead = true;
-#if SORTED
-    // each row is written once when its stretch ends (rows of groups with no steps as 0; no
-    // zeroing by the caller), and raised again only by a carried run
-    int written = 0;
-#define OPEN()
-#define SHUT(w) {{ for (; written < cur; ++written) best[written * npts + p] = 0; w = hb; best[cur * npts + p] = w; written = cur + 1; }}
-#else
-    // a group may come back: its row (zeroed by the caller) is read when a stretch opens and
-    // raised when it ends
-    int hv = 0;
-#define OPEN() {{ hv = best[cur * npts + p]; }}
-#define SHUT(w) {{ w = max(hv, hb); best[cur * npts + p] = w; }}
-#endif
-#define SETTLE() {{ if (is_lead) n_lead = cl; else if (og == cur) hb = max(hb, cl); else best[og * npts + p] = max(pv, cl); \
-                    pend = false; is_lead = false; }}
-#define BOUNDARY() {{ if (pend && fresh) SETTLE() \
-        int w; SHUT(w) \
-        if (fresh && run > 0) {{ pend = true; og = cur; pv = w; fresh = false; cl = run; }} \
-        hb = 0; ++si; next = (int)seg_end[si]; cur = (int)seg_label[si]; OPEN() }}
-#define STEP(v) {{ const bool above = (cmp_t)(v) > threshold; fresh = fresh || !above; run = above ? run + 1 : 0; \
-                   cl = fresh ? cl : run; hb = fresh ? max(hb, run) : hb; }}
-    // once every point of the warp is past its carried run (most batches), a step is three selects
-#define STEP_FRESH(v) {{ const bool above = (cmp_t)(v) > threshold; run = above ? run + 1 : 0; hb = max(hb, run); }}
-    OPEN()
-    // the next batch of U steps is loaded while this one is worked through, so that a warp has
-    // loads in flight through its arithmetic too
-    int t = 0;
-    in_t v[U];
-    if (U <= nt) {{
-#pragma unroll
-        for (int i = 0; i < U; ++i) v[i] = xp[(long long)i * npts];
-    }}
-    for (; t + U <= nt; t += U) {{
-        in_t nv[U];
-        if (t + 2 * U <= nt) {{
-#pragma unroll
-            for (int i = 0; i < U; ++i) nv[i] = xp[(long long)(t + U + i) * npts];
-        }}
-        if (t + U <= next) {{
-            if (__all_sync(__activemask(), fresh)) {{
-#pragma unroll
-                for (int i = 0; i < U; ++i) STEP_FRESH(v[i])
-            }} else {{
-#pragma unroll
-                for (int i = 0; i < U; ++i) STEP(v[i])
-            }}
-        }} else {{
-#pragma unroll
-            for (int i = 0; i < U; ++i) {{ if (t + i == next) BOUNDARY() STEP(v[i]) }}
-        }}
-#pragma unroll
-        for (int i = 0; i < U; ++i) v[i] = nv[i];
-    }}
-    for (; t < nt; ++t) {{ if (t == next) BOUNDARY() STEP(xp[(long long)t * npts]) }}
-    if (pend) SETTLE()  // a carried run that has ended, or is open (counted with its length so far)
-    int w;
-    SHUT(w)
-#if SORTED
-    for (; written < k; ++written) best[written * npts + p] = 0;
-#endif
-    lead[p] = n_lead;
-    tail[p] = run;
-    tail_group[p] = run > 0 ? (fresh ? cur : og) : -1;
-}}
-"""
-
-
 def _cmp_type(in_dtype) -> str:
     """The C type of the comparison with the threshold: float for float32 data (see
     :func:`threshold_for`), double otherwise."""
@@ -333,28 +111,30 @@ def threshold_for(in_dtype, threshold: float):
     return np.nextafter(t, np.float32(-np.inf)) if float(t) > float(threshold) else t
 
 
-def sum_source(in_dtype, mode: int, threads: int = GROUP_THREADS, unroll: int = GROUP_UNROLL) -> str:
-    from .streaming import C_TYPES
+def _sum_params(in_dtype, mode: int, threads: int, unroll: int) -> dict:
+    return dict(in_t=launch.c_type(in_dtype), cmp_t=_cmp_type(in_dtype), threads=threads, unroll=unroll, mode=int(mode))
 
-    return _SUM_SOURCE.format(in_t=C_TYPES[np.dtype(in_dtype)], cmp_t=_cmp_type(in_dtype), threads=threads,
-                              unroll=unroll, mode=int(mode))
+
+def _spells_params(in_dtype, sorted_labels: bool, threads: int, unroll: int) -> dict:
+    return dict(in_t=launch.c_type(in_dtype), cmp_t=_cmp_type(in_dtype), threads=threads, unroll=unroll,
+                sorted=int(sorted_labels))
+
+
+def sum_source(in_dtype, mode: int, threads: int = GROUP_THREADS, unroll: int = GROUP_UNROLL) -> str:
+    return launch.cuda_source("group_sum.cu", **_sum_params(in_dtype, mode, threads, unroll))
 
 
 def spells_source(in_dtype, sorted_labels: bool, threads: int = GROUP_THREADS, unroll: int = SPELLS_UNROLL) -> str:
-    from .streaming import C_TYPES
-
-    return _SPELLS_SOURCE.format(in_t=C_TYPES[np.dtype(in_dtype)], cmp_t=_cmp_type(in_dtype), threads=threads,
-                                 unroll=unroll, sorted=int(sorted_labels))
+    return launch.cuda_source("group_spells.cu", **_spells_params(in_dtype, sorted_labels, threads, unroll))
 
 
-@functools.cache
 def _raw(kind: str, in_dtype, variant: int, threads: int, unroll: int):
     """``sum`` (variant: mode) or ``spells`` (variant: labels sorted) compiled by CuPy."""
-    import cupy
-
     if kind == "sum":
-        return cupy.RawKernel(sum_source(in_dtype, variant, threads, unroll), "pipeline_group_sum", options=("--fmad=false",))
-    return cupy.RawKernel(spells_source(in_dtype, variant, threads, unroll), "pipeline_group_spells", options=("--fmad=false",))
+        return launch.raw_kernel("group_sum.cu", "pipeline_group_sum", launch.FMAD,
+                                 **_sum_params(in_dtype, variant, threads, unroll))
+    return launch.raw_kernel("group_spells.cu", "pipeline_group_spells", launch.FMAD,
+                             **_spells_params(in_dtype, variant, threads, unroll))
 
 
 def label_segments(labels):
@@ -484,171 +264,169 @@ def make_group_spells_twin(jit):
     return column
 
 
-_FACTORIES = {
-    "sum": make_group_sum_twin, "spells": make_group_spells_twin,
-    "sum_previous": make_group_sum_column, "spells_previous": make_group_spells_column,
-}
+# --- the CPU kernels: the twins, and the runs loop, over all points ---------------------------------
 
 
 @functools.cache
-def _cpu(name):
-    """A CPU kernel over all points: ``sum``, ``spells`` (the twins of the CUDA C kernels), their
-    ``*_previous`` loops, or ``runs``."""
-    import numba
+def _sum_cpu():
+    column = make_group_sum_twin(launch.cpu_jit)
 
-    jit = numba.njit(nogil=True)
-    body = _FACTORIES[name](jit) if name in _FACTORIES else jit(_group_runs_column)
-
-    if name == "sum_previous":
-
-        @numba.njit(nogil=True)
-        def five(x, a, b, c, d, e):
-            for p in range(x.shape[1]):
-                body(x, a, b, c, d, e, p)
-
-        return five
-
-    if name == "spells":
-
-        @numba.njit(nogil=True)
-        def nine(x, a, b, c, d, e, f, g, h):
-            for p in range(x.shape[1]):
-                body(x, a, b, c, d, e, f, g, h, p)
-
-        return nine
-
-    @numba.njit(nogil=True)
-    def six(x, a, b, c, d, e, f):
+    @launch.cpu_jit
+    def columns(x, order, ends, threshold, mode, sums, counts):
         for p in range(x.shape[1]):
-            body(x, a, b, c, d, e, f, p)
+            column(x, order, ends, threshold, mode, sums, counts, p)
 
-    return six
+    return columns
 
 
-def _launch(kernel, npts, *args):
-    from ._numba_cuda import launch
+@functools.cache
+def _spells_cpu():
+    column = make_group_spells_twin(launch.cpu_jit)
 
-    launch(kernel, npts, THREADS_PER_BLOCK, *args)
+    @launch.cpu_jit
+    def columns(x, seg_end, seg_label, threshold, best, lead, tail, tail_group, sorted_labels):
+        for p in range(x.shape[1]):
+            column(x, seg_end, seg_label, threshold, best, lead, tail, tail_group, sorted_labels, p)
+
+    return columns
+
+
+@functools.cache
+def _runs_cpu():
+    column = launch.cpu_jit(_group_runs_column)
+
+    @launch.cpu_jit
+    def columns(x, labels, threshold, length, prefix, current, longest):
+        for p in range(x.shape[1]):
+            column(x, labels, threshold, length, prefix, current, longest, p)
+
+    return columns
+
+
+@functools.cache
+def runs_kernel():
+    """The runs loop under Numba CUDA, ``(x2d, labels, threshold, length, prefix, current,
+    longest)``: one thread per grid point; a warp reads 32 neighbouring points of one step
+    (coalesced). (The tests launch it on NumPy arrays under Numba's CUDA simulator.)"""
+    global cuda
+    cuda = launch.numba_cuda()
+    column = cuda.jit(device=True)(_group_runs_column)
+
+    @cuda.jit
+    def group_runs(x, labels, threshold, length, prefix, current, longest):
+        p = cuda.grid(1)
+        if p < x.shape[1]:
+            column(x, labels, threshold, length, prefix, current, longest, p)
+
+    return group_runs
 
 
 def _raw_input(x2d):
     """A C-contiguous CuPy block of a type the CUDA C kernels are compiled for."""
     import cupy
 
-    from .streaming import C_TYPES
-
-    return cupy.ascontiguousarray(x2d if np.dtype(x2d.dtype) in C_TYPES else x2d.astype(np.float64))
+    return cupy.ascontiguousarray(x2d if np.dtype(x2d.dtype) in launch.C_TYPES else x2d.astype(np.float64))
 
 
-def group_sum(x2d, labels, k: int, threshold: float = 0.0, mode: int = 0, *, threads: int = GROUP_THREADS,
-              unroll: int = GROUP_UNROLL) -> dict:
-    """Per-group sums and counts of a (steps, points) block; CPU or GPU by the block's type.
-    (``counts`` stays 0 in mode 1.)"""
-    from ..backend import is_cupy, xp_of
+# --- the kernels ------------------------------------------------------------------------------------
 
-    xp = xp_of(x2d)
-    nt, npts = x2d.shape
-    sums = xp.empty((k, npts), dtype=np.float64)  # every row is written
-    counts = xp.empty((k, npts), dtype=np.float64)
-    if is_cupy(x2d):
-        x2d = _raw_input(x2d)
-        steps, _ = _device_labels("sum", labels, k)  # order, then ends
-        kernel = _raw("sum", np.dtype(x2d.dtype), int(mode != 0), threads, unroll)
-        kernel((max(1, -(-npts // threads)),), (threads,), (
-            x2d, steps[:nt], steps[nt:], threshold_for(x2d.dtype, threshold), sums, counts, np.int64(nt), np.int64(npts),
-            np.int32(k)))
-    else:
-        _cpu("sum")(x2d, *group_order(labels, k), np.float64(threshold), np.int32(mode), sums, counts)
+
+def group_sum_cpu(x2d, labels, k: int, threshold: float = 0.0, mode: int = 0) -> dict:
+    """Per-group sums and counts of a (steps, points) block (``counts`` stays 0 in mode 1): the
+    twin of the CUDA C kernel."""
+    npts = x2d.shape[1]
+    sums = np.empty((k, npts), dtype=np.float64)  # every row is written
+    counts = np.empty((k, npts), dtype=np.float64)
+    _sum_cpu()(x2d, *group_order(labels, k), np.float64(threshold), np.int32(mode), sums, counts)
     return {"sum": sums, "count": counts}
 
 
-def group_spells(x2d, labels, k: int, threshold: float, *, threads: int = GROUP_THREADS,
-                 unroll: int = SPELLS_UNROLL) -> dict:
-    """Run-length state of a (steps, points) block: per group the longest run that begins there
-    (leading run excluded), and per point the leading run, the open run and its group."""
-    from ..backend import is_cupy, xp_of
+def group_sum_gpu(x2d, labels, k: int, threshold: float = 0.0, mode: int = 0, *, threads: int = GROUP_THREADS,
+                  unroll: int = GROUP_UNROLL) -> dict:
+    """:func:`group_sum_cpu` on a CuPy block, by the CUDA C kernel."""
+    import cupy
 
-    xp = xp_of(x2d)
+    nt, npts = x2d.shape
+    sums = cupy.empty((k, npts), dtype=np.float64)  # every row is written
+    counts = cupy.empty((k, npts), dtype=np.float64)
+    x2d = _raw_input(x2d)
+    steps, _ = _device_labels("sum", labels, k)  # order, then ends
+    kernel = _raw("sum", np.dtype(x2d.dtype), int(mode != 0), threads, unroll)
+    kernel((launch.blocks(npts, threads),), (threads,), (
+        x2d, steps[:nt], steps[nt:], threshold_for(x2d.dtype, threshold), sums, counts, np.int64(nt), np.int64(npts),
+        np.int32(k)))
+    return {"sum": sums, "count": counts}
+
+
+def _spells_outputs(xp, sorted_labels: bool, k: int, npts: int):
+    """The outputs, and the array of the three per-point ones: with sorted labels every row of
+    best is written; otherwise rows are raised from zero. Every point's state is written."""
+    out = {"best": (xp.empty if sorted_labels else xp.zeros)((k, npts), dtype=np.int32)}
+    state = xp.empty((3, npts), dtype=np.int32)
+    out.update(lead=state[0], tail=state[1], tail_group=state[2])
+    return out, state
+
+
+def _no_spells(out, state):
+    """No steps or no groups: no runs."""
+    out["best"][...] = 0
+    state[:2] = 0
+    state[2] = -1
+    return out
+
+
+def group_spells_cpu(x2d, labels, k: int, threshold: float) -> dict:
+    """Run-length state of a (steps, points) block: per group the longest run that begins there
+    (leading run excluded), and per point the leading run, the open run and its group (the twin of
+    the CUDA C kernel)."""
     nt, npts = x2d.shape
     seg_end, seg_label, sorted_labels = label_segments(labels)
-    # with sorted labels every row of best is written; otherwise rows are raised from zero
-    out = {"best": (xp.empty if sorted_labels else xp.zeros)((k, npts), dtype=np.int32)}
-    state = xp.empty((3, npts), dtype=np.int32)  # every point's are written
-    out.update(lead=state[0], tail=state[1], tail_group=state[2])
+    out, state = _spells_outputs(np, sorted_labels, k, npts)
+    if nt == 0 or k == 0:
+        return _no_spells(out, state)
     outs = (out["best"], out["lead"], out["tail"], out["tail_group"])
-    if nt == 0 or k == 0:  # no steps: no runs
-        out["best"][...] = 0
-        state[:2] = 0
-        state[2] = -1
-    elif is_cupy(x2d):
-        x2d = _raw_input(x2d)
-        segs, _ = _device_labels("spells", labels, k)  # ends, then labels, of the stretches
-        kernel = _raw("spells", np.dtype(x2d.dtype), int(sorted_labels), threads, unroll)
-        kernel((max(1, -(-npts // threads)),), (threads,), (
-            x2d, segs[: seg_end.size], segs[seg_end.size :], threshold_for(x2d.dtype, threshold), *outs,
-            np.int32(nt), np.int64(npts), np.int32(k)))
-    else:
-        _cpu("spells")(x2d, seg_end, seg_label, np.float64(threshold), *outs, sorted_labels)
+    _spells_cpu()(x2d, seg_end, seg_label, np.float64(threshold), *outs, sorted_labels)
     return out
 
 
-def group_sum_previous(x2d, labels, k: int, threshold: float = 0.0, mode: int = 0) -> dict:
-    """:func:`group_sum` by the previous loops (Numba CUDA on the GPU), for the benchmarks."""
-    from ..backend import is_cupy, xp_of
+def group_spells_gpu(x2d, labels, k: int, threshold: float, *, threads: int = GROUP_THREADS,
+                     unroll: int = SPELLS_UNROLL) -> dict:
+    """:func:`group_spells_cpu` on a CuPy block, by the CUDA C kernel."""
+    import cupy
 
-    xp = xp_of(x2d)
-    npts = x2d.shape[1]
-    sums = xp.zeros((k, npts), dtype=np.float64)
-    counts = xp.zeros((k, npts), dtype=np.float64)
-    if is_cupy(x2d):
-        from .groups_cuda import group_sum as kernel
-
-        _launch(kernel, npts, x2d, xp.asarray(labels), np.float64(threshold), np.int32(mode), sums, counts)
-    else:
-        _cpu("sum_previous")(x2d, labels, np.float64(threshold), np.int32(mode), sums, counts)
-    return {"sum": sums, "count": counts}
-
-
-def group_spells_previous(x2d, labels, k: int, threshold: float) -> dict:
-    """:func:`group_spells` by the previous loops (Numba CUDA on the GPU), for the benchmarks."""
-    from ..backend import is_cupy, xp_of
-
-    xp = xp_of(x2d)
-    npts = x2d.shape[1]
-    out = {"best": xp.zeros((k, npts), dtype=np.int32)}
-    out.update({f: xp.zeros(npts, dtype=np.int32) for f in ("lead", "tail", "tail_group")})
-    args = (np.float64(threshold), out["best"], out["lead"], out["tail"], out["tail_group"])
-    if is_cupy(x2d):
-        from .groups_cuda import group_spells as kernel
-
-        _launch(kernel, npts, x2d, xp.asarray(labels), *args)
-    else:
-        _cpu("spells_previous")(x2d, labels, *args)
+    nt, npts = x2d.shape
+    seg_end, _, sorted_labels = label_segments(labels)
+    out, state = _spells_outputs(cupy, sorted_labels, k, npts)
+    if nt == 0 or k == 0:
+        return _no_spells(out, state)
+    outs = (out["best"], out["lead"], out["tail"], out["tail_group"])
+    x2d = _raw_input(x2d)
+    segs, _ = _device_labels("spells", labels, k)  # ends, then labels, of the stretches
+    kernel = _raw("spells", np.dtype(x2d.dtype), int(sorted_labels), threads, unroll)
+    kernel((launch.blocks(npts, threads),), (threads,), (
+        x2d, segs[: seg_end.size], segs[seg_end.size :], threshold_for(x2d.dtype, threshold), *outs,
+        np.int32(nt), np.int64(npts), np.int32(k)))
     return out
 
 
-def group_runs(x2d, labels, k: int, threshold: float) -> dict:
+def group_runs_cpu(x2d, labels, k: int, threshold: float) -> dict:
     """Per group, runs of ``x > threshold`` cut at the group's bounds: length, prefix, current, longest."""
-    from ..backend import is_cupy, xp_of
-
-    xp = xp_of(x2d)
     npts = x2d.shape[1]
-    out = {f: xp.zeros((k, npts), dtype=np.int32) for f in ("length", "prefix", "current", "longest")}
-    args = (np.float64(threshold), out["length"], out["prefix"], out["current"], out["longest"])
-    if is_cupy(x2d):
-        from .groups_cuda import group_runs as kernel
-
-        _launch(kernel, npts, x2d, xp.asarray(labels), *args)
-    else:
-        _cpu("runs")(x2d, labels, *args)
+    out = {f: np.zeros((k, npts), dtype=np.int32) for f in ("length", "prefix", "current", "longest")}
+    _runs_cpu()(x2d, labels, np.float64(threshold), out["length"], out["prefix"], out["current"], out["longest"])
     return out
 
 
-def launch_gpu(name: str, x2d, labels, *args):
-    """Launch a CUDA kernel on 2-D arrays (CuPy, or NumPy under Numba's CUDA simulator)."""
-    from . import groups_cuda
+def group_runs_gpu(x2d, labels, k: int, threshold: float) -> dict:
+    """:func:`group_runs_cpu` on a CuPy block, by the same loop under Numba CUDA."""
+    import cupy
 
-    _launch(getattr(groups_cuda, name), x2d.shape[1], x2d, labels, *args)
+    npts = x2d.shape[1]
+    out = {f: cupy.zeros((k, npts), dtype=np.int32) for f in ("length", "prefix", "current", "longest")}
+    args = (np.float64(threshold), out["length"], out["prefix"], out["current"], out["longest"])
+    launch.launch_numba(runs_kernel(), npts, x2d, cupy.asarray(labels), *args)
+    return out
+
 
 
 # --- anomaly: subtract each step's group value ----------------------------------------------------
@@ -668,17 +446,7 @@ SUBTRACT_GROUPS = Spec(
 def subtract_groups_gpu(x2d, labels, values2d, out_dtype):
     import cupy
 
-    from . import streaming
-
     x2d = cupy.ascontiguousarray(x2d)
     out = cupy.empty(x2d.shape, dtype=out_dtype)
     labels = cupy.asarray(labels, dtype=np.int64)
-    return streaming.run(SUBTRACT_GROUPS, x2d, out, labels, cupy.ascontiguousarray(values2d, dtype=np.float64))
-
-
-# --- the names the registry looks up (pipeline.kernels.FAMILIES) ----------------------------------
-
-group_sum_cpu = group_sum_gpu = group_sum
-group_spells_cpu = group_spells_gpu = group_spells
-group_runs_cpu = group_runs_gpu = group_runs
-
+    return launch.stream(SUBTRACT_GROUPS, x2d, out, labels, cupy.ascontiguousarray(values2d, dtype=np.float64))

@@ -1,15 +1,14 @@
-"""Count, mean and sum of squared deviations along the first axis of ``x[t, p]``, in one pass.
+"""Count, mean and sum of squared deviations along one axis of a block, in one pass.
 
-On the GPU each thread walks a few grid points' steps, so a block of data is read once (CuPy's
-NaN-skipping reductions would read it once per statistic and once more for the deviations). On
-the CPU the two-pass NumPy formula of :mod:`pipeline.reductions` is used: NumPy's reductions are
-vectorized along the points and need no compilation.
+On the GPU each thread walks a few grid points' steps (the CUDA C kernel ``cuda/moments.cu``),
+so a block of data is read once (CuPy's NaN-skipping reductions would read it once per statistic
+and once more for the deviations). On the CPU the two-pass NumPy formula is used: NumPy's
+reductions are vectorized along the points and need no compilation.
 
-The GPU kernel is CUDA C, in the manner of :mod:`pipeline.kernels.streaming`; the Numba CUDA
-kernel it replaced (``moments_cuda``, one thread per point, four steps loaded ahead) is kept for
-the benchmarks and the CUDA simulator, and its per-point loop, compiled for the CPU by Numba, is
-the CUDA C kernel's twin: within a tile of steps both do the same float64 operations in the same
-order, so they agree bit for bit.
+The kernel's twin (:func:`moments_twin`) is the per-point loop :func:`make_moments_column`,
+compiled for the CPU by Numba: within a tile of steps both do the same float64 operations in the
+same order, so they agree bit for bit. (That loop under ``numba.cuda`` was the previous GPU kernel;
+it is in ``benchmarks/kernels_previous.py``.)
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import functools
 
 import numpy as np
 
-THREADS_PER_BLOCK = 256
+from . import launch
 
 
 def make_moments_column(jit):
@@ -28,7 +27,7 @@ def make_moments_column(jit):
     no division per element, which would make the loop compute-bound in float64; with the shift
     inside the data's range the cancellation in ``M2 = S2 - S1^2 / n`` stays at float64 rounding.
     Four steps are loaded before any is used: a thread then has four loads in flight, not one,
-    which the GPU needs to approach its memory bandwidth (see :mod:`pipeline.kernels.streaming`).
+    which the GPU needs to approach its memory bandwidth (see the streaming kernels of :mod:`pipeline.kernels.launch`).
     """
 
     @jit
@@ -69,14 +68,6 @@ def make_moments_column(jit):
     return column
 
 
-def launch_gpu(x2d, n, mean, m2):
-    """The Numba CUDA kernel (the previous GPU kernel; also what the CUDA simulator runs)."""
-    from ._numba_cuda import launch
-    from .moments_cuda import moments
-
-    launch(moments, x2d.shape[1], THREADS_PER_BLOCK, x2d, n, mean, m2)
-
-
 # --- GPU kernel: CUDA C, U points a thread ------------------------------------------------------------
 #
 # The Numba kernel gives each thread one point and four loads in flight, and measured 56-70% of
@@ -86,80 +77,17 @@ def launch_gpu(x2d, n, mean, m2):
 # kernel, 87%), and the steps are cut into tiles, merged afterwards, only where the points alone
 # are too few to fill the GPU.
 
-THREADS = 128
+THREADS = 128  # threads per block
 UNROLL = 4  # points per thread, loads in flight per thread
-
-_SOURCE = r"""
-typedef {in_t} in_t;
-#define THREADS {threads}
-#define U {unroll}
-extern "C" __global__ void __launch_bounds__(THREADS) pipeline_moments(
-        const in_t* __restrict__ x, double* __restrict__ out, long long nrows, long long npts, long long tile) {{
-    // block (slice, tile): points slice * THREADS * U + i * THREADS + threadIdx.x, i < U (coalesced
-    // for each i), steps tile * tile .. + tile; out[tile][0 | 1 | 2][point] = n, mean, m2
-    const long long base = (long long)blockIdx.x * THREADS * U + threadIdx.x;
-    const long long r0 = (long long)blockIdx.y * tile;
-    const long long r1 = min(nrows, r0 + tile);
-    bool in[U];
-    long long cnt[U];
-    double sh[U], s1[U], s2[U];
-    in_t cur[U], nxt[U];
-    const in_t* row = x + r0 * npts + base;
-#pragma unroll
-    for (int i = 0; i < U; ++i) {{
-        in[i] = base + i * THREADS < npts;
-        cnt[i] = 0; sh[i] = 0.0; s1[i] = 0.0; s2[i] = 0.0;
-        cur[i] = (in[i] && r0 < r1) ? row[i * THREADS] : (in_t)0;
-    }}
-    for (long long r = r0; r < r1; ++r) {{
-        row += npts;
-#pragma unroll
-        for (int i = 0; i < U; ++i) nxt[i] = (in[i] && r + 1 < r1) ? row[i * THREADS] : (in_t)0;
-#pragma unroll
-        for (int i = 0; i < U; ++i) {{
-            const double v = (double)cur[i];
-            if (v == v) {{
-                if (cnt[i] == 0) sh[i] = v;
-                const double d = v - sh[i];
-                cnt[i] += 1;
-                s1[i] += d;
-                s2[i] += d * d;
-            }}
-            cur[i] = nxt[i];
-        }}
-    }}
-    double* o = out + (long long)blockIdx.y * 3 * npts;
-#pragma unroll
-    for (int i = 0; i < U; ++i) {{
-        if (!in[i]) continue;
-        const long long p = base + i * THREADS;
-        o[p] = (double)cnt[i];
-        if (cnt[i] > 0) {{
-            const double c = (double)cnt[i];
-            const double m2 = s2[i] - s1[i] * s1[i] / c;
-            o[npts + p] = sh[i] + s1[i] / c;
-            o[2 * npts + p] = (0.0 > m2) ? 0.0 : m2;  /* as Python's max(m2, 0.0) */
-        }} else {{
-            o[npts + p] = 0.0;
-            o[2 * npts + p] = 0.0;
-        }}
-    }}
-}}
-"""
-
 
 def source(in_dtype, threads: int = THREADS, unroll: int = UNROLL) -> str:
     """The CUDA source of the kernel (the tests compile it with nvcc too)."""
-    from .streaming import C_TYPES
-
-    return _SOURCE.format(in_t=C_TYPES[np.dtype(in_dtype)], threads=threads, unroll=unroll)
+    return launch.cuda_source("moments.cu", in_t=launch.c_type(in_dtype), threads=threads, unroll=unroll)
 
 
-@functools.cache
 def _raw_kernel(in_dtype, threads: int, unroll: int):
-    import cupy
-
-    return cupy.RawKernel(source(in_dtype, threads, unroll), "pipeline_moments", options=("--fmad=false",))
+    return launch.raw_kernel("moments.cu", "pipeline_moments", launch.FMAD, in_t=launch.c_type(in_dtype),
+                             threads=threads, unroll=unroll)
 
 
 def plan(nt: int, npts: int, sms: int = 132, threads: int = THREADS, unroll: int = UNROLL) -> int:
@@ -197,25 +125,21 @@ def moments_raw(x2d, *, tile: int | None = None, threads: int = THREADS, unroll:
     array, by the CUDA C kernel; ``tile`` (steps per tile) defaults to :func:`plan`'s choice."""
     import cupy
 
-    from .streaming import _sm_count
-
     nt, npts = x2d.shape
-    tile = plan(nt, npts, _sm_count(), threads, unroll) if tile is None else max(1, int(tile))
+    tile = plan(nt, npts, launch.sm_count(), threads, unroll) if tile is None else max(1, int(tile))
     tiles = max(1, -(-nt // tile))
     parts = cupy.empty((tiles, 3, npts), dtype=np.float64)
     if npts:
-        grid = (max(1, -(-npts // (threads * unroll))), tiles)
+        grid = (launch.blocks(npts, threads * unroll), tiles)
         _raw_kernel(np.dtype(x2d.dtype), threads, unroll)(grid, (threads,), (x2d, parts, np.int64(nt), np.int64(npts), np.int64(tile)))
     return merge_tiles(parts, cupy)
 
 
 @functools.cache
 def _twin_columns():
-    import numba
+    column = make_moments_column(launch.cpu_jit)
 
-    column = make_moments_column(numba.njit)
-
-    @numba.njit
+    @launch.cpu_jit
     def columns(x, n, mean, m2):
         for p in range(x.shape[1]):
             column(x, n, mean, m2, p)
@@ -253,23 +177,15 @@ def moments_cpu(block, axis) -> dict:
     return {"n": n, "mean": mean, "m2": m2}
 
 
-def moments_gpu(block, axis, previous: bool = False) -> dict:
+def moments_gpu(block, axis) -> dict:
     """{n, mean, m2} of a CuPy block over ``axis`` (kept with length 1), float64: the CUDA C
-    kernel over one axis (the array formulas of :func:`moments_cpu` over several); ``previous``: by
-    the Numba CUDA kernel the CUDA C one replaced (for the benchmarks)."""
+    kernel over one axis (the array formulas of :func:`moments_cpu` over several)."""
     import cupy
 
     if not isinstance(axis, int):
         if len(axis) != 1:
             return moments_cpu(block, axis)
         axis = axis[0]
-
-    moved = cupy.moveaxis(block, axis, 0)
-    rest = moved.shape[1:]
-    x2 = cupy.ascontiguousarray(moved).reshape(moved.shape[0], -1)
-    if previous:
-        n, mean, m2 = (cupy.empty(x2.shape[1], dtype=np.float64) for _ in range(3))
-        launch_gpu(x2, n, mean, m2)
-    else:
-        n, mean, m2 = moments_raw(x2)
-    return {k: cupy.expand_dims(v.reshape(rest), axis) for k, v in {"n": n, "mean": mean, "m2": m2}.items()}
+    x2, moved = launch.to_2d(block, axis, cupy)
+    n, mean, m2 = moments_raw(x2)
+    return {k: launch.reduced_from_2d(v, moved, axis, cupy) for k, v in {"n": n, "mean": mean, "m2": m2}.items()}

@@ -11,10 +11,11 @@ Sums run in float64 and add the entering value and subtract the leaving one, as 
 ``move_mean`` does, so the cost per point does not grow with the window.
 
 The CPU kernel is that loop compiled by Numba (:func:`make_rolling_column`). On the GPU a CUDA C
-kernel (below) keeps each point's window in shared memory and reads every value once; its twin,
-the kernel's loop step for step in Numba (:func:`rolling_twin`), lets the tests check its logic
-without a GPU, and on a GPU its results against the kernel's, bit for bit. The previous GPU
-kernel, :func:`make_rolling_column` under ``numba.cuda``, is kept for the benchmarks.
+kernel (``cuda/rolling.cu``) keeps each point's window in shared memory and reads every value
+once; its twin, the kernel's loop step for step in Numba (:func:`rolling_twin`), lets the tests
+check its logic without a GPU, and on a GPU its results against the kernel's, bit for bit. The
+previous GPU kernel, :func:`make_rolling_column` under ``numba.cuda``, is in
+``benchmarks/kernels_previous.py``.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ import math
 
 import numpy as np
 
-THREADS_PER_BLOCK = 256
+from . import launch
 
 
 def make_rolling_column(jit):
-    """The per-point loop, compiled by ``jit`` (``numba.njit`` or ``cuda.jit(device=True)``).
+    """The per-point loop, compiled by ``jit`` (:func:`launch.cpu_jit`, or ``cuda.jit(device=True)``
+    for the previous GPU kernel).
 
     Away from the block's edges four steps are taken at once, their eight loads (entering and
     leaving values) issued before any is used, for memory-level parallelism on the GPU.
@@ -104,118 +106,19 @@ THREADS = 128  # threads per block of the ring kernel (and points per block)
 UNROLL = 8  # entering values loaded before any is used
 RING_BYTES = 40 * 1024  # most shared memory a block's ring may take (228 KB per multiprocessor)
 
-_SOURCE = r"""
-typedef {in_t} in_t;
-typedef {out_t} out_t;
-#define THREADS {threads}
-#define U {unroll}
-#define RING {ring}
-
-// total / count, rounded as the division rounds, with no division per element (a double
-// division is a dozen dependent instructions, and was the largest cost after the loads):
-// q = total * r with r = 1 / count, recomputed only when count changes, then one correction by the
-// exact remainder fma(-q, count, total): with r correctly rounded and q within an ulp, q + rem * r
-// rounds to total / count (Markstein's theorem). Zero, tiny, huge or infinite totals divide.
-__device__ __forceinline__ double quotient(double total, double count, double r) {{
-    const double a = fabs(total);
-    if (a > 0x1p-900 && a < 0x1p900) {{
-        const double q = total * r;
-        return fma(fma(-q, count, total), r, q);
-    }}
-    return total / count;
-}}
-
-__device__ __forceinline__ void step(out_t* __restrict__ o, double enter, double leave, double& total, double& count,
-                                     double& rcount, double& r, int min_periods) {{
-    // a missing index arrives as NaN and counts as missing, as a NaN value does
-    if (enter == enter) {{ total += enter; count += 1.0; }}
-    if (leave == leave) {{ total -= leave; count -= 1.0; }}
-    if (count >= min_periods && count > 0.0) {{
-        if (count != rcount) {{ rcount = count; r = 1.0 / count; }}
-        *o = (out_t)quotient(total, count, r);
-    }} else {{
-        *o = (out_t)__longlong_as_double(0x7ff8000000000000LL);
-    }}
-}}
-
-extern "C" __global__ void __launch_bounds__(THREADS) {name}(
-        const in_t* __restrict__ x, out_t* __restrict__ out, long long nt, long long npts, long long tile,
-        int before, int after, int min_periods) {{
-    const double NaN = __longlong_as_double(0x7ff8000000000000LL);
-    const long long p = (long long)blockIdx.x * THREADS + threadIdx.x;
-    if (p >= npts) return;  // no __syncthreads below: each thread uses its own slots only
-#if RING
-    extern __shared__ __align__(16) unsigned char smem[];
-    in_t* ring = reinterpret_cast<in_t*>(smem) + threadIdx.x;
-#endif
-    const in_t* xp = x + p;
-    out_t* op = out + p;
-    const int W = before + after + 1;
-    const long long t0 = (long long)blockIdx.y * tile, t1 = min(nt, t0 + tile);
-    // prime with the window of step t0 - 1: indices lo .. lo + W - 1, lo = t0 - 1 - before, those
-    // inside the block; index s goes to slot s - lo, so step t's leaving index, t - 1 - before,
-    // has slot (t - t0) % W, which is where its entering index t + after goes next
-    const long long lo = t0 - 1 - before;
-    double total = 0.0, count = 0.0, rcount = 0.0, r = 0.0;  // r = 1 / rcount
-    for (long long s = max(lo, 0LL); s < min(nt, lo + W); ++s) {{
-        const in_t v = xp[s * npts];
-        const double d = (double)v;
-        if (d == d) {{ total += d; count += 1.0; }}
-#if RING
-        ring[(s - lo) * THREADS] = v;
-#endif
-    }}
-    long long t = t0;
-    int k = 0;  // the ring slot of step t
-    for (; t + U <= t1 && t + after + U <= nt; t += U) {{
-        in_t e[U];
-#pragma unroll
-        for (int i = 0; i < U; ++i) e[i] = xp[(t + after + i) * npts];
-#pragma unroll
-        for (int i = 0; i < U; ++i) {{
-            const long long l = t + i - before - 1;
-#if RING
-            const double leave = l >= 0 ? (double)ring[k * THREADS] : NaN;
-            ring[k * THREADS] = e[i];
-            k = k + 1 == W ? 0 : k + 1;
-#else
-            const double leave = l >= 0 ? (double)xp[l * npts] : NaN;
-#endif
-            step(op + (t + i) * npts, (double)e[i], leave, total, count, rcount, r, min_periods);
-        }}
-    }}
-    for (; t < t1; ++t) {{  // the last steps, where the entering index may lie past the block
-        const long long l = t - before - 1, e = t + after;
-        const in_t v = e < nt ? xp[e * npts] : (in_t)0;
-#if RING
-        const double leave = l >= 0 ? (double)ring[k * THREADS] : NaN;
-        ring[k * THREADS] = v;
-        k = k + 1 == W ? 0 : k + 1;
-#else
-        const double leave = l >= 0 ? (double)xp[l * npts] : NaN;
-#endif
-        step(op + t * npts, e < nt ? (double)v : NaN, leave, total, count, rcount, r, min_periods);
-    }}
-}}
-"""
-
-
 def source(in_dtype, out_dtype, ring: bool, threads: int = THREADS, unroll: int = UNROLL) -> str:
     """The CUDA source of the kernel (the tests compile it with nvcc too)."""
-    from .streaming import C_TYPES
-
-    return _SOURCE.format(
-        in_t=C_TYPES[np.dtype(in_dtype)], out_t=C_TYPES[np.dtype(out_dtype)], threads=threads, unroll=unroll,
-        ring=int(ring), name="pipeline_rolling_mean",
-    )
+    return launch.cuda_source("rolling.cu", **_params(in_dtype, out_dtype, ring, threads, unroll))
 
 
-@functools.cache
+def _params(in_dtype, out_dtype, ring: bool, threads: int, unroll: int) -> dict:
+    return dict(in_t=launch.c_type(in_dtype), out_t=launch.c_type(out_dtype), threads=threads, unroll=unroll,
+                ring=int(ring), name="pipeline_rolling_mean")
+
+
 def _raw_kernel(in_dtype, out_dtype, ring: bool, threads: int, unroll: int):
-    import cupy
-
-    src = source(in_dtype, out_dtype, ring, threads, unroll)
-    return cupy.RawKernel(src, "pipeline_rolling_mean", options=("--fmad=false", "-std=c++17"))
+    return launch.raw_kernel("rolling.cu", "pipeline_rolling_mean", launch.FMAD_CXX17,
+                             **_params(in_dtype, out_dtype, ring, threads, unroll))
 
 
 def plan(nt: int, npts: int, before: int, after: int, itemsize: int, sms: int = 132, threads: int = THREADS):
@@ -239,17 +142,15 @@ def launch_raw(x2d, out2d, before: int, after: int, min_periods: int, *, ring=No
                threads: int = THREADS, unroll: int = UNROLL):
     """Launch the CUDA C kernel on C-contiguous 2-D CuPy arrays; ``ring`` and ``tile`` default
     to :func:`plan`'s choice (given, they let benchmarks compare the variants)."""
-    from .streaming import _sm_count
-
     nt, npts = x2d.shape
-    auto_ring, smem, auto_tile = plan(nt, npts, before, after, x2d.dtype.itemsize, _sm_count(), threads)
+    auto_ring, smem, auto_tile = plan(nt, npts, before, after, x2d.dtype.itemsize, launch.sm_count(), threads)
     ring = auto_ring if ring is None else ring
     smem = (before + after + 1) * threads * x2d.dtype.itemsize if ring else 0
     tile = auto_tile if tile is None else tile
     kernel = _raw_kernel(np.dtype(x2d.dtype), np.dtype(out2d.dtype), bool(ring), threads, unroll)
     if smem > 48 * 1024:  # above the default, a kernel must ask for its shared memory
         kernel.max_dynamic_shared_size_bytes = smem
-    grid = (max(1, -(-npts // threads)), max(1, -(-nt // tile)))
+    grid = (launch.blocks(npts, threads), launch.blocks(nt, tile))
     kernel(grid, (threads,), (x2d, out2d, np.int64(nt), np.int64(npts), np.int64(tile), np.int32(before),
                               np.int32(after), np.int32(min_periods)), shared_mem=smem)
     return out2d
@@ -314,18 +215,14 @@ def make_rolling_ring(jit):
 
 @functools.cache
 def _twin_kernel():
-    import numba
-
-    return make_rolling_ring(numba.njit(nogil=True))
+    return make_rolling_ring(launch.cpu_jit)
 
 
 @functools.cache
 def _cpu_kernel():
-    import numba
+    column = make_rolling_column(launch.cpu_jit)
 
-    column = make_rolling_column(numba.njit(nogil=True))
-
-    @numba.njit(nogil=True)
+    @launch.cpu_jit
     def rolling_mean_2d(x, out, before, after, min_periods):
         for p in range(x.shape[1]):
             column(x, out, before, after, min_periods, p)
@@ -343,53 +240,19 @@ def rolling_twin(x2d, before: int, after: int, min_periods: int, out_dtype, *, t
     return out
 
 
-def _gpu_kernel():
-    from .rolling_cuda import rolling_mean_2d
-
-    return rolling_mean_2d
-
-
-def launch_gpu(x2d, out2d, before: int, after: int, min_periods: int, stream=0):
-    """Launch the previous (Numba CUDA) kernel on 2-D device arrays (CuPy, Numba, or NumPy under
-    the simulator): two reads per value; kept for comparison (``rolling_mean_gpu_previous``)."""
-    npts = x2d.shape[1]
-    blocks = max(1, (npts + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK)
-    _gpu_kernel()[blocks, THREADS_PER_BLOCK, stream](x2d, out2d, before, after, min_periods)
-
-
-def _moved_2d(block, axis, xp):
-    x = xp.ascontiguousarray(xp.moveaxis(block, axis, 0))
-    return x.reshape(x.shape[0], -1), x.shape
-
-
 def rolling_mean_cpu(block, axis: int, before: int, after: int, min_periods: int, out_dtype):
-    x2, shape = _moved_2d(block, axis, np)
+    x2, moved = launch.to_2d(block, axis, np)
     out = np.empty(x2.shape, dtype=out_dtype)
     _cpu_kernel()(x2, out, before, after, min_periods)
-    return np.moveaxis(out.reshape(shape), 0, axis)
+    return launch.from_2d(out, moved, axis, np)
 
 
 def rolling_mean_gpu(block, axis: int, before: int, after: int, min_periods: int, out_dtype):
     import cupy
 
-    from .streaming import C_TYPES
-
-    if np.dtype(block.dtype) not in C_TYPES:  # bool, float16: the kernel is compiled for the others
+    if np.dtype(block.dtype) not in launch.C_TYPES:  # bool, float16: the kernel is compiled for the others
         block = block.astype(np.float64)
-    x2, shape = _moved_2d(block, axis, cupy)
+    x2, moved = launch.to_2d(block, axis, cupy)
     out = cupy.empty(x2.shape, dtype=out_dtype)
     launch_raw(x2, out, before, after, min_periods)
-    return cupy.moveaxis(out.reshape(shape), 0, axis)
-
-
-def rolling_mean_gpu_previous(block, axis: int, before: int, after: int, min_periods: int, out_dtype):
-    """The previous GPU kernel (Numba CUDA, two reads per value), for benchmarks."""
-    import cupy
-    from numba import cuda
-
-    x2, shape = _moved_2d(block, axis, cupy)
-    out = cupy.empty(x2.shape, dtype=out_dtype)
-    # launch on CuPy's current stream, so the kernel is ordered with the CuPy work around it
-    stream = cuda.external_stream(cupy.cuda.get_current_stream().ptr)
-    launch_gpu(x2, out, before, after, min_periods, stream=stream)
-    return cupy.moveaxis(out.reshape(shape), 0, axis)
+    return launch.from_2d(out, moved, axis, cupy)

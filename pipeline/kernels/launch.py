@@ -1,0 +1,212 @@
+"""How kernels are compiled and launched: the machinery every family shares.
+
+- block sizes and grids: :data:`THREADS`, :func:`blocks`, :func:`sm_count`;
+- the 2-D layout most kernels see: the kernel's axis first, all other axes flattened into grid
+  points (:func:`to_2d`, :func:`from_2d`, :func:`reduced_from_2d`);
+- CUDA C: the sources are ``.cu`` files in ``cuda/`` beside this module, with ``${name}``
+  placeholders (:class:`string.Template`) for the element types and the compile-time constants;
+  :func:`cuda_source` fills them in, :func:`raw_kernel` compiles the result once with CuPy;
+- streaming kernels (:class:`Spec`, :func:`stream`): one C expression per element, in two
+  templates (``streaming_flat.cu``, ``streaming_column.cu``) that keep four loads in flight per
+  thread;
+- Numba: :func:`cpu_jit` compiles a loop for the CPU (``numba.njit(nogil=True)``, so Dask's
+  threads run it in parallel); :func:`numba_cuda` imports ``numba.cuda`` and
+  :func:`launch_numba` launches a Numba CUDA kernel on CuPy's current stream.
+
+Nothing here imports CuPy or Numba at module level.
+"""
+
+from __future__ import annotations
+
+import functools
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+THREADS = 256  # threads per block of the one-thread-per-point kernels and of the streaming kernels
+
+CUDA_DIR = Path(__file__).resolve().parent / "cuda"
+
+# The C types of the element types the CUDA C kernels are compiled for.
+C_TYPES = {
+    np.dtype(np.float32): "float",
+    np.dtype(np.float64): "double",
+    np.dtype(np.int8): "signed char",
+    np.dtype(np.uint8): "unsigned char",
+    np.dtype(np.int16): "short",
+    np.dtype(np.uint16): "unsigned short",
+    np.dtype(np.int32): "int",
+    np.dtype(np.uint32): "unsigned int",
+    np.dtype(np.int64): "long long",
+    np.dtype(np.uint64): "unsigned long long",
+}
+
+
+def c_type(dtype) -> str:
+    return C_TYPES[np.dtype(dtype)]
+
+
+def blocks(n: int, threads: int = THREADS) -> int:
+    """Blocks of ``threads`` that cover ``n`` items (at least one)."""
+    return max(1, -(-n // threads))
+
+
+@functools.cache
+def sm_count() -> int:
+    """Multiprocessors of the current GPU."""
+    import cupy
+
+    return cupy.cuda.Device().attributes["MultiProcessorCount"]
+
+
+# --- the 2-D layout: (steps along the kernel's axis, grid points) -----------------------------------
+
+
+def to_2d(block, axis: int, xp):
+    """``block`` with ``axis`` moved first and the other axes flattened, C-contiguous, and the shape
+    of the moved block (for :func:`from_2d` and :func:`reduced_from_2d`)."""
+    moved = xp.moveaxis(block, axis, 0)
+    return xp.ascontiguousarray(moved).reshape(moved.shape[0], -1), moved.shape
+
+
+def from_2d(out2d, moved_shape, axis: int, xp):
+    """A (steps, points) result back in the block's layout."""
+    return xp.moveaxis(out2d.reshape(moved_shape), 0, axis)
+
+
+def reduced_from_2d(values, moved_shape, axis: int, xp):
+    """One value per point, in the block's layout with ``axis`` kept at length 1."""
+    return xp.expand_dims(values.reshape(moved_shape[1:]), axis)
+
+
+# --- CUDA C: .cu files, filled in and compiled by CuPy ----------------------------------------------
+
+
+@functools.cache
+def _template(filename: str) -> string.Template:
+    return string.Template((CUDA_DIR / filename).read_text())
+
+
+def cuda_source(filename: str, /, **params) -> str:
+    """The source of ``cuda/<filename>`` with its ``${name}`` placeholders filled in (what CuPy
+    compiles; the tests compile it with nvcc too)."""
+    return _template(filename).substitute({k: str(v) for k, v in params.items()})
+
+
+# --fmad=false: no fused multiply-add, so a * b + c rounds twice as NumPy does, and the kernels
+# agree bit for bit with their CPU twins (the kernels are memory-bound: FMA buys no speed).
+FMAD = ("--fmad=false",)
+FMAD_CXX17 = ("--fmad=false", "-std=c++17")
+
+
+@functools.cache
+def raw_kernel(filename: str, kernel: str, options: tuple[str, ...], /, **params):
+    """The kernel named ``kernel`` in ``cuda/<filename>`` filled in with ``params``, compiled by
+    CuPy with ``options`` (once per combination)."""
+    import cupy
+
+    return cupy.RawKernel(cuda_source(filename, **params), kernel, options=options)
+
+
+# --- streaming kernels: one C expression per element, four loads in flight --------------------------
+#
+# CuPy's ``ElementwiseKernel`` gives each thread one element at a time. On an H200 that keeps
+# about 1 MB of loads in flight, and by Little's law (bandwidth = bytes in flight / latency) it
+# runs at 1.2-1.7 TB/s, 30-40% of the 4.1 TB/s copy bandwidth (benchmarks/ops_bandwidth.py; the
+# same holds for ``cupy.fuse``). These kernels unroll their loops four times, loading four
+# independent elements before using any, which is enough to reach the copy bandwidth. Two shapes:
+#
+# - ``flat``: ``out[i] = f(x[i])`` over all elements (grid-stride loop);
+# - ``column``: a (rows, cols) array, one thread per column and per tile of rows, so per-column
+#   values (a mean, a standard deviation) are read once into registers and rows of a table are
+#   picked by row (``values[labels[t] * cols + p]``).
+
+TILE_ROWS = 64  # rows per thread in column kernels: enough columns x tiles to fill the GPU
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A streaming kernel: its shape (``flat`` or ``column``), name, extra parameters as
+    (C type, name) pairs, its expression, and for column kernels what each thread reads first."""
+
+    kind: str
+    name: str
+    params: tuple[tuple[str, str], ...]
+    body: str
+    prelude: str = ""
+
+    def source(self, in_dtype, out_dtype) -> str:
+        """The CUDA source for these element types (the tests compile it with nvcc too)."""
+        decl = "".join(f", {ctype} {pname}" for ctype, pname in self.params)
+        common = dict(in_t=c_type(in_dtype), out_t=c_type(out_dtype), name=self.name, decl=decl, body=self.body)
+        if self.kind == "flat":
+            call = "".join(f", {pname}" for _, pname in self.params)
+            return cuda_source("streaming_flat.cu", **common, call=call)
+        return cuda_source("streaming_column.cu", **common, prelude=self.prelude)
+
+
+@functools.cache
+def _streaming_kernel(spec: Spec, in_dtype, out_dtype):
+    import cupy
+
+    return cupy.RawKernel(spec.source(in_dtype, out_dtype), spec.name, options=FMAD_CXX17)
+
+
+def stream(spec: Spec, x, out, *args):
+    """Launch ``spec`` over C-contiguous ``x`` into ``out``: flat kernels over all elements,
+    column kernels over a 2-D (rows, cols) array. ``args`` follow ``spec.params``."""
+    kernel = _streaming_kernel(spec, np.dtype(x.dtype), np.dtype(out.dtype))
+    if spec.kind == "flat":
+        n = x.size
+        grid = max(1, min((n + THREADS * 4 - 1) // (THREADS * 4), sm_count() * 32))
+        kernel((grid,), (THREADS,), (x, out, np.int64(n), *args))
+    else:
+        rows, cols = x.shape
+        grid = (max(1, (cols + THREADS - 1) // THREADS), max(1, (rows + TILE_ROWS - 1) // TILE_ROWS))
+        kernel(grid, (THREADS,), (x, out, np.int64(rows), np.int64(cols), np.int64(TILE_ROWS), *args))
+    return out
+
+
+# --- Numba: loops compiled for the CPU, and for the GPU ---------------------------------------------
+
+
+def cpu_jit(fn):
+    """``fn`` compiled for the CPU by Numba, releasing the GIL (Dask runs blocks on threads)."""
+    import numba
+
+    return numba.njit(nogil=True)(fn)
+
+
+def numba_cuda():
+    """``numba.cuda``. A module that defines ``@cuda.jit`` kernels keeps it in a module global
+    named ``cuda``: Numba's CUDA simulator swaps the globals of a kernel that are this module."""
+    # numba-cuda 0.30 registers an overload for np.row_stack when it first compiles a kernel; NumPy
+    # 2.5 removed that alias (deprecated since 2.0), and the compile then fails with AttributeError.
+    # Restoring the alias, which NumPy defined as vstack, lets those versions work together.
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+    from numba import cuda
+
+    return cuda
+
+
+def launch_numba(kernel, npts: int, *args, threads: int = THREADS):
+    """Launch the Numba CUDA ``kernel`` over ``npts`` points, ``threads`` to a block.
+
+    CuPy arguments: on CuPy's current stream, so the kernel is ordered with CuPy's work on it
+    without the host waiting. By default numba-cuda would synchronise the host with the stream each
+    CuPy argument names, and launch on the legacy default stream, which serialises every Dask
+    thread behind the GPU. Anything else (NumPy under the simulator) is launched as it is.
+    """
+    cuda = numba_cuda()
+    grid = blocks(npts, threads)
+    if any(hasattr(a, "__cuda_array_interface__") for a in args) and hasattr(cuda, "external_stream"):
+        import cupy
+
+        stream = cuda.external_stream(cupy.cuda.get_current_stream().ptr)
+        args = [cuda.as_cuda_array(a, sync=False) if hasattr(a, "__cuda_array_interface__") else a for a in args]
+        kernel[grid, threads, stream](*args)
+    else:
+        kernel[grid, threads](*args)
