@@ -106,8 +106,8 @@ OPS = [
 
 def kernel_cases(x, backend):
     """(name, function, bytes moved) for the chunk kernels, on the whole array as one block."""
+    from pipeline import kernels
     from pipeline.kernels import coarsen, elementwise, fields, groups, rolling, trend
-    from pipeline.reduce.aggregation import _moments_chunk, _weighted_chunk
 
     xp = B.module(backend)
     data = x.data
@@ -144,8 +144,8 @@ def kernel_cases(x, backend):
     cases += [
         ("cf_decode (int16 -> float32)", lambda: cf(packed, (-32767,), 0.01, 0.0, f32), packed.nbytes + n),
         ("standardize", lambda: std_k(data, mean, std, f32), 2 * n),
-        ("moments (time)", lambda: _moments_chunk(data, None, (0,)), n + 3 * small),
-        ("weighted sums (lat, lon)", lambda: _weighted_chunk(data, w, (1, 2)), n + 16 * nt),
+        ("moments (time)", lambda: kernels.get("moments", side)(data, (0,)), n + 3 * small),
+        ("weighted sums (lat, lon)", lambda: kernels.get("weighted_sums", side)(data, w, (1, 2)), n + 16 * nt),
         ("rolling mean (30 steps)", lambda: roll(data, 0, 29, 0, 30, f32), 2 * n),
         ("group sums (12 months)", lambda: group_sum(x2, labels, 12), n + 24 * small),
         ("group spells (12 months)", lambda: group_spells(x2, labels, 12, 290.0), n + 15 * npts * 4),
@@ -162,7 +162,7 @@ def kernel_cases(x, backend):
 
         from pipeline.kernels import moments
 
-        cases += [  # the weights taken as _weighted_chunk takes them, for the same work around the kernel
+        cases += [  # the weights taken as the weighted_sums kernel takes them, for the same work around the kernel
             ("weighted sums_previous", lambda: prev.weighted_sums_gpu_previous(x2, w[0].reshape(-1)), n + 16 * nt),
             ("rolling mean_previous", lambda: prev.rolling_mean_gpu_previous(data, 0, 29, 0, 30, f32), 2 * n),
             ("group sums_previous", lambda: prev.group_sum_previous_gpu(x2, labels, 12), n + 24 * small),

@@ -59,7 +59,6 @@ FAMILIES: dict[str, str] = {
     "subtract_groups": "groups",
     "coarsen_mean": "coarsen",
     "polyfit": "trend",
-    "polyfit_finalize": "trend",
     "polyval_subtract": "trend",
     "detrend_block": "trend",
     "quantile": "fields",

@@ -531,18 +531,10 @@ WEIGHTED_MEAN = Aggregation(
 
 
 def _polyfit_finalize(p, axis: int, deg: int):
-    """Coefficients c_0..c_deg of Σ c_k u^k, stacked along ``axis``; NaN where fewer than deg + 1
-    samples are valid (the normal matrix is singular there)."""
-    xp = xp_of(p["s0"])
-    m = deg + 1
-    a = xp.stack([xp.stack([p[f"s{i + j}"] for j in range(m)], axis=-1) for i in range(m)], axis=-2)
-    b = xp.stack([p[f"t{i}"] for i in range(m)], axis=-1)[..., None]
-    enough = p["s0"] >= m
-    # NumPy's solve raises on one singular matrix in the batch: solve the identity there instead
-    a = xp.where(enough[..., None, None], a, xp.eye(m, dtype=ACC))
-    c = xp.linalg.solve(a, b)[..., 0]
-    c = xp.where(enough[..., None], c, xp.nan)
-    return xp.concatenate([c[..., k] for k in range(m)], axis=axis)
+    """Coefficients c_0..c_deg, stacked along ``axis`` (:func:`pipeline.kernels.trend.polyfit_finalize`)."""
+    from ..kernels.trend import polyfit_finalize
+
+    return polyfit_finalize(p, axis, deg)
 
 
 def polyfit(axis: int, deg: int) -> Aggregation:
@@ -675,20 +667,3 @@ def longest_spell(threshold: float, cut_at_bins: bool = False) -> Aggregation:
         "pipeline-longest-spell", "group_spells", _spells_merge, _best, fields={"best": I4}, identity={"best": 0},
         params={"threshold": float(threshold)}, pairwise=True, scan=SPELLS,
     )
-
-
-# --- for the kernels' tests: a block's partial by the kernel of its backend ----------------------
-
-
-def _moments_chunk(x, weights, axis):
-    """The ``moments`` partial of ``x`` over ``axis`` by the kernel of ``x``'s backend."""
-    from .. import kernels
-
-    return kernels.get("moments", backend_of(x))(x, axis)
-
-
-def _weighted_chunk(x, w, axis):
-    """The ``weighted_sums`` partial of ``x`` over ``axis`` by the kernel of ``x``'s backend."""
-    from .. import kernels
-
-    return kernels.get("weighted_sums", backend_of(x))(x, w, axis)
