@@ -71,9 +71,13 @@ class Buffer:
     def __del__(self):
         # a buffer dropped without close() (a read that failed before giving it back) must not
         # leave its range registered once the mapping goes: a later mapping at the same address
-        # would fail to register (cudaErrorAlreadyMapped)
-        with contextlib.suppress(Exception):
+        # would fail to register (cudaErrorAlreadyMapped). A plain try, not contextlib: at the
+        # interpreter's exit this module's globals may be gone before the buffers held in
+        # pipeline.state are dropped
+        try:
             self.close()
+        except Exception:
+            pass
 
 
 def take(nbytes: int) -> Buffer:
@@ -174,8 +178,10 @@ class PinnedFile:
             self.map.close()
 
     def __del__(self):
-        with contextlib.suppress(Exception):  # as Buffer's: no range may stay registered unmapped
+        try:  # as Buffer's: no range may stay registered unmapped
             self.close()
+        except Exception:
+            pass
 
 
 def file_key(st: os.stat_result) -> tuple:
