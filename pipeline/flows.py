@@ -272,10 +272,11 @@ def run_flow(
         flow = load_flow(flow)
     if source is not None:
         flow = with_source(flow, source)
+    target = B.resolve(backend or flow.backend)  # a backend that is not there is refused before any write
     t0 = time.perf_counter()
     generated = ensure_source(flow)
     t_source = time.perf_counter() - t0
-    built = build_flow(flow, backend)
+    built = build_flow(flow, target)
     sink_path = output or flow.sink.path
     results = built.result.data_vars.values() if isinstance(built.result, xr.Dataset) else [built.result]
     mem_plan = None

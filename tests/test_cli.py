@@ -106,6 +106,21 @@ def test_gpu_backend_without_gpu_exits_2(tmp_path):
         pytest.skip("a GPU is present")
     r = cli("run", FLOW, "--backend", "gpu", cwd=tmp_path)
     assert r.returncode == 2 and "no CUDA GPU is visible" in r.stderr
+    assert list(tmp_path.iterdir()) == []  # refused before the demo source was written
+
+
+def test_bad_backend_setting_exits_2_and_writes_nothing(tmp_path):
+    r = cli("run", FLOW, cwd=tmp_path, env={"DASK_PIPELINE__BACKEND": "tpu"})
+    assert r.returncode == 2
+    assert r.stderr.strip() == "pipeline: error: backend must be one of auto, cpu, gpu, got 'tpu'"
+    assert list(tmp_path.iterdir()) == []  # not even the demo source
+
+
+def test_python_dash_m_pipeline_runs_the_main_flow(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pipeline", "run", FLOW, "--no-progress"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "DASK_PIPELINE__BACKEND": "cpu"})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / "climate_anomaly.zarr").is_dir()
 
 
 def test_validate_ops_info(tmp_path):

@@ -149,12 +149,14 @@ def test_to_numpy_is_the_one_exit(backend):
 def test_backend_resolution(monkeypatch):
     assert B.resolve("cpu") == "cpu"
     assert B.resolve("auto") == ("gpu" if B.gpu_available() else "cpu")
-    with pytest.raises(ValueError, match="backend must be one of"):
-        B.resolve("tpu")
+    with pytest.raises(InputError, match="backend must be one of auto, cpu, gpu, got 'tpu'"):
+        B.resolve("tpu")  # a bad name is bad input (exit code 2 from the CLI), not a failure
     import dask
 
     with dask.config.set({"pipeline.backend": "cpu"}):
         assert B.resolve(None) == "cpu"
+    with dask.config.set({"pipeline.backend": "tpu"}), pytest.raises(InputError, match="'tpu'"):
+        B.resolve(None)  # a setting read from the environment, as DASK_PIPELINE__BACKEND=tpu
     if not B.gpu_available():
         with pytest.raises(B.BackendError, match="no CUDA GPU is visible"):
             B.resolve("gpu")
