@@ -12,7 +12,7 @@ steps). Each result is checked against the same flow computed in this process, w
     python benchmarks/locality.py --memory-limit 30MB          # two-pass ops read their input twice
 
 ``--memory-limit`` sets ``pipeline.cpu.memory-limit`` where the graphs are built, so that the
-two-pass ops read their input a second time (``reductions.second_pass``), as they do on a GPU
+two-pass ops read their input a second time (``pipeline.exec.spill.second_pass``), as they do on a GPU
 under a device budget; by default the input fits and the first pass's blocks are held.
 ``--shape 4380,46,90`` gives 60 blocks of 73 steps, as the 18 GB store of the GPU runs has.
 """

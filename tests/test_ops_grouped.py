@@ -223,7 +223,7 @@ def test_additive_merge_equals_merging_one_by_one(backend):
     from dataclasses import replace
 
     from pipeline import kernels
-    from pipeline.reduce import aggregation as groupby
+    from pipeline.reduce import aggregation
 
     xp = B.module(backend)
     rng = np.random.default_rng(3)
@@ -234,12 +234,12 @@ def test_additive_merge_equals_merging_one_by_one(backend):
         x[rng.random(x.shape) < 0.3] = np.nan
         blocks.append(x)
     kernel = kernels.get("group_sum", backend)
-    parts = [groupby.chunk_partial(xp.asarray(x), lab, groupby.GROUP_MEAN, 0, kernel) for x, lab in zip(blocks, labels)]
+    parts = [aggregation.chunk_partial(xp.asarray(x), lab, aggregation.GROUP_MEAN, 0, kernel) for x, lab in zip(blocks, labels)]
     data, every = np.concatenate(blocks).astype(np.float64), np.concatenate(labels)
-    one_by_one = replace(groupby.GROUP_MEAN, additive=False)
+    one_by_one = replace(aggregation.GROUP_MEAN, additive=False)
     for groups in (None, np.array([1, 3, 5, 12]), np.array([2, 6])):
-        summed = groupby.merge_partials(parts, groupby.GROUP_MEAN, groups)
-        merged = groupby.merge_partials(parts, one_by_one, groups)
+        summed = aggregation.merge_partials(parts, aggregation.GROUP_MEAN, groups)
+        merged = aggregation.merge_partials(parts, one_by_one, groups)
         want = np.unique(every) if groups is None else groups
         assert np.array_equal(summed["groups"], want) and np.array_equal(merged["groups"], want)
         assert summed["length"] == merged["length"] == every.size

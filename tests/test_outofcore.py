@@ -9,7 +9,7 @@ import pytest
 import xarray as xr
 
 import pipeline
-from pipeline.gpu import reader as gpu_zarr
+from pipeline.gpu import reader
 from pipeline.exec.spill import second_pass
 
 from .conftest import climate_array, requires_gpu
@@ -57,7 +57,7 @@ def test_read_files_in_parallel_pieces(tmp_path, monkeypatch):
         paths.append(str(p))
     sizes = [len(b) for b in blobs]
     buf = np.zeros(sum(sizes), dtype=np.uint8)
-    starts = gpu_zarr.read_files(paths, sizes, buf)
+    starts = reader.read_files(paths, sizes, buf)
     for b, s in zip(blobs, starts):
         assert buf[s:s + len(b)].tobytes() == b
 

@@ -8,7 +8,7 @@ every group present in the block (no task per group), each thread owns one colum
 - ``group_sum``: sum and count of the valid values (mode 0), or the count of values above a
   threshold (mode 1, ``x > threshold``, NaN counting as not above).
 - ``group_spells``: for runs of ``x > threshold``, the longest run beginning in each group, and
-  the state that joins runs across blocks (see :mod:`pipeline.groupby`).
+  the state that joins runs across blocks (see :mod:`pipeline.reduce.aggregation`).
 
 - ``group_runs``: per group, runs of ``x > threshold`` cut at the group's bounds.
 

@@ -102,7 +102,7 @@ def plan(nt: int, npts: int, sms: int = 132, threads: int = THREADS, unroll: int
 
 def merge_tiles(parts, xp):
     """(n, mean, m2) of the tiles of ``parts`` (tiles, 3, points), merged by Chan's formula (as
-    :func:`pipeline.reductions._moments_combine`, in the same order on NumPy and CuPy)."""
+    :func:`pipeline.reduce.aggregation._moments_combine`, in the same order on NumPy and CuPy)."""
     n_i, mean_i, m2_i = parts[:, 0], parts[:, 1], parts[:, 2]
     if parts.shape[0] == 1:
         return n_i[0], mean_i[0], m2_i[0]
