@@ -47,7 +47,7 @@ def test_second_pass_is_the_input_in_core():
 
 
 def test_read_files_in_parallel_pieces(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_zarr, "PIECE", 1000)  # every file in several pieces
+    monkeypatch.setattr(reader, "PIECE", 1000)  # every file in several pieces
     rng = np.random.default_rng(0)
     blobs = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (0, 1, 999, 1000, 1001, 4567)]
     paths = []
