@@ -157,6 +157,7 @@ def flow_parts(store: Path, repeat: int) -> dict:
 
     import pipeline
     from peers import pl_monthly_anomaly, pl_standardized_anomaly
+    from pipeline import kernels
     from pipeline.exec.compute import compute
     from pipeline.reduce.aggregation import nanmean_std
 
@@ -164,7 +165,7 @@ def flow_parts(store: Path, repeat: int) -> dict:
         x = pipeline.open_dataset(store, backend="gpu")["tas"]
         parts = {
             "read_sum": lambda: compute(x.data.sum(dtype=np.float64)),
-            "moments": lambda: compute(list(nanmean_std(x.data, 0))),
+            "moments": lambda: compute(list(nanmean_std(x.data, 0, kernel=kernels.get("moments", "gpu")))),
             "standardized_anomaly": lambda: compute(list(pl_standardized_anomaly(x))),
             "monthly_anomaly": lambda: compute(list(pl_monthly_anomaly(x))),
         }

@@ -9,7 +9,6 @@ import argparse
 import json
 import signal
 import sys
-from pathlib import Path
 
 from . import __version__
 

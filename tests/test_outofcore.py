@@ -162,12 +162,12 @@ def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit():
     import dask.array as da
 
     from pipeline.exec import memory
+    from pipeline import kernels
     from pipeline.exec.compute import compute_threads
-
     from pipeline.reduce.aggregation import nanmean_std
 
     x = da.ones((40, 100, 100), chunks=(10, 100, 100), dtype="f4")  # 400 kB blocks
-    mean, _ = nanmean_std(x, 0)
+    mean, _ = nanmean_std(x, 0, kernel=kernels.get("moments", "cpu"))
     total = ((x - mean.astype("f4")) ** 2).sum(axis=(1, 2))  # a tiny result of large blocks
     assert memory.graph_block_bytes(total) == 400_000
     # the mean's partials, as it declares them: float64 count, mean and M2 for each of its 100 x 100 values

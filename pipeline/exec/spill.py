@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 
+import dask.array as da
 import numpy as np
 
 from .. import backend as B
@@ -136,7 +137,6 @@ def held_second_pass(data, stats, budget: int):
     """The second pass's input: the leading blocks of ``data`` that fit ``budget`` bytes copied to
     host memory as the first pass computes them and copied back once ``stats`` are done; the rest
     read again (its graph bound to ``stats``)."""
-    import dask.array as da
     from dask.graph_manipulation import bind
 
     rows = _held_rows(data, budget) if data.ndim else 0

@@ -18,9 +18,10 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from ..backend import backend_of, meta
+from ..backend import backend_of, meta, xp_of
 from ..errors import InputError
 from ..exec import spill
+from ..kernels.launch import from_2d, to_2d
 from ..reduce import aggregation as agg
 from ._common import _as_dask, _axis, _finish, float_dtype
 from .registry import register
@@ -136,9 +137,9 @@ def anomaly(x: xr.DataArray, freq: Freq = "month", dim: str = "time") -> xr.Data
 
 
 def _subtract_block(block, position, clim, kernel, axis, out_dtype):
-    x2, rest = agg._to_2d(block, axis)
-    c2, _ = agg._to_2d(clim, axis)
-    return agg._from_2d(kernel(x2, np.asarray(position), c2, out_dtype), rest, axis)
+    x2, moved = to_2d(block, axis, xp_of(block))
+    c2, _ = to_2d(clim, axis, xp_of(clim))
+    return from_2d(kernel(x2, np.asarray(position), c2, out_dtype), moved, axis, xp_of(block))
 
 
 # --- resampling into periods ------------------------------------------------------------------------

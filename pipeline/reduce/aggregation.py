@@ -42,6 +42,7 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from ..backend import backend_of, meta as backend_meta, xp_of
+from ..kernels.launch import from_2d, to_2d
 from .declare import declare
 
 Partial = Mapping[str, object]
@@ -111,13 +112,9 @@ class Aggregation:
         return sum(np.dtype(d).itemsize for d in self.fields.values())
 
 
-def _check_kernel(agg: Aggregation, kernel: Callable | None, x: da.Array) -> Callable:
-    """``kernel``, which must be the blueprint's; by default the blueprint's for ``x``'s backend
-    (ops pass the one they declare, from :meth:`pipeline.ops.Op.kernel`)."""
-    if kernel is None:
-        from .. import kernels
-
-        return kernels.get(agg.chunk, backend_of(x))
+def _check_kernel(agg: Aggregation, kernel: Callable) -> Callable:
+    """``kernel``, which must be the blueprint's chunk kernel (ops pass the one they declare, from
+    :meth:`pipeline.ops.Op.kernel`)."""
     name = getattr(kernel, "name", agg.chunk)
     if name != agg.chunk:
         raise ValueError(f"{agg.name} reduces blocks with the kernel {agg.chunk!r}, not {name!r}")
@@ -178,7 +175,7 @@ def reduce(
     agg: Aggregation,
     axis: tuple[int, ...],
     *,
-    kernel: Callable | None = None,
+    kernel: Callable,
     dtype,
     weights: da.Array | None = None,
     weights_const: np.ndarray | None = None,
@@ -187,7 +184,7 @@ def reduce(
     output_size: int = 1,
 ) -> da.Array:
     """Reduce ``x`` over ``axis`` with the blueprint ``agg``, blocks reduced by ``kernel`` (the
-    blueprint's chunk kernel, by default that of ``x``'s backend); the result keeps ``x``'s backend.
+    blueprint's chunk kernel for ``x``'s backend); the result keeps ``x``'s backend.
 
     Weights come as a Dask array that broadcasts to ``x`` (``weights``), or as one small NumPy
     array that broadcasts to every block of ``x`` (``weights_const``), moved to the block's
@@ -195,7 +192,7 @@ def reduce(
     """
     if agg.pairwise:
         raise ValueError(f"{agg.name} merges partials by group: use group_reduce or binned_reduce")
-    kernel = _check_kernel(agg, kernel, x)
+    kernel = _check_kernel(agg, kernel)
     axis = tuple(sorted(a % x.ndim for a in axis))
     params = dict(agg.params)
     weighted = weights is not None or weights_const is not None
@@ -248,21 +245,11 @@ def reduce(
 # --- reductions by group along one axis ---------------------------------------------------------
 
 
-def _to_2d(block, axis):
-    xp = xp_of(block)
-    moved = xp.moveaxis(block, axis, 0)
-    return xp.ascontiguousarray(moved).reshape(moved.shape[0], -1), moved.shape[1:]
-
-
-def _from_2d(res2d, rest, axis):
-    xp = xp_of(res2d)
-    return xp.moveaxis(res2d.reshape((res2d.shape[0], *rest)), 0, axis)
-
-
 def chunk_partial(block, labels, agg: Aggregation, axis: int, kernel: Callable) -> dict:
     """The partial of one block by group: ``kernel`` (the blueprint's chunk kernel) over the
     block's groups, and the ids of those groups."""
-    x2, rest = _to_2d(block, axis)
+    x2, moved = to_2d(block, axis, xp_of(block))
+    rest = moved[1:]
     labels = np.asarray(labels)
     groups, local = np.unique(labels, return_inverse=True)
     fields = kernel(x2, local.astype(np.int64).ravel(), len(groups), **agg.params)
@@ -338,7 +325,8 @@ def _finish(parts, agg: Aggregation, groups: np.ndarray, axis: int, out_dtype, b
     merged = merge_partials(parts, agg, groups)
     if agg.scan is not None:
         merged = agg.scan.close(merged, before, after)
-    return _from_2d(agg.finalize(merged), merged["rest"], axis).astype(out_dtype, copy=False)
+    res = agg.finalize(merged)  # a row per group
+    return from_2d(res, (res.shape[0], *merged["rest"]), axis, xp_of(res)).astype(out_dtype, copy=False)
 
 
 def _flatten(parts):
@@ -351,10 +339,10 @@ def _labels_array(labels: np.ndarray, x: da.Array, axis: int) -> da.Array:
     return da.from_array(np.asarray(labels, dtype=np.int64), chunks=(x.chunks[axis],))
 
 
-def _partials(x: da.Array, labels: np.ndarray, agg: Aggregation, axis: int, kernel: Callable | None) -> da.Array:
+def _partials(x: da.Array, labels: np.ndarray, agg: Aggregation, axis: int, kernel: Callable) -> da.Array:
     if not agg.pairwise:
         raise ValueError(f"{agg.name} merges partials over axes: use reduce")
-    kernel = _check_kernel(agg, kernel, x)
+    kernel = _check_kernel(agg, kernel)
     inds = tuple(range(x.ndim))
     return da.blockwise(
         chunk_partial, inds, x, inds, _labels_array(labels, x, axis), (axis,),
@@ -364,7 +352,7 @@ def _partials(x: da.Array, labels: np.ndarray, agg: Aggregation, axis: int, kern
 
 
 def group_reduce(x: da.Array, agg: Aggregation, labels: np.ndarray, axis: int, out_dtype, *,
-                 kernel: Callable | None = None, split_every=None) -> da.Array:
+                 kernel: Callable, split_every=None) -> da.Array:
     """Reduce ``x`` by ``labels`` (one per step along ``axis``, any order), blocks reduced by
     ``kernel``; the result has one row per distinct label, sorted, along ``axis``."""
     groups = np.unique(labels)
@@ -391,7 +379,7 @@ def group_reduce(x: da.Array, agg: Aggregation, labels: np.ndarray, axis: int, o
 
 
 def binned_reduce(x: da.Array, agg: Aggregation, bins: np.ndarray, nbins: int, axis: int, out_dtype, *,
-                  kernel: Callable | None = None) -> da.Array:
+                  kernel: Callable) -> da.Array:
     """Reduce ``x`` into consecutive bins, blocks reduced by ``kernel``: ``bins`` (one per step,
     non-decreasing, in ``0..nbins-1``; bins with no step are allowed) -> ``nbins`` rows along
     ``axis``."""
@@ -497,9 +485,9 @@ def mean_std(axis: int) -> Aggregation:
     )
 
 
-def nanmean_std(x: da.Array, axis: int, *, kernel: Callable | None = None, dtype=ACC) -> tuple[da.Array, da.Array]:
+def nanmean_std(x: da.Array, axis: int, *, kernel: Callable, dtype=ACC) -> tuple[da.Array, da.Array]:
     """Mean and (ddof=0) standard deviation along one axis, NaN-skipping, that axis kept; blocks
-    reduced by ``kernel`` (the ``moments`` kernel, by default that of ``x``'s backend).
+    reduced by ``kernel`` (the ``moments`` kernel of ``x``'s backend).
 
     One pass over ``x``: both statistics come out of one tree of moment partials, whose
     finalize stacks them along the reduced axis (``output_size=2``).
