@@ -33,6 +33,11 @@ def _axis(x: xr.DataArray, dim: str) -> int:
     return x.dims.index(dim)
 
 
+def _is_int(v) -> bool:
+    """An integer, NumPy's included, and not a bool (``True`` is no window of 1)."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def float_dtype(dtype) -> np.dtype:
     """Result type of a mean of ``dtype`` data: float32 stays float32, the rest become float64."""
     dtype = np.dtype(dtype)

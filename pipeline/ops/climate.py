@@ -8,26 +8,30 @@ blueprints of :mod:`pipeline.reduce.aggregation`; here are the axis bookkeeping 
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import dask.array as da
 import numpy as np
 import xarray as xr
+from pydantic import StrictBool
 
 from ..backend import backend_of, meta, to_backend, to_numpy
 from ..errors import InputError
 from ..exec import spill
 from ..reduce import aggregation as agg
 from ..reduce.overlap import map_halo
-from ._common import _as_dask, _axis, _finish, float_dtype  # noqa: F401  (float_dtype: for callers of this module)
+from ._common import _as_dask, _axis, _finish, _is_int, float_dtype  # noqa: F401  (float_dtype: for callers of this module)
+from .metadata import Produces, cell_names, input_name
+from .params import Count, Dim, Dims, MinPeriods, Weights
 from .registry import register
 
 
 # --- standardized anomaly ------------------------------------------------------------------------
 
 
-@register(kernels=("moments", "standardize"))
-def standardized_anomaly(x: xr.DataArray, dim: str = "time") -> xr.DataArray:
+@register(
+    kernels=("moments", "standardize"),
+    produces=Produces("standardized anomaly of {name} along {dim}", units="1", standard_name=None),
+)
+def standardized_anomaly(x: xr.DataArray, dim: Dim = "time") -> xr.DataArray:
     """Standardized anomaly (x - mean) / std along a dimension, NaN-skipping.
 
     The mean and the standard deviation (ddof=0, as ``xarray.DataArray.std``) come from one
@@ -47,9 +51,7 @@ def standardized_anomaly(x: xr.DataArray, dim: str = "time") -> xr.DataArray:
     z = da.map_blocks(
         kernel, spill.second_pass(data, mean, std), mean, std, out_dtype=out_dtype, dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim)
     )
-    out = _finish(x, z, eager)
-    out.attrs = {"long_name": f"standardized anomaly of {x.name}", "units": "1"}
-    return out.rename(x.name)
+    return _finish(x, z, eager).rename(x.name)
 
 
 # --- weighted mean -------------------------------------------------------------------------------
@@ -65,6 +67,43 @@ def _latitude(x: xr.DataArray) -> xr.DataArray:
         f"weights='coslat' needs a latitude coordinate on {x.name!r} "
         "(named lat or latitude, or with standard_name 'latitude')"
     )
+
+
+def _is_longitude(x: xr.DataArray, name: str) -> bool:
+    coord = x.coords.get(name)
+    attrs = coord.attrs if coord is not None else {}
+    return name in ("lon", "longitude") or attrs.get("standard_name") == "longitude" or attrs.get("units") in (
+        "degrees_east", "degree_east"
+    )
+
+
+def _is_area_mean(x: xr.DataArray, dims, weights) -> bool:
+    """Whether the mean is over latitude and longitude, weighted by cos(latitude): CF's "area: mean"."""
+    if not (isinstance(weights, str) and weights == "coslat") or isinstance(dims, str) or len(dims) != 2:
+        return False
+    lat = _latitude(x).name
+    return lat in dims and _is_longitude(x, next(d for d in dims if d != lat))
+
+
+def _weights_comment(weights) -> str:
+    if weights is None:
+        return ""
+    if isinstance(weights, str):
+        return " (comment: weighted by cos(latitude))" if weights == "coslat" else f" (comment: weighted by {weights})"
+    return f" (comment: weighted by {weights.name or 'the given weights'})"
+
+
+def _weighted_long_name(x: xr.DataArray, p: dict) -> str:
+    if _is_area_mean(x, p["dims"], p["weights"]):
+        return f"area-weighted mean of {input_name(x)}"
+    dims = [p["dims"]] if isinstance(p["dims"], str) else p["dims"]
+    return f"{'weighted ' if p['weights'] is not None else ''}mean of {input_name(x)} over {', '.join(dims)}"
+
+
+def _weighted_cell_methods(x: xr.DataArray, p: dict) -> str:
+    if _is_area_mean(x, p["dims"], p["weights"]):
+        return "area: mean"
+    return f"{cell_names(p['dims'])} mean{_weights_comment(p['weights'])}"
 
 
 def _weights(x: xr.DataArray, weights) -> xr.DataArray | None:
@@ -83,9 +122,14 @@ def _weights(x: xr.DataArray, weights) -> xr.DataArray | None:
     raise InputError(f"weights must be 'coslat', a coordinate name, a DataArray or None; got {type(weights).__name__}")
 
 
-@register(kernels=("weighted_sums",))
+@register(
+    kernels=("weighted_sums",),
+    produces=Produces(_weighted_long_name, cell_methods=_weighted_cell_methods),
+)
 def weighted_mean(
-    x: xr.DataArray, dims: Sequence[str] = ("lat", "lon"), weights: str | xr.DataArray | None = "coslat"
+    x: xr.DataArray,
+    dims: Dims = ("lat", "lon"),
+    weights: Weights = "coslat",
 ) -> xr.DataArray:
     """Weighted mean over dimensions, NaN-skipping, as x.weighted(w).mean(dims).
 
@@ -129,16 +173,22 @@ def weighted_mean(
         result = agg.reduce(data, agg.WEIGHTED_MEAN, axes, kernel=kernel, dtype=out_dtype, weights=w_da)
     keep = [d for d in x.dims if d not in dims]
     coords = {k: v for k, v in x.coords.items() if not set(v.dims) & set(dims)}
-    out = _finish(x, result, eager, dims=keep, coords=coords, name=x.name, attrs=dict(x.attrs))
-    return out
+    return _finish(x, result, eager, dims=keep, coords=coords, name=x.name)
 
 
 # --- rolling mean --------------------------------------------------------------------------------
 
 
-@register(kernels=("rolling_mean",))
+@register(
+    kernels=("rolling_mean",),
+    produces=Produces(
+        "{window}-step moving mean of {name} along {dim}",
+        cell_methods=lambda x, p: f"{p['dim']}: mean (comment: moving window of {p['window']} steps, "
+        f"{'centred' if p['center'] else 'ending at each step'})",
+    ),
+)
 def rolling_mean(
-    x: xr.DataArray, window: int, dim: str = "time", center: bool = False, min_periods: int | None = None
+    x: xr.DataArray, window: Count, dim: Dim = "time", center: StrictBool = False, min_periods: MinPeriods = None
 ) -> xr.DataArray:
     """Moving-window mean along a dimension, NaN-skipping, as x.rolling({dim: window}).mean().
 
@@ -147,14 +197,19 @@ def rolling_mean(
     boundaries through :func:`pipeline.reduce.overlap.map_halo`: each chunk gets the neighbouring rows
     it needs as halo, copied, so that out of core no chunk is held for its neighbour's sake.
     """
-    if not isinstance(window, (int, np.integer)) or window < 1:
+    if not _is_int(window) or window < 1:
         raise InputError(f"window must be a positive integer, got {window!r}")
     if min_periods is None:
         min_periods = window
-    if not 1 <= min_periods <= window:
-        raise InputError(f"min_periods must be between 1 and window={window}, got {min_periods!r}")
+    if not _is_int(min_periods) or not 1 <= min_periods <= window:
+        raise InputError(f"min_periods must be an integer between 1 and window={window}, got {min_periods!r}")
     data, eager = _as_dask(x)
     axis = _axis(x, dim)
+    if window > x.sizes[dim]:
+        raise InputError(
+            f"window: {window} steps is longer than dimension {dim!r} of variable {x.name!r} ({x.sizes[dim]} steps); "
+            f"give a window of at most {x.sizes[dim]}"
+        )
     before, after = (window // 2, window - 1 - window // 2) if center else (window - 1, 0)
     out_dtype = float_dtype(x.dtype)
     backend = backend_of(data)
@@ -171,6 +226,4 @@ def rolling_mean(
         dtype=out_dtype,
         meta=meta(backend, out_dtype, x.ndim),
     )
-    out = _finish(x, result, eager)
-    out.attrs = dict(x.attrs)
-    return out
+    return _finish(x, result, eager)

@@ -7,23 +7,22 @@ CuPy data and returns one on the same backend; the kernels are reached through t
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import dask.array as da
 from dask.array.core import normalize_chunks
 import numpy as np
 import xarray as xr
+from pydantic import Field
 
 from ..backend import backend_of, meta, to_backend, to_numpy
 from ..errors import InputError
 from ..exec import spill
 from ..reduce import aggregation as agg
-from ._common import _as_dask, _axis, _finish, float_dtype
+from ._common import _as_dask, _axis, _finish, _is_int, float_dtype
+from .metadata import Produces, cell_names, input_name as _name
+from .params import Count, Degree, Dim, Quantiles
 from .registry import register
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 # --- coarsen -------------------------------------------------------------------------------------
@@ -38,8 +37,15 @@ def _multiple_chunks(chunks: tuple[int, ...], f: int) -> tuple[int, ...]:
     return tuple(int(c) for c in np.diff([0, *sorted(bounds)]))
 
 
-@register(kernels=("coarsen_mean",))
-def coarsen_mean(x: xr.DataArray, factors: dict[str, int]) -> xr.DataArray:
+@register(
+    kernels=("coarsen_mean",),
+    produces=Produces(
+        lambda x, p: f"{_name(x)}, mean over blocks of "
+        + " x ".join(f"{f} {d}" for d, f in p["factors"].items()),
+        cell_methods=lambda x, p: f"{cell_names(list(p['factors']))} mean",
+    ),
+)
+def coarsen_mean(x: xr.DataArray, factors: Annotated[dict[Dim, Count], Field(min_length=1)]) -> xr.DataArray:
     """Mean over non-overlapping blocks, NaN-skipping, as x.coarsen(factors, boundary="trim").mean().
 
     Each dimension in ``factors`` is trimmed to a multiple of its factor and rechunked so that
@@ -71,7 +77,7 @@ def coarsen_mean(x: xr.DataArray, factors: dict[str, int]) -> xr.DataArray:
     )
     # the coordinates alone, coarsened by xarray itself: small, and exactly xarray's labels
     coords = x.coords.to_dataset().coarsen(factors, boundary="trim").mean().coords
-    return _finish(x, result, eager, dims=x.dims, coords=coords, name=x.name, attrs=dict(x.attrs))
+    return _finish(x, result, eager, dims=x.dims, coords=coords, name=x.name)
 
 
 # --- detrend -------------------------------------------------------------------------------------
@@ -96,8 +102,11 @@ def _trend_coordinate(x: xr.DataArray, dim: str) -> np.ndarray:
 
 
 # on the GPU, where ``dim`` is one chunk, one kernel detrends each block (detrend_block)
-@register(kernels={"cpu": ("polyfit", "polyval_subtract"), "gpu": ("polyfit", "polyval_subtract", "detrend_block")})
-def detrend(x: xr.DataArray, dim: str = "time", deg: int = 1) -> xr.DataArray:
+@register(
+    kernels={"cpu": ("polyfit", "polyval_subtract"), "gpu": ("polyfit", "polyval_subtract", "detrend_block")},
+    produces=Produces("{name} with its degree-{deg} polynomial trend along {dim} removed", standard_name=None),
+)
+def detrend(x: xr.DataArray, dim: Dim = "time", deg: Degree = 1) -> xr.DataArray:
     """Remove a least-squares polynomial trend along a dimension from every grid point, NaN-skipping.
 
     As ``x - xr.polyval(x[dim], x.polyfit(dim, deg).polyfit_coefficients)``: one tree
@@ -114,6 +123,11 @@ def detrend(x: xr.DataArray, dim: str = "time", deg: int = 1) -> xr.DataArray:
     deg = int(deg)
     data, eager = _as_dask(x)
     axis = _axis(x, dim)
+    if x.sizes[dim] <= deg:
+        raise InputError(
+            f"deg: a polynomial of degree {deg} needs at least {deg + 1} steps along dimension {dim!r}; "
+            f"variable {x.name!r} has {x.sizes[dim]}"
+        )
     backend = backend_of(data)
     u = _trend_coordinate(x, dim).reshape([-1 if i == axis else 1 for i in range(x.ndim)])
     u_chunks = tuple(c if i == axis else (1,) for i, c in enumerate(data.chunks))
@@ -145,8 +159,25 @@ def detrend(x: xr.DataArray, dim: str = "time", deg: int = 1) -> xr.DataArray:
 QUANTILE_CHUNK_BYTES = 256 * 2**20  # per input chunk; the sort and the interpolation take a few times that
 
 
-@register(kernels=("quantile",))
-def quantile(x: xr.DataArray, q: float | list[float], dim: str = "time") -> xr.DataArray:
+def _quantile_cell_method(x: xr.DataArray, p: dict) -> str:
+    """CF's median, minimum or maximum where ``q`` is one of those; "percentile" otherwise, as CF
+    Appendix E has no method for other quantiles (their values are in the "quantile" coordinate)."""
+    named = {0.0: "minimum", 0.5: "median", 1.0: "maximum"}
+    method = named.get(float(p["q"]), "percentile") if np.ndim(p["q"]) == 0 else "percentile"
+    return f"{p['dim']}: {method}"
+
+
+def _quantile_long_name(x: xr.DataArray, p: dict) -> str:
+    if np.ndim(p["q"]) == 0:
+        return f"{100 * float(p['q']):g}th percentile of {_name(x)} along {p['dim']}"
+    return f"percentiles of {_name(x)} along {p['dim']}"
+
+
+@register(
+    kernels=("quantile",),
+    produces=Produces(_quantile_long_name, cell_methods=_quantile_cell_method),
+)
+def quantile(x: xr.DataArray, q: Quantiles, dim: Dim = "time") -> xr.DataArray:
     """Quantiles along a dimension, NaN-skipping, as x.quantile(q, dim) (linear interpolation).
 
     ``dim`` becomes one chunk (the other dimensions are split to keep chunks near 256 MiB), and
@@ -187,7 +218,7 @@ def quantile(x: xr.DataArray, q: float | list[float], dim: str = "time") -> xr.D
         result, coords["quantile"] = result[0], qs[0]
     else:
         dims, coords["quantile"] = ["quantile", *dims], np.array(qs)
-    return _finish(x, result, eager, dims=dims, coords=coords, name=x.name, attrs=dict(x.attrs))
+    return _finish(x, result, eager, dims=dims, coords=coords, name=x.name)
 
 
 # --- saturation vapour pressure ------------------------------------------------------------------
@@ -199,7 +230,10 @@ _CELSIUS = {
 }
 
 
-@register(kernels=("saturation_vapor_pressure",))
+@register(
+    kernels=("saturation_vapor_pressure",),
+    produces=Produces('saturation vapour pressure over water ("{method}" method)', units="Pa", standard_name=None),
+)
 def saturation_vapor_pressure(
     x: xr.DataArray, method: Literal["sonntag90", "tetens30"] = "sonntag90"
 ) -> xr.DataArray:
@@ -231,6 +265,4 @@ def saturation_vapor_pressure(
         dtype=out_dtype,
         meta=meta(backend, out_dtype, x.ndim),
     )
-    out = _finish(x, result, eager)
-    out.attrs = {"units": "Pa", "long_name": "saturation vapour pressure over water"}
-    return out
+    return _finish(x, result, eager)

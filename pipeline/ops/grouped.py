@@ -10,13 +10,13 @@ kernel (:mod:`pipeline.kernels.groups`) and the partials are merged across block
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 import dask.array as da
 import numpy as np
 import pandas as pd
 import xarray as xr
+from pydantic import StrictBool
 
 from ..backend import backend_of, meta, xp_of
 from ..errors import InputError
@@ -24,6 +24,8 @@ from ..exec import spill
 from ..kernels.launch import from_2d, to_2d
 from ..reduce import aggregation as agg
 from ._common import _as_dask, _axis, _finish, float_dtype
+from .metadata import Produces, group_name, input_name as _name, is_daily, on_daily, period, steps_units
+from .params import TO_KELVIN, Dim, Frequency, Threshold, check_threshold, parse_quantity
 from .registry import register
 
 Freq = Literal["month", "dayofyear"]
@@ -57,35 +59,51 @@ def _bins(x: xr.DataArray, freq: str, dim: str) -> tuple[np.ndarray, pd.Index]:
 
 # --- thresholds with units --------------------------------------------------------------------------
 
-_TO_KELVIN = {"K": (1.0, 0.0), "degC": (1.0, 273.15), "°C": (1.0, 273.15), "C": (1.0, 273.15),
-              "celsius": (1.0, 273.15), "degF": (5 / 9, 273.15 - 32 * 5 / 9), "°F": (5 / 9, 273.15 - 32 * 5 / 9)}
-
 
 def threshold_in_units_of(x: xr.DataArray, threshold: float | str) -> float:
     """A threshold in the data's units: a number is taken as is; ``"25 degC"`` is converted, as
     xclim's quantities are, for temperatures in K, degC or degF."""
-    if not isinstance(threshold, str):
-        return float(threshold)
-    m = re.fullmatch(r"\s*([-+0-9.eE]+)\s*(\S+)\s*", threshold)
+    try:
+        threshold = check_threshold(threshold)
+        if not isinstance(threshold, str):
+            return threshold
+        value, units = parse_quantity(threshold)
+    except ValueError:
+        raise InputError(f"threshold must be a number or a temperature such as '25 degC', got {threshold!r}") from None
     data_units = x.attrs.get("units")
-    if not m or m.group(2) not in _TO_KELVIN:
-        raise InputError(f"threshold must be a number or a temperature such as '25 degC', got {threshold!r}")
-    if data_units not in _TO_KELVIN:
+    if data_units not in TO_KELVIN:
         raise InputError(f"threshold {threshold!r} has units but {x.name!r} has units {data_units!r} (expected K, degC or degF)")
-    scale, offset = _TO_KELVIN[m.group(2)]
-    kelvin = float(m.group(1)) * scale + offset
-    scale, offset = _TO_KELVIN[data_units]
+    scale, offset = TO_KELVIN[units]
+    kelvin = value * scale + offset
+    scale, offset = TO_KELVIN[data_units]
     return (kelvin - offset) / scale
 
 
-def _new_time_dim(x, data, axis, name, labels, eager, attrs):
+def _threshold_text(x: xr.DataArray, threshold: float | str) -> str:
+    """The threshold as given, with the data's units where it was given as a number."""
+    if isinstance(threshold, str):
+        return threshold.strip()
+    units = x.attrs.get("units")
+    return f"{threshold:g} {units}" if units else f"{threshold:g}"
+
+
+def _threshold_attrs(x: xr.DataArray, p: dict) -> dict:
+    """The threshold in the data's units, as a number, for readers of the result."""
+    return {"threshold": threshold_in_units_of(x, p["threshold"])}
+
+
+def _steps(x: xr.DataArray, p: dict) -> str:
+    return "days" if is_daily(x, p["dim"]) else "time steps"
+
+
+def _new_time_dim(x, data, axis, name, labels, eager):
     """``data`` with the dimension of ``axis`` replaced by ``name``, labelled ``labels``."""
     dims = list(x.dims)
     old = dims[axis]
     dims[axis] = name
     coords = {k: v for k, v in x.coords.items() if old not in v.dims}
     coords[name] = labels
-    return _finish(x, data, eager, dims=dims, coords=coords, name=x.name, attrs=attrs)
+    return _finish(x, data, eager, dims=dims, coords=coords, name=x.name)
 
 
 # --- climatology and anomalies ----------------------------------------------------------------------
@@ -100,8 +118,14 @@ def _climatology_data(op, x: xr.DataArray, freq: str, dim: str):
     return data, eager, axis, labels, clim
 
 
-@register(kernels=("group_sum",))
-def climatology(x: xr.DataArray, freq: Freq = "month", dim: str = "time") -> xr.DataArray:
+@register(
+    kernels=("group_sum",),
+    produces=Produces(
+        lambda x, p: f"{group_name(p['freq'])} climatology of {_name(x)}",
+        cell_methods="{dim}: mean within years {dim}: mean over years",
+    ),
+)
+def climatology(x: xr.DataArray, freq: Freq = "month", dim: Dim = "time") -> xr.DataArray:
     """Mean for each month or day of year over all years, NaN-skipping, as x.groupby(f"time.{freq}").mean().
 
     ``dim`` is the dimension of dates to group (``"time"``); it becomes a dimension named ``freq``.
@@ -110,11 +134,16 @@ def climatology(x: xr.DataArray, freq: Freq = "month", dim: str = "time") -> xr.
     """
     data, eager, axis, labels, clim = _climatology_data(climatology.op, x, freq, dim)
     out_dtype = float_dtype(x.dtype)
-    return _new_time_dim(x, clim.astype(out_dtype), axis, freq, np.unique(labels), eager, dict(x.attrs))
+    return _new_time_dim(x, clim.astype(out_dtype), axis, freq, np.unique(labels), eager)
 
 
-@register(kernels=("group_sum", "subtract_groups"))
-def anomaly(x: xr.DataArray, freq: Freq = "month", dim: str = "time") -> xr.DataArray:
+@register(
+    kernels=("group_sum", "subtract_groups"),
+    produces=Produces(
+        lambda x, p: f"anomaly of {_name(x)} from its {group_name(p['freq'])} climatology", standard_name=None
+    ),
+)
+def anomaly(x: xr.DataArray, freq: Freq = "month", dim: Dim = "time") -> xr.DataArray:
     """Departure from the climatology of each step's month or day of year, as x.groupby(...) - climatology.
 
     ``dim`` is the dimension of dates to group (``"time"``).
@@ -131,9 +160,7 @@ def anomaly(x: xr.DataArray, freq: Freq = "month", dim: str = "time") -> xr.Data
         clim, group_inds, concatenate=True, kernel=kernel, axis=axis, out_dtype=out_dtype,
         dtype=out_dtype, meta=meta(backend, out_dtype, x.ndim),
     )
-    result = _finish(x, out, eager)
-    result.attrs = dict(x.attrs)
-    return result
+    return _finish(x, out, eager)
 
 
 def _subtract_block(block, position, clim, kernel, axis, out_dtype):
@@ -145,28 +172,40 @@ def _subtract_block(block, position, clim, kernel, axis, out_dtype):
 # --- resampling into periods ------------------------------------------------------------------------
 
 
-def _binned(op, x: xr.DataArray, red: agg.Aggregation, freq: str, dim: str, out_dtype, attrs) -> xr.DataArray:
+def _binned(op, x: xr.DataArray, red: agg.Aggregation, freq: str, dim: str, out_dtype) -> xr.DataArray:
     data, eager = _as_dask(x)
     axis = _axis(x, dim)
     bins, labels = _bins(x, freq, dim)
     kernel = op.kernel(red.chunk, backend_of(data))
     out = agg.binned_reduce(data, red, bins, len(labels), axis, out_dtype, kernel=kernel)
-    return _new_time_dim(x, out, axis, dim, labels.values, eager, attrs)
+    return _new_time_dim(x, out, axis, dim, labels.values, eager)
 
 
-@register(kernels=("group_sum",))
-def resample_mean(x: xr.DataArray, freq: str = "1D", dim: str = "time") -> xr.DataArray:
+@register(
+    kernels=("group_sum",),
+    produces=Produces(lambda x, p: f"{period(p['freq'])} mean of {_name(x)}", cell_methods="{dim}: mean"),
+)
+def resample_mean(x: xr.DataArray, freq: Frequency = "1D", dim: Dim = "time") -> xr.DataArray:
     """Mean over each period of a pandas frequency, NaN-skipping, as x.resample(time=freq).mean().
 
     ``dim`` is the dimension of dates to resample (``"time"``). Periods with no valid value are
     NaN. Periods may span chunks: each output chunk merges the partials of the input chunks its
     periods cover.
     """
-    return _binned(resample_mean.op, x, agg.GROUP_MEAN, freq, dim, float_dtype(x.dtype), dict(x.attrs))
+    return _binned(resample_mean.op, x, agg.GROUP_MEAN, freq, dim, float_dtype(x.dtype))
 
 
-@register(kernels=("group_sum",))
-def count_above(x: xr.DataArray, threshold: float | str, freq: str = "YS", dim: str = "time") -> xr.DataArray:
+@register(
+    kernels=("group_sum",),
+    produces=Produces(
+        lambda x, p: f"{period(p['freq'])} number of {_steps(x, p)} with {_name(x)} above {_threshold_text(x, p['threshold'])}",
+        units=steps_units(),
+        cell_methods=lambda x, p: f"{p['dim']}: sum over days" if is_daily(x, p["dim"]) else f"{p['dim']}: sum",
+        standard_name=on_daily({"air_temperature": "number_of_days_with_air_temperature_above_threshold"}),
+        extra=_threshold_attrs,
+    ),
+)
+def count_above(x: xr.DataArray, threshold: Threshold, freq: Frequency = "YS", dim: Dim = "time") -> xr.DataArray:
     """Number of steps with x > threshold in each period, as xclim's tx_days_above.
 
     Same as ``(x > threshold).resample(time=freq).sum()``: missing values count as not above.
@@ -174,12 +213,26 @@ def count_above(x: xr.DataArray, threshold: float | str, freq: str = "YS", dim: 
     ``dim`` is the dimension of dates (``"time"``).
     """
     thr = threshold_in_units_of(x, threshold)
-    return _binned(count_above.op, x, agg.count_above(thr), freq, dim, np.dtype(np.int64), {"units": "1", "threshold": thr})
+    return _binned(count_above.op, x, agg.count_above(thr), freq, dim, np.dtype(np.int64))
 
 
-@register(kernels=("group_spells", "group_runs"))
+@register(
+    kernels=("group_spells", "group_runs"),
+    produces=Produces(
+        lambda x, p: f"{period(p['freq'])} longest run of consecutive {_steps(x, p)} with {_name(x)} above "
+        f"{_threshold_text(x, p['threshold'])}",
+        units=steps_units(),
+        cell_methods=lambda x, p: f"{p['dim']}: maximum over days" if is_daily(x, p["dim"]) else f"{p['dim']}: maximum",
+        standard_name=on_daily({"air_temperature": "spell_length_of_days_with_air_temperature_above_threshold"}),
+        extra=_threshold_attrs,
+    ),
+)
 def max_spell_length(
-    x: xr.DataArray, threshold: float | str, freq: str = "YS", resample_before_rl: bool = False, dim: str = "time"
+    x: xr.DataArray,
+    threshold: Threshold,
+    freq: Frequency = "YS",
+    resample_before_rl: StrictBool = False,
+    dim: Dim = "time",
 ) -> xr.DataArray:
     """Longest run of consecutive steps with x > threshold in each period, as xclim's run_length.longest_run.
 
@@ -194,4 +247,4 @@ def max_spell_length(
     """
     thr = threshold_in_units_of(x, threshold)
     red = agg.longest_spell(thr, cut_at_bins=resample_before_rl)
-    return _binned(max_spell_length.op, x, red, freq, dim, np.dtype(np.int64), {"units": "1", "threshold": thr})
+    return _binned(max_spell_length.op, x, red, freq, dim, np.dtype(np.int64))

@@ -7,10 +7,14 @@ same definition that Python callers use. Its kernels are declared by name (``"mo
 sgkit does: the op asks for each kernel it runs with :meth:`Op.kernel`, which refuses a kernel the
 op did not declare, so what an op declares is what runs. Kernel modules are imported on first use,
 so listing ops imports no kernel code.
+
+An op also declares what its result is (:class:`pipeline.ops.metadata.Produces`): the registered
+function sets those CF attributes on every result, so no op copies its input's attributes.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -18,6 +22,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, ConfigDict, create_model
 
 from ..errors import KernelNotFound
+from .metadata import Produces
 
 _REGISTRY: dict[str, "Op"] = {}
 
@@ -29,6 +34,7 @@ class Op:
     description: str
     params: type[BaseModel]
     kernels: dict[str, tuple[str, ...]] = field(default_factory=dict)  # backend -> names of its kernels
+    produces: Produces | None = None  # the attributes of its results
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -62,10 +68,23 @@ class Op:
 
 
 def _type_name(annotation) -> str:
+    """A parameter's type as a reader writes it: ``int``, ``float | list[float]``, ``str | None``
+    (the constraints of ``Annotated`` types are left to the validation messages)."""
+    import types
     import typing
 
-    text = str(annotation) if typing.get_args(annotation) else getattr(annotation, "__name__", str(annotation))
-    return text.replace("typing.", "").replace("collections.abc.", "").replace("xarray.core.dataarray.", "xarray.")
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is typing.Literal:
+        return f"Literal[{', '.join(repr(a) for a in args)}]"
+    if annotation is type(None):
+        return "None"
+    if origin is not None:
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(_type_name(a) for a in args)}]"
+    return getattr(annotation, "__name__", str(annotation)).replace("DataArray", "xarray.DataArray")
 
 
 def _params_model(func: Callable) -> type[BaseModel]:
@@ -84,11 +103,33 @@ def _params_model(func: Callable) -> type[BaseModel]:
     )
 
 
-def register(*, kernels: tuple[str, ...] | dict[str, tuple[str, ...]], description: str | None = None):
+def _annotated(func: Callable, produces: Produces) -> Callable:
+    """``func`` setting ``produces``'s attributes on its result, from its input and parameters."""
+    sig = inspect.signature(func)
+
+    @functools.wraps(func)
+    def op(x, *args, **kwargs):
+        out = func(x, *args, **kwargs)
+        bound = sig.bind(x, *args, **kwargs)
+        bound.apply_defaults()
+        params = dict(list(bound.arguments.items())[1:])
+        out.attrs = produces.attrs(x, params)
+        return out
+
+    return op
+
+
+def register(
+    *,
+    kernels: tuple[str, ...] | dict[str, tuple[str, ...]],
+    produces: Produces | None = None,
+    description: str | None = None,
+):
     """Decorator: register an op under its function's name.
 
     ``kernels`` names the kernels the op runs (:data:`pipeline.kernels.FAMILIES`), the same on
     every backend, or per backend where they differ (``{"cpu": (...), "gpu": (...)}``).
+    ``produces`` says what its result is (its CF attributes).
     """
     from .. import kernels as _kernels
 
@@ -101,12 +142,13 @@ def register(*, kernels: tuple[str, ...] | dict[str, tuple[str, ...]], descripti
     def wrap(func: Callable) -> Callable:
         doc = inspect.getdoc(func) or ""
         desc = description or doc.split("\n\n")[0].replace("\n", " ")
-        op = Op(func.__name__, func, desc, _params_model(func), dict(kernels))
+        public = _annotated(func, produces) if produces is not None else func
+        op = Op(func.__name__, public, desc, _params_model(func), dict(kernels), produces)
         if op.name in _REGISTRY:
             raise ValueError(f"op {op.name!r} is registered twice")
         _REGISTRY[op.name] = op
-        func.op = op
-        return func
+        public.op = op
+        return public
 
     return wrap
 
