@@ -54,7 +54,13 @@ Degree = Annotated[int, BeforeValidator(_numpy_scalar), Field(ge=0, strict=True)
 Fraction = Annotated[float, BeforeValidator(_numpy_scalar), Field(ge=0.0, le=1.0, strict=True, allow_inf_nan=False)]
 """A probability in [0, 1]: a quantile."""
 
-Dim = Annotated[str, Field(strict=True, pattern=r"\S")]
+def _dim(name: str) -> str:
+    if not name.strip():
+        raise invalid(f"expected the name of a dimension, got {name!r}")
+    return name
+
+
+Dim = Annotated[str, Field(strict=True), AfterValidator(_dim)]
 """The name of a dimension: a string with at least one visible character."""
 
 
