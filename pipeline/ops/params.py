@@ -37,6 +37,7 @@ def _numpy_scalar(v):
 Count = Annotated[int, BeforeValidator(_numpy_scalar), Field(gt=0, strict=True)]
 """A positive number of steps, points or a factor: window, min_periods, coarsening factors."""
 
+
 def _within_window(v, info: ValidationInfo):
     window = info.data.get("window")
     if v is not None and window is not None and v > window:
