@@ -345,7 +345,14 @@ def fingerprint(flow: Flow, arrays: list[str] | None = None) -> str:
     same output, so a partial output written under it can be resumed."""
     if arrays is None:
         arrays = arrays_read(build_flow(flow, "cpu").source)
-    return combined([flow._sha256, path_fingerprint(flow.source.path, arrays)["fingerprint"]])
+    return _audit(flow, arrays)["fingerprint"]
+
+
+def _audit(flow: Flow, arrays: list[str]) -> dict:
+    """The report's fingerprints: of each input, of all inputs, and of the flow with its inputs."""
+    inputs = [path_fingerprint(flow.source.path, arrays)]
+    of_inputs = combined([i["fingerprint"] for i in inputs])
+    return {"inputs": inputs, "inputs_fingerprint": of_inputs, "fingerprint": combined([flow._sha256, of_inputs])}
 
 
 def output_attrs(flow: Flow, source_attrs: dict, command: str, when: datetime) -> dict:
@@ -446,10 +453,7 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress) -> dict:
                  extra={"source": flow.source.path, "seconds": round(t_source, 3)})
     built = build_flow(flow, target)
     sink_path = output or flow.sink.path
-    inputs = [path_fingerprint(flow.source.path, arrays_read(built.source))]
-    rep["inputs"] = inputs
-    rep["inputs_fingerprint"] = combined([i["fingerprint"] for i in inputs])
-    rep["fingerprint"] = combined([flow._sha256, rep["inputs_fingerprint"]])
+    rep |= _audit(flow, arrays_read(built.source))
     results = built.result.data_vars.values() if isinstance(built.result, xr.Dataset) else [built.result]
     mem_plan = None
     if client is None:  # a cluster's workers keep their own limits and spill
