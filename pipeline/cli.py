@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import shlex
 import signal
 import sys
 
@@ -15,8 +17,12 @@ from . import __version__
 EXIT_OK, EXIT_FAILURE, EXIT_INPUT = 0, 1, 2
 
 
-def _err(msg: str) -> None:
-    print(f"pipeline: error: {msg}", file=sys.stderr)
+log = logging.getLogger("pipeline.cli")
+
+
+def _err(msg: str, **fields) -> None:
+    """An error on stderr: ``pipeline: error: ...`` as text, or a JSON line with ``--log-format json``."""
+    log.error(msg, extra=fields)
 
 
 def _terminate(signum, frame):
@@ -26,8 +32,11 @@ def _terminate(signum, frame):
 
 def cmd_run(args) -> int:
     from .exec.cluster import open_cluster, profile_from_args
-    from .flows import load_flow, run_flow, with_source
+    from .exec.report import check_report_path
+    from .flows import load_flow, run_flow, step_times, with_source
 
+    if args.report:
+        check_report_path(args.report)  # before a cluster starts or anything is written
     flow = load_flow(args.flow)  # validate before any cluster starts
     if args.input is not None:
         flow = with_source(flow, args.input)
@@ -35,12 +44,12 @@ def cmd_run(args) -> int:
     progress = not args.no_progress and sys.stderr.isatty()
     with open_cluster(profile) as client:
         rep = run_flow(
-            flow, backend=args.backend, output=args.output, client=client, report=args.report, progress=progress
+            flow, backend=args.backend, output=args.output, client=client, report=args.report, progress=progress,
+            command=args.command_line,
         )
-    steps = ", ".join(f"{s['name']} {s['task_seconds']:.2f}s" for s in rep["steps"])
     print(
         f"{rep['flow']}: wrote {rep['sink']['path']} on {rep['backend']} in {rep['wall_seconds']:.2f} s "
-        f"({rep['bytes_read'] / 1e9:.3f} GB read, {rep['throughput_GBps']} GB/s; task time: {steps})"
+        f"({rep['bytes_read'] / 1e9:.3f} GB read, {rep['throughput_GBps']} GB/s; {step_times(rep['steps'])})"
     )
     if args.report:
         print(f"report: {args.report}")
@@ -48,11 +57,32 @@ def cmd_run(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from .flows import load_flow
+    """Check each flow file; where its source exists, also against the data (metadata only)."""
+    from .errors import InputError
 
-    flow = load_flow(args.flow)
-    print(f"{args.flow}: valid flow {flow.name!r} with {len(flow.steps)} step(s): {' -> '.join(s.op for s in flow.steps)}")
-    return EXIT_OK
+    status = EXIT_OK
+    for path in args.flow:
+        try:
+            print(_validate_one(path))
+        except InputError as e:
+            _err(str(e), flow_file=path)
+            status = EXIT_INPUT
+    return status
+
+
+def _validate_one(path: str) -> str:
+    from pathlib import Path
+
+    from .flows import build_flow, load_flow
+
+    flow = load_flow(path)
+    line = f"{path}: valid flow {flow.name!r} with {len(flow.steps)} step(s): {' -> '.join(s.op for s in flow.steps)}"
+    src = flow.source
+    if not Path(src.path).exists() and "://" not in src.path and src.demo is not None:
+        return f"{line}\n  source {src.path} does not exist yet (a demo is generated when the flow runs): data checks skipped"
+    built = build_flow(flow, "cpu")  # opens the source's metadata, builds the graph, computes nothing
+    sizes = ", ".join(f"{d}: {n}" for d, n in built.source.sizes.items())
+    return f"{line}\n  checked against {src.path}: {src.variable} ({sizes})"
 
 
 def cmd_ops(args) -> int:
@@ -80,18 +110,6 @@ def cmd_ops(args) -> int:
     return EXIT_OK
 
 
-def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"pipeline": __version__, "python": sys.version.split()[0]}
-    for pkg in ("dask", "distributed", "dask-cuda", "numpy", "cupy-cuda12x", "cupy-cuda13x", "numba", "numba-cuda", "zarr", "xarray", "numcodecs"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out
-
-
 def cmd_info(args) -> int:
     from . import backend as B
 
@@ -101,8 +119,10 @@ def cmd_info(args) -> int:
         for i in range(B.gpu_count()):
             props = cp.cuda.runtime.getDeviceProperties(i)
             gpus.append({"id": i, "name": props["name"].decode(), "memory_GiB": round(props["totalGlobalMem"] / 2**30, 1)})
+    from .exec.report import versions
+
     info = {
-        "versions": _versions(),
+        "versions": versions(),
         "gpus": gpus,
         "backends": ["cpu", "gpu"] if gpus else ["cpu"],
         "default_backend": B.resolve(None) if gpus else "cpu",
@@ -165,9 +185,12 @@ def _progress(args) -> bool:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pipeline", description="Out-of-core array pipelines on GPUs and CPUs.")
     p.add_argument("--version", action="version", version=f"pipeline {__version__}")
+    _log_options(p, None)
+    common = argparse.ArgumentParser(add_help=False)
+    _log_options(common, argparse.SUPPRESS)  # also after the command; not given there: the global value
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="run a flow")
+    r = sub.add_parser("run", help="run a flow", parents=[common])
     r.add_argument("flow", help="flow file (YAML)")
     r.add_argument("--backend", choices=["auto", "cpu", "gpu"], default=None, help="default: the flow's, else auto")
     where = r.add_mutually_exclusive_group()
@@ -177,23 +200,26 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--input", help="read the source from this store instead of the flow's source.path "
                    "(e.g. the copy that `pipeline convert` writes)")
     r.add_argument("--output", help="write the result here instead of the flow's sink.path")
-    r.add_argument("--report", help="write a JSON report (time per step, bytes, throughput) here")
+    r.add_argument("--report", help="write a JSON report here: time per step, bytes, throughput, and an audit "
+                   "trail (flow digest, input fingerprints, output digests, versions, host, user, command)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
     r.set_defaults(func=cmd_run)
 
-    v = sub.add_parser("validate", help="check a flow without running it")
-    v.add_argument("flow")
+    v = sub.add_parser("validate", help="check flows without running them", parents=[common],
+                       description="Check each flow file; where its source exists, also against the data's "
+                       "metadata (variable, dimensions, each step's shape). Exit 2 if any is invalid.")
+    v.add_argument("flow", nargs="+", help="flow files (YAML)")
     v.set_defaults(func=cmd_validate)
 
-    o = sub.add_parser("ops", help="list the ops, their parameters and backends")
+    o = sub.add_parser("ops", help="list the ops, their parameters and backends", parents=[common])
     o.add_argument("--json", action="store_true")
     o.set_defaults(func=cmd_ops)
 
-    i = sub.add_parser("info", help="versions, GPUs and backends")
+    i = sub.add_parser("info", help="versions, GPUs and backends", parents=[common])
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_info)
 
-    d = sub.add_parser("demo", help="write a synthetic CF-style climate dataset as Zarr")
+    d = sub.add_parser("demo", help="write a synthetic CF-style climate dataset as Zarr", parents=[common])
     d.add_argument("path", nargs="?", default="data/demo.zarr")
     d.add_argument("--size", default=None, help="total uncompressed size, e.g. 64MB, 4GB (default: the setting pipeline.demo.size, 64MB)")
     d.add_argument("--seed", type=int, default=0)
@@ -202,7 +228,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--overwrite", action="store_true")
     d.set_defaults(func=cmd_demo)
 
-    c = sub.add_parser("convert", help="copy a store into the sharded Zarr v3 layout the GPU decodes fastest")
+    c = sub.add_parser("convert", help="copy a store into the sharded Zarr v3 layout the GPU decodes fastest",
+                       parents=[common])
     c.add_argument("src", help="a Zarr store or NetCDF file")
     c.add_argument("dst", help="the new Zarr store")
     c.add_argument("--inner-chunk", default="1MB", help="bytes of one compressed frame inside a shard (default 1MB)")
@@ -213,6 +240,15 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_convert)
     return p
+
+
+def _log_options(p: argparse.ArgumentParser, default) -> None:
+    from .log import FORMATS
+
+    p.add_argument("--log-format", choices=FORMATS, default=default or "text",
+                   help="log lines on stderr: text (default) or json (one object per line)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=default or "info",
+                   help="least important log lines shown (default info)")
 
 
 def _hint(e: Exception) -> str:
@@ -228,26 +264,29 @@ def _hint(e: Exception) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import log as pipeline_log
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)
+    pipeline_log.configure(getattr(args, "log_format", "text"), getattr(args, "log_level", "info"))
+    args.command_line = shlex.join(["pipeline", *argv])
     from .errors import BackendError, InputError
 
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return args.func(args)
     except (InputError, BackendError) as e:
-        _err(str(e))
+        _err(str(e), exit_status=EXIT_INPUT)
         return EXIT_INPUT
     except KeyboardInterrupt:
-        _err("interrupted; no partial output was left behind")
+        _err("interrupted; no partial output was left behind", exit_status=EXIT_FAILURE)
         return EXIT_FAILURE
     except BrokenPipeError:  # the reader of our output went away (`pipeline ops | head`)
         sys.stderr.close()
         return EXIT_FAILURE
     except Exception as e:  # a failure, not bad input: show what happened
-        import traceback
-
-        traceback.print_exc()
-        _err(f"run failed: {type(e).__name__}: {e}{_hint(e)}")
+        log.error("run failed: %s: %s%s", type(e).__name__, e, _hint(e), exc_info=True,
+                  extra={"exit_status": EXIT_FAILURE})
         return EXIT_FAILURE
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -23,8 +23,10 @@ only writing the sink does.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,7 +42,12 @@ from . import ops as ops_registry
 from .errors import FlowError, InputError
 from .sinks.zarr import directory_bytes, write_zarr
 from .sources import open_dataset
-from .exec.report import attribute, gbps, task_timer
+from .exec.report import (
+    attribute, check_report_path, combined, gbps, path_fingerprint, sha256_bytes, task_timer, versions, who,
+    write_report,
+)
+
+log = logging.getLogger(__name__)
 
 
 class _Strict(BaseModel):
@@ -101,8 +108,10 @@ class Flow(_Strict):
     steps: list[Step] = Field(min_length=1)
     sink: Sink
 
-    # where the flow came from, for messages (not a YAML key)
+    # where the flow came from, for messages, and what it was (not YAML keys)
     _file: str = "<flow>"
+    _sha256: str = ""  # of the file's bytes; of the mapping as canonical JSON when given as one
+    _content: Any = None  # the mapping as parsed
 
 
 def _loc(parts) -> str:
@@ -160,19 +169,85 @@ def parse_flow(data: Any, file: str = "<flow>") -> Flow:
     if problems:
         raise FlowError("\n".join(problems))
     flow._file = file
+    flow._content = data
+    flow._sha256 = sha256_bytes(json.dumps(data, sort_keys=True, default=str).encode())
     return flow
+
+
+class _Refused(yaml.YAMLError):
+    """YAML that is valid but not accepted in a flow."""
+
+
+class FlowLoader(yaml.SafeLoader):
+    """YAML as flows need it: plain mappings, lists and scalars, nothing else.
+
+    On top of SafeLoader (which builds no Python objects and runs no code), it refuses keys that
+    appear twice in a mapping (YAML keeps the last silently), aliases (``*name``: a flow needs
+    none, and ten lines of nested aliases expand to billions of items) and tags that SafeLoader
+    does not know (``!!python/...``), each naming its line.
+    """
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _Refused(
+                f"line {event.start_mark.line + 1}: alias *{event.anchor}: flows do not use YAML anchors "
+                "and aliases (&name, *name); write the value out where it is needed"
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: SafeLoader says so below
+                continue
+            if first is not None:
+                raise _Refused(f"line {line}: key {key!r} appears twice in one mapping (lines {first} and {line}); keep one")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_undefined(self, node):
+        raise _Refused(
+            f"line {node.start_mark.line + 1}: tag {node.tag} is not allowed: flows hold plain data "
+            "(mappings, lists, strings, numbers), never Python objects or code"
+        )
+
+
+FlowLoader.add_constructor(None, FlowLoader.construct_undefined)
+
+
+def read_yaml(path: Path) -> tuple[Any, bytes]:
+    """The parsed content of a flow file and its bytes; FlowError naming the file otherwise."""
+    if not path.exists():
+        raise FlowError(f"{path}: no such flow file")
+    if path.is_dir():
+        raise FlowError(f"{path}: is a folder; expected a flow file (YAML)")
+    try:
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
+    except OSError as e:
+        raise FlowError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise FlowError(f"{path}: not a text file (UTF-8): {e.reason} at byte {e.start}") from None
+    try:
+        return yaml.load(text, Loader=FlowLoader), raw
+    except _Refused as e:
+        raise FlowError(f"{path}: {e}") from None
+    except yaml.YAMLError as e:
+        raise FlowError(f"{path}: not valid YAML: {e}") from None
 
 
 def load_flow(path: str | Path) -> Flow:
     """Read and validate a flow file."""
     path = Path(path)
-    if not path.exists():
-        raise FlowError(f"{path}: no such flow file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise FlowError(f"{path}: not valid YAML: {e}") from None
-    return parse_flow(data, str(path))
+    data, raw = read_yaml(path)
+    flow = parse_flow(data, str(path))
+    flow._sha256 = sha256_bytes(raw)
+    return flow
 
 
 # --- building and running ------------------------------------------------------------------------
@@ -192,6 +267,7 @@ class BuiltFlow:
     source: xr.DataArray
     result: xr.DataArray | xr.Dataset
     parts: dict[str, set[str]] = field(default_factory=dict)
+    source_attrs: dict = field(default_factory=dict)  # the source store's global attributes
 
 
 def with_source(flow: Flow, path: str | Path) -> Flow:
@@ -247,9 +323,75 @@ def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
         seen |= layers
     if flow.sink.variables:
         result = xr.Dataset({v: results[v].rename(v) for v in flow.sink.variables})
-    else:
-        result = x
-    return BuiltFlow(flow, target, results["source"], result, parts)
+    else:  # named after what it is (the last step), not after the source variable it came from
+        name = flow.sink.name or flow.steps[-1].label
+        if name in x.coords:
+            key = "sink.name" if flow.sink.name else f"steps[{len(flow.steps) - 1}].name"
+            raise FlowError(f"{f}: {key}: the result is named {name!r}, which is also one of its coordinates "
+                            f"({', '.join(map(str, x.coords))}); set sink.name (or the step's name) to another name")
+        result = x.rename(name)
+    return BuiltFlow(flow, target, results["source"], result, parts, dict(ds.attrs))
+
+
+def arrays_read(source: xr.DataArray) -> list[str]:
+    """The stored arrays a run reads: the source variable and its coordinates."""
+    return [str(source.name), *map(str, source.coords)]
+
+
+def fingerprint(flow: Flow, arrays: list[str] | None = None) -> str:
+    """A digest of what a run's result depends on: the flow (its file's bytes) and the sizes and
+    modification times of the input arrays (``arrays``, by default the source variable and its
+    coordinates, found from the store's metadata). Two runs with the same fingerprint compute the
+    same output, so a partial output written under it can be resumed."""
+    if arrays is None:
+        arrays = arrays_read(build_flow(flow, "cpu").source)
+    return _audit(flow, arrays)["fingerprint"]
+
+
+def _audit(flow: Flow, arrays: list[str]) -> dict:
+    """The report's fingerprints: of each input, of all inputs, and of the flow with its inputs."""
+    inputs = [path_fingerprint(flow.source.path, arrays)]
+    of_inputs = combined([i["fingerprint"] for i in inputs])
+    return {"inputs": inputs, "inputs_fingerprint": of_inputs, "fingerprint": combined([flow._sha256, of_inputs])}
+
+
+def output_attrs(flow: Flow, source_attrs: dict, command: str, when: datetime) -> dict:
+    """Global attributes of a flow's output: CF ``history`` (the source's, then this run),
+    ``source``, the flow's name and digest, the pipeline version, and the source's ``title``,
+    ``institution`` and CF ``Conventions`` where it has them."""
+    from . import __version__
+
+    entry = f"{when.isoformat(timespec='seconds').replace('+00:00', 'Z')}: {command}"
+    previous = str(source_attrs.get("history", "")).rstrip("\n")
+    attrs = {k: source_attrs[k] for k in ("title", "institution") if k in source_attrs}
+    if "CF" in str(source_attrs.get("Conventions", "")):
+        attrs["Conventions"] = "CF-1.10"
+    return {
+        **attrs,
+        "history": f"{previous}\n{entry}" if previous else entry,
+        "source": flow.source.path,
+        "pipeline_version": __version__,
+        "pipeline_flow": flow.name,
+        "pipeline_flow_sha256": flow._sha256.removeprefix("sha256:"),
+    }
+
+
+def _as_dataset(result: xr.DataArray | xr.Dataset, attrs: dict) -> xr.Dataset:
+    ds = result if isinstance(result, xr.Dataset) else result.to_dataset()
+    return ds.assign_attrs(attrs)
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _part_name(part: str) -> str:
+    """A report's name for a part of the graph: the step's label ("0:clim" -> "clim"), "write"."""
+    return part.split(":", 1)[1] if ":" in part else part
+
+
+def _timing(t: dict) -> dict:
+    return {**t, **({"fused_into": _part_name(t["fused_into"])} if "fused_into" in t else {})}
 
 
 def run_flow(
@@ -261,23 +403,57 @@ def run_flow(
     client=None,
     report: str | Path | None = None,
     progress: bool = False,
+    command: str | None = None,
 ) -> dict:
     """Run a flow: generate a missing demo source, build the graph, write the sink, report.
 
     ``source`` reads the source variable from that store instead of the flow's ``source.path``
     (for instance the copy ``pipeline convert`` writes); no demo is generated for it. Returns the
-    report (also written as JSON to ``report`` when given).
+    report (also written as JSON to ``report`` when given: checked before anything runs, written
+    whole, and written for a failed run too, with its error and exit status). ``command`` is the
+    command line recorded in the report and the output's history (default: this process's).
     """
+    if report:
+        check_report_path(report)
     if not isinstance(flow, Flow):
         flow = load_flow(flow)
     if source is not None:
         flow = with_source(flow, source)
+    started = time.time()
+    rep: dict = {
+        "flow": flow.name, "flow_file": flow._file, "flow_sha256": flow._sha256, "flow_content": flow._content,
+        "started_utc": _utc(started), **who(), "versions": versions(),
+    }
+    if command is not None:
+        rep["command"] = command
+    try:
+        rep |= _run(flow, rep, backend=backend, output=output, client=client, progress=progress)
+    except BaseException as e:
+        rep |= {"status": "failed", "exit_status": 2 if isinstance(e, InputError) else 1,
+                "error": f"{type(e).__name__}: {e}"}
+        raise
+    else:
+        rep |= {"status": "ok", "exit_status": 0}
+    finally:
+        finished = time.time()
+        rep |= {"finished_utc": _utc(finished), "total_seconds": round(finished - started, 3)}
+        if report:
+            write_report(rep, report)
+    return rep
+
+
+def _run(flow: Flow, rep: dict, *, backend, output, client, progress) -> dict:
+    """The body of :func:`run_flow`: what it adds to the report ``rep`` (which holds who runs what)."""
     target = B.resolve(backend or flow.backend)  # a backend that is not there is refused before any write
     t0 = time.perf_counter()
     generated = ensure_source(flow)
     t_source = time.perf_counter() - t0
+    if generated:
+        log.info("generated the demo source %s in %.1f s", flow.source.path, t_source,
+                 extra={"source": flow.source.path, "seconds": round(t_source, 3)})
     built = build_flow(flow, target)
     sink_path = output or flow.sink.path
+    rep |= _audit(flow, arrays_read(built.source))
     results = built.result.data_vars.values() if isinstance(built.result, xr.Dataset) else [built.result]
     mem_plan = None
     if client is None:  # a cluster's workers keep their own limits and spill
@@ -285,10 +461,15 @@ def run_flow(
         memory.check(mem_plan, f"{flow._file}: ")
     from .exec.spill import spilled_bytes
 
+    out = _as_dataset(built.result, output_attrs(flow, built.source_attrs, rep["command"], datetime.now(timezone.utc)))
+    log.info("flow %s (%s): %s from %s on %s -> %s", flow.name, flow._file, flow.source.variable, flow.source.path,
+             built.backend, sink_path, extra={"flow": flow.name, "flow_file": flow._file, "source": flow.source.path,
+                                               "variable": flow.source.variable, "backend": built.backend,
+                                               "sink": str(sink_path), "steps": [s.label for s in flow.steps]})
     spilled_bytes(reset=True)
     with task_timer(client) as times:
-        write_zarr(built.result, sink_path, mode=flow.sink.mode, name=flow.sink.name, progress=progress)
-    by_part = attribute(times, built.parts)
+        written = write_zarr(out, sink_path, mode=flow.sink.mode, name=flow.sink.name, progress=progress)
+    by_part = {part: _timing(t) for part, t in attribute(times, built.parts).items()}
 
     src_var = Path(flow.source.path) / flow.source.variable
     stored_read = directory_bytes(src_var) if src_var.is_dir() else directory_bytes(flow.source.path)
@@ -299,9 +480,7 @@ def run_flow(
         steps.append({"name": step.label, "op": step.op, "params": step.params, **t})
     from .exec.cluster import describe
 
-    rep = {
-        "flow": flow.name,
-        "flow_file": flow._file,
+    done = {
         "backend": built.backend,
         "cluster": describe(client),
         "source": {
@@ -312,7 +491,9 @@ def run_flow(
             "shape": list(built.source.shape),
             "chunks": [list(c) for c in built.source.data.chunks],
         },
-        "sink": {"path": str(sink_path), "bytes_stored": directory_bytes(sink_path), "nbytes": int(built.result.nbytes)},
+        "sink": {"path": str(sink_path), "bytes_stored": directory_bytes(sink_path), "nbytes": int(built.result.nbytes),
+                 "variables": list(map(str, out.data_vars)), "attrs": out.attrs,
+                 "digests": dict(getattr(written, "digests", None) or {})},
         "bytes_read": nbytes_read,
         "bytes_read_stored": stored_read,
         "wall_seconds": round(times.wall, 4),
@@ -326,7 +507,21 @@ def run_flow(
             **({"workers": memory.cluster_usage(client)} if client is not None else {}),
         },
     }
-    if report:
-        Path(report).parent.mkdir(parents=True, exist_ok=True)
-        Path(report).write_text(json.dumps(rep, indent=2, default=str))
-    return rep
+    log.info("flow %s: wrote %s in %.2f s (%.3f GB read, %s GB/s); %s", flow.name, sink_path, times.wall,
+             nbytes_read / 1e9, done["throughput_GBps"], step_times(steps),
+             extra={"flow": flow.name, "sink": str(sink_path), "wall_seconds": done["wall_seconds"],
+                    "bytes_read": nbytes_read, "throughput_GBps": done["throughput_GBps"],
+                    "steps": {s["name"]: {k: s[k] for k in ("task_seconds", "tasks", "fused_into") if k in s}
+                              for s in steps}})
+    return done
+
+
+def step_times(steps: list[dict]) -> str:
+    """``name 1.23s`` per step, or ``name fused into write`` for a step dask ran inside a later
+    part's tasks (its time is counted there)."""
+    def one(s):
+        if "fused_into" in s:
+            return f"{s['name']} fused into {s['fused_into']}"
+        return f"{s['name']} {s['task_seconds']:.2f}s" if s["tasks"] else f"{s['name']} no tasks"
+
+    return "task time: " + ", ".join(map(one, steps))

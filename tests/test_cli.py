@@ -33,7 +33,7 @@ def test_run_main_flow_out_of_the_box(tmp_path):
     r = cli("run", FLOW, "--report", "report.json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "climate_anomaly: wrote out/climate_anomaly.zarr on cpu" in r.stdout
-    out = xr.open_zarr(tmp_path / "out" / "climate_anomaly.zarr")["tas"]
+    out = xr.open_zarr(tmp_path / "out" / "climate_anomaly.zarr")["weighted_mean"]
     assert out.dims == ("time",) and np.isfinite(out.values).all()
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["source"]["generated"] is True
@@ -162,7 +162,7 @@ def test_run_with_input_reads_that_store(tmp_path):
     x = src.astype("float64")
     z = (x - x.mean("time")) / x.std("time")
     expected = z.weighted(np.cos(np.deg2rad(src.lat))).mean(("lat", "lon"))
-    got = xr.open_zarr(tmp_path / "out" / "other.zarr")["tas"]
+    got = xr.open_zarr(tmp_path / "out" / "other.zarr")["weighted_mean"]
     np.testing.assert_allclose(got.values, expected.values, rtol=1e-5, atol=1e-6)
 
     r = cli("run", FLOW, "--input", "missing.zarr", cwd=tmp_path)
@@ -179,8 +179,8 @@ def test_run_on_a_local_cluster_profile(tmp_path):
     assert r.returncode == 0, r.stderr
     r2 = cli("run", FLOW, "--output", "out/threads.zarr", cwd=tmp_path)
     assert r2.returncode == 0, r2.stderr
-    a = xr.open_zarr(tmp_path / "out/cluster.zarr")["tas"].values
-    b = xr.open_zarr(tmp_path / "out/threads.zarr")["tas"].values
+    a = xr.open_zarr(tmp_path / "out/cluster.zarr")["weighted_mean"].values
+    b = xr.open_zarr(tmp_path / "out/threads.zarr")["weighted_mean"].values
     np.testing.assert_allclose(a, b, rtol=1e-6)
     rep = json.loads((tmp_path / "rep.json").read_text())
     assert rep["cluster"]["kind"] == "distributed" and rep["cluster"]["workers"] == 2

@@ -117,7 +117,7 @@ def test_build_errors_name_the_key(demo_dir):
 def test_run_flow_equals_xarray_and_reports(demo_dir):
     flow = parse_flow(with_changes(), "f.yaml")
     report = run_flow(flow, backend="cpu", report="report.json")
-    got = xr.open_zarr("out/t.zarr")["tas"].values
+    got = xr.open_zarr("out/t.zarr")["weighted_mean"].values
     tas = xr.open_zarr("data/demo.zarr")["tas"].astype(np.float64)
     z = (tas - tas.mean("time")) / tas.std("time")
     expected = z.weighted(np.cos(np.deg2rad(tas.lat))).mean(("lat", "lon")).values
@@ -144,8 +144,8 @@ def test_gpu_flow_equals_cpu_flow(demo_dir):
     flow = parse_flow(with_changes(steps__1={"op": "weighted_mean"}))
     run_flow(flow, backend="cpu", output="out/cpu.zarr")
     run_flow(flow, backend="gpu", output="out/gpu.zarr")
-    cpu = xr.open_zarr("out/cpu.zarr")["tas"].values
-    gpu = xr.open_zarr("out/gpu.zarr")["tas"].values
+    cpu = xr.open_zarr("out/cpu.zarr")["weighted_mean"].values
+    gpu = xr.open_zarr("out/gpu.zarr")["weighted_mean"].values
     np.testing.assert_allclose(gpu, cpu, rtol=1e-5, atol=1e-6)
 
 
@@ -223,5 +223,5 @@ def test_out_of_core_flow_equals_in_core_and_reports_memory(demo_dir):
     plan = ooc["memory"]["plan"]
     assert plan["out_of_core"] is True and plan["peak_bytes"] <= plan["budget_bytes"]
     assert ooc["memory"]["host_peak_rss_bytes"] > 0
-    a, b = (xr.open_zarr(f"out/{n}.zarr")["tas"].values for n in ("in", "ooc"))
+    a, b = (xr.open_zarr(f"out/{n}.zarr")["weighted_mean"].values for n in ("in", "ooc"))
     np.testing.assert_array_equal(a, b)

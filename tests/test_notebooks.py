@@ -32,19 +32,25 @@ def run_notebook(name: str, workdir: Path, monkeypatch, **env) -> str:
 
 def test_quickstart(tmp_path, monkeypatch):
     text = run_notebook("quickstart.ipynb", tmp_path, monkeypatch, PIPELINE_DEMO_SIZE="8MB")
-    assert (tmp_path / "data" / "demo.zarr").is_dir()
+    assert (tmp_path / "data" / "quickstart-8MB-seed0.zarr").is_dir()
     assert (tmp_path / "out" / "quickstart_global_mean.png").is_file()
     assert "matches xarray" in text
 
 
-def test_climate_analysis(tmp_path, monkeypatch):
-    # 8 MB on a 10 degree grid (19 x 36) is 1169 days: more than two years, for yearly counts
-    # and spells, in a few seconds
+def test_climate_analysis_after_quickstart(tmp_path, monkeypatch):
+    """Run in the same folder after the quickstart, it uses a demo of its own size, not that one."""
+    run_notebook("quickstart.ipynb", tmp_path, monkeypatch, PIPELINE_DEMO_SIZE="4MB")
+    # 8 MB on a 10 degree grid (19 x 36) is 1169 days: more than three years, for yearly counts,
+    # spells and a trend, in a few seconds
     text = run_notebook(
         "climate_analysis.ipynb", tmp_path, monkeypatch, PIPELINE_DEMO_SIZE="8MB", PIPELINE_DEMO_RESOLUTION="10"
     )
-    ds = pipeline.open_dataset(tmp_path / "data" / "demo.zarr", backend="cpu")
-    assert ds.sizes["time"] >= 2 * 365 and ds.sizes["lat"] == 19
+    store = tmp_path / "data" / "climate-8MB-10.0deg-seed0.zarr"
+    ds = pipeline.open_dataset(store, backend="cpu")
+    assert ds.sizes["time"] >= 3 * 365 and ds.sizes["lat"] == 19
+    years = ds.sizes["time"] / 365.25
+    assert f"{store.relative_to(tmp_path)}: {ds.sizes['time']} days ({years:.1f} years) on a 10° grid (19 x 36)" in text
+    assert "trend of the global-mean anomaly:" in text
     figures = ["climatology_cycle", "climatology_jul_minus_jan", "global_mean_anomaly", "detrended_p90",
                "heat_first_year", "sst_monthly_coarse"]
     for name in figures:
