@@ -85,7 +85,7 @@ class ClusterProfile(BaseModel):
     @classmethod
     def _duration(cls, value):
         if value is not None:
-            _seconds(value, "timeout")
+            _seconds(value)
         return value
 
     @model_validator(mode="after")
@@ -142,8 +142,8 @@ class ClusterProfile(BaseModel):
             raise ValueError("job_extra_directives: gpus_per_job writes the --gres line; give it once")
 
 
-def _seconds(value, where: str) -> float:
-    """``value`` ("10s", "2min", a number of seconds) in seconds, or an error naming ``where``."""
+def _seconds(value) -> float:
+    """``value`` ("10s", "5m", a number of seconds) in seconds."""
     from dask.utils import parse_timedelta
 
     try:
@@ -151,7 +151,7 @@ def _seconds(value, where: str) -> float:
     except (ValueError, TypeError, KeyError):
         seconds = None
     if seconds is None or seconds <= 0:
-        raise ValueError(f"{where}: expected a duration such as '10s' or '2min', got {value!r}")
+        raise ValueError(f"expected a duration such as '10s' or '5m', got {value!r}")
     return seconds
 
 
@@ -160,27 +160,11 @@ def connect_timeout(profile: ClusterProfile) -> float:
     else ``pipeline.cluster.connect-timeout``: a run given a wrong address fails in seconds, with
     a message, rather than waiting a minute and ending in a traceback."""
     if profile.timeout is not None:
-        return _seconds(profile.timeout, "timeout")
+        return _seconds(profile.timeout)  # checked with the profile
     try:
-        return _seconds(config.get("cluster.connect-timeout"), "pipeline.cluster.connect-timeout")
+        return _seconds(config.get("cluster.connect-timeout"))
     except ValueError as e:
-        raise InputError(str(e)) from None
-
-
-def comms_protocol(protocol: str | None, gpu: bool = True) -> str | None:
-    """``protocol`` for the workers, with ``auto`` resolved: for GPU workers UCX where
-    distributed-ucxx is installed, else (and for CPU workers) TCP.
-
-    Between the GPU workers of one machine, UCX moves CuPy arrays GPU to GPU (NVLink, or PCIe)
-    where TCP copies them through host memory. Measured on the 4-GPU H200 machine: 200 MB from
-    one worker to another took 0.023 s over UCX and 0.24 s over TCP, and four GPUs ran the
-    monthly anomaly 2.8x slower than one over TCP (its group partials crossing) and 1.5x faster
-    over UCX (benchmarks/RESULTS.md)."""
-    if protocol != "auto":
-        return protocol
-    import importlib.util
-
-    return "ucx" if gpu and importlib.util.find_spec("distributed_ucxx") is not None else "tcp"
+        raise InputError(f"pipeline.cluster.connect-timeout: {e}") from None
 
 
 def _format_errors(source: str, err: ValidationError) -> str:
