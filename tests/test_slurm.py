@@ -4,6 +4,7 @@ and a flow runs through it."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -203,8 +204,6 @@ def test_a_flow_runs_on_workers_started_as_slurm_jobs_and_the_jobs_end_with_it(t
     assert r.returncode == 0, r.stderr
     got = xr.open_zarr(tmp_path / "out" / "slurm.zarr")["tas"].values
     np.testing.assert_allclose(got, expected_anomaly(store), rtol=1e-5, atol=1e-6)
-    import json
-
     report = json.loads((tmp_path / "rep.json").read_text())
     assert report["cluster"]["workers"] == 1 and report["cluster"]["scheduler"].startswith("tcp://127.0.0.1:")
     assert list((tmp_path / "logs").glob("pipeline-worker-*.err"))  # the job wrote its log where the profile says
@@ -216,7 +215,7 @@ def test_jobs_that_never_connect_fail_within_the_timeout_and_are_cancelled(tmp_p
     profile's timeout, naming the log directory, and cancelled."""
     profile = ClusterProfile(kind="slurm", cores=1, memory="1GB", timeout="5s", interface="lo",
                              job_script_prologue=["exit 3"], log_directory=str(tmp_path / "logs"))
-    with pytest.raises(InputError, match=rf"0 of the 1 workers of 1 SLURM job\(s\) connected to tcp://127.0.0.1:\d+ within 5 s") as e:
+    with pytest.raises(InputError, match=r"0 of the 1 workers of 1 SLURM job\(s\) connected to tcp://127.0.0.1:\d+ within 5 s") as e:
         with open_cluster(profile):
             pass
     assert str(tmp_path / "logs") in str(e.value)
