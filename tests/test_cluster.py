@@ -197,3 +197,58 @@ def test_blocks_are_placed_on_workers_only_where_their_budget_leaves_room_to_rea
             with dask.config.set({"pipeline.cpu.memory-limit": budget}):
                 assert float(pipeline.compute(y)) == pytest.approx(0.0, abs=1e-6)
             assert bool(calls) == placed, budget
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_scheduler_exits_2_within_the_connect_timeout_naming_the_address(tmp_path):
+    """Nothing listens at the address: after pipeline.cluster.connect-timeout (or the profile's
+    timeout) the run exits 2 with one message naming the address (and the scheduler file), where
+    it once waited 60 s and printed a traceback."""
+    import json
+    import time
+
+    from .test_security import FLOW, cli
+
+    address = f"tcp://127.0.0.1:{_closed_port()}"
+    start = time.monotonic()
+    r = cli("run", FLOW, "--scheduler", address, cwd=tmp_path, env={"DASK_PIPELINE__CLUSTER__CONNECT_TIMEOUT": "2s"})
+    took = time.monotonic() - start
+    assert r.returncode == 2, r.stderr
+    assert f"no dask scheduler answered at {address} within 2 s" in r.stderr and "connect-timeout" in r.stderr
+    assert "Traceback" not in r.stderr and took < 20, took
+    assert list(tmp_path.iterdir()) == []  # nothing written: not even the demo source
+
+    (tmp_path / "scheduler.json").write_text(json.dumps({"address": address}))
+    (tmp_path / "attach.yaml").write_text("kind: scheduler\nscheduler_file: scheduler.json\ntimeout: 1s\n")
+    r = cli("run", FLOW, "--cluster", tmp_path / "attach.yaml", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert f"at {address} (from the scheduler file scheduler.json) within 1 s" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_connect_timeout_comes_from_the_profile_else_the_setting(tmp_path):
+    import dask
+
+    from pipeline.exec.cluster import connect_timeout
+
+    assert connect_timeout(ClusterProfile(kind="scheduler", address="tcp://h:1")) == 10
+    assert connect_timeout(ClusterProfile(kind="scheduler", address="tcp://h:1", timeout="2m")) == 120
+    with dask.config.set({"pipeline.cluster.connect-timeout": "3s"}):
+        assert connect_timeout(ClusterProfile(kind="scheduler", address="tcp://h:1")) == 3
+    with dask.config.set({"pipeline.cluster.connect-timeout": "soon"}), pytest.raises(InputError, match="pipeline.cluster.connect-timeout: expected a duration"):
+        connect_timeout(ClusterProfile(kind="scheduler", address="tcp://h:1"))
+    f = tmp_path / "p.yaml"
+    f.write_text("kind: scheduler\naddress: tcp://h:1\ntimeout: later\n")
+    with pytest.raises(InputError, match=r"p.yaml: timeout: Value error, expected a duration such as '10s' or '5m', got 'later'"):
+        load_profile(str(f))
+    f.write_text(f"kind: scheduler\nscheduler_file: {tmp_path / 'nothing.json'}\n")
+    (tmp_path / "nothing.json").write_text("{}")
+    with pytest.raises(InputError, match="nothing.json: not a scheduler file"):
+        with open_cluster(load_profile(str(f))):
+            pass

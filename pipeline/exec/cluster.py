@@ -1,24 +1,33 @@
-"""Where the graph runs: dask's threads in this process, a LocalCluster, a LocalCUDACluster, or an
-existing scheduler (multi-node ``dask scheduler`` + ``dask cuda worker``, or dask-jobqueue).
+"""Where the graph runs: dask's threads in this process, a LocalCluster, a LocalCUDACluster, workers
+started as batch jobs by dask-jobqueue (kind ``slurm``), or an existing scheduler (multi-node
+``dask scheduler`` + ``dask cuda worker``), reached over TCP or TLS.
 
 Profiles are YAML files (``configs/*.yaml``), validated before anything starts, unknown keys
 rejected. :func:`open_cluster` is a context manager: clusters it starts are always closed, and a
-cluster it attached to is left running.
+cluster it attached to is left running. Everything a local cluster opens (scheduler, workers,
+nannies, dashboard) listens on 127.0.0.1 only: a dashboard on every interface serves anyone who
+reaches the machine, and it runs code on the workers' behalf.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 from typing import Iterator, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .. import config
 from ..errors import InputError
 
 PROFILE_DIRS = (Path("configs"), Path(__file__).resolve().parent.parent / "configs")
+LOOPBACK = "127.0.0.1"
+TLS_KEYS = ("tls_ca_file", "tls_client_cert", "tls_client_key")
+SLURM_KEYS = ("jobs", "cores", "memory", "gpus_per_job", "walltime", "queue", "account", "log_directory",
+              "job_extra_directives", "job_script_prologue", "python", "interface")
 
 
 class ClusterProfile(BaseModel):
@@ -26,23 +35,24 @@ class ClusterProfile(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["threads", "local", "local-cuda", "scheduler"]
+    kind: Literal["threads", "local", "local-cuda", "scheduler", "slurm"]
     description: str = ""
     # threads / local / local-cuda
     n_workers: int | None = None
     threads_per_worker: int | None = None
     memory_limit: str | int | float | None = None  # host memory per worker ("auto", "16GB", fraction)
-    local_directory: str | None = None  # where workers spill to disk
+    local_directory: str | None = None  # where workers spill to disk (also slurm: on the compute node)
     processes: bool = True
-    dashboard_address: str | None = ":0"
-    # local-cuda
+    # local / local-cuda / slurm: the scheduler's dashboard; a bare port (":8787") binds to 127.0.0.1
+    dashboard_address: str | None = f"{LOOPBACK}:0"
+    # local-cuda, and slurm with gpus_per_job
     CUDA_VISIBLE_DEVICES: str | list[int] | None = None  # all visible GPUs by default
     device_memory_limit: str | int | float | None = None  # device bytes before spilling to host
     rmm_pool_size: str | int | None = None
     # the workers' comms: tcp, ucx (distributed-ucxx), or auto: ucx for GPU workers where
     # distributed-ucxx is installed, else tcp
     protocol: str | None = None
-    # local / local-cuda: distributed.scheduler.worker-saturation of the scheduler started here.
+    # local / local-cuda / slurm: distributed.scheduler.worker-saturation of the scheduler started here.
     # dask's default, 1.1, sends a worker more reads than it has threads (ceil(1.1 x threads)):
     # one block more a worker than the same threads hold in one process, the margin by which
     # tightly budgeted GPU runs ran out of memory (benchmarks/RESULTS.md); 1.0 sends one a thread
@@ -50,21 +60,111 @@ class ClusterProfile(BaseModel):
     # scheduler
     address: str | None = None
     scheduler_file: str | None = None
-    timeout: str = "60s"
+    tls_ca_file: str | None = None  # TLS (tls:// addresses): the CA that signed the scheduler's certificate
+    tls_client_cert: str | None = None  # this client's certificate, signed by a CA the scheduler trusts
+    tls_client_key: str | None = None  # its private key (unless the certificate file holds it)
+    # scheduler / slurm: how long to wait for the scheduler, or for the jobs' workers;
+    # null: pipeline.cluster.connect-timeout
+    timeout: str | int | float | None = None
+    # slurm: one batch job per `jobs`, each of `cores` cores and `memory` (SLURM's --mem) for its
+    # workers: one worker a GPU (`dask cuda worker`, --gres=gpu:N) or, without GPUs, one `dask worker`
+    jobs: int = Field(1, ge=1)
+    cores: int | None = Field(None, ge=1)
+    memory: str | None = None
+    gpus_per_job: int = Field(0, ge=0)
+    walltime: str | None = None
+    queue: str | None = None
+    account: str | None = None
+    log_directory: str | None = None
+    job_extra_directives: list[str] = []
+    job_script_prologue: list[str] = []
+    python: str | None = None  # the Python of the compute nodes; default: this one
+    interface: str | None = None  # the network interface workers and scheduler meet on (ib0, eth0)
+
+    @field_validator("timeout")
+    @classmethod
+    def _duration(cls, value):
+        if value is not None:
+            _seconds(value)
+        return value
 
     @model_validator(mode="after")
     def _check(self):
+        given = self.model_fields_set
         if self.kind == "scheduler" and not (self.address or self.scheduler_file):
             raise ValueError("kind 'scheduler' needs 'address' or 'scheduler_file'")
         if self.kind != "scheduler" and (self.address or self.scheduler_file):
             raise ValueError(f"'address' and 'scheduler_file' belong to kind 'scheduler', not {self.kind!r}")
-        gpu_keys = ("CUDA_VISIBLE_DEVICES", "device_memory_limit", "rmm_pool_size")
-        if self.kind != "local-cuda" and any(getattr(self, k) is not None for k in gpu_keys):
-            raise ValueError(f"{', '.join(gpu_keys)} belong to kind 'local-cuda', not {self.kind!r}")
-        if self.kind not in ("local", "local-cuda") and self.worker_saturation is not None:
-            raise ValueError(f"worker_saturation belongs to the clusters started here (kinds 'local' and 'local-cuda'), not {self.kind!r}: "
-                             "set distributed.scheduler.worker-saturation where the scheduler runs")
+        self._check_gpu_keys()
+        if self.kind not in ("local", "local-cuda", "slurm") and self.worker_saturation is not None:
+            raise ValueError(f"worker_saturation belongs to the clusters started here (kinds 'local', 'local-cuda' and 'slurm'), "
+                             f"not {self.kind!r}: set distributed.scheduler.worker-saturation where the scheduler runs")
+        self._check_tls(given)
+        self._check_slurm(given)
         return self
+
+    def _check_gpu_keys(self):
+        if self.kind == "local-cuda":
+            return
+        gpu_keys = ("CUDA_VISIBLE_DEVICES", "device_memory_limit", "rmm_pool_size")
+        allowed = gpu_keys[1:] if self.kind == "slurm" and self.gpus_per_job else ()
+        wrong = [k for k in gpu_keys if getattr(self, k) is not None and k not in allowed]
+        if wrong:
+            raise ValueError(f"{', '.join(wrong)} belong to kind 'local-cuda' (device_memory_limit and rmm_pool_size "
+                             f"also to kind 'slurm' with gpus_per_job), not {self.kind!r}")
+
+    def _check_tls(self, given):
+        tls = [k for k in TLS_KEYS if k in given]
+        if not tls:
+            return
+        if self.kind != "scheduler":
+            raise ValueError(f"{', '.join(tls)} belong to kind 'scheduler', not {self.kind!r}")
+        if not (self.tls_ca_file and self.tls_client_cert):
+            raise ValueError("TLS needs tls_ca_file and tls_client_cert (and tls_client_key, unless the certificate file holds the key)")
+        if self.address and not self.address.startswith("tls://"):
+            raise ValueError(f"the tls_* keys encrypt tls:// addresses: write address: tls://{self.address.split('://')[-1]}")
+
+    def _check_slurm(self, given):
+        if self.kind != "slurm":
+            slurm = [k for k in SLURM_KEYS if k in given]
+            if slurm:
+                raise ValueError(f"{', '.join(slurm)} belong to kind 'slurm', not {self.kind!r}")
+            return
+        local = [k for k in ("n_workers", "threads_per_worker", "memory_limit") if k in given]
+        if local:
+            raise ValueError(f"{', '.join(local)} belong to the local kinds: a 'slurm' profile sizes its jobs "
+                             "with jobs, cores and memory (each job's workers share them)")
+        if self.cores is None or self.memory is None:
+            raise ValueError("kind 'slurm' needs 'cores' and 'memory': what each job asks of SLURM (--cpus-per-task, --mem)")
+        if self.cores < self.gpus_per_job:
+            raise ValueError(f"cores: {self.cores} cores cannot feed {self.gpus_per_job} GPU workers (gpus_per_job): give each one at least")
+        if any("--gres" in d for d in self.job_extra_directives) and self.gpus_per_job:
+            raise ValueError("job_extra_directives: gpus_per_job writes the --gres line; give it once")
+
+
+def _seconds(value) -> float:
+    """``value`` ("10s", "5m", a number of seconds) in seconds."""
+    from dask.utils import parse_timedelta
+
+    try:
+        seconds = parse_timedelta(value, default="seconds")
+    except (ValueError, TypeError, KeyError):
+        seconds = None
+    if seconds is None or seconds <= 0:
+        raise ValueError(f"expected a duration such as '10s' or '5m', got {value!r}")
+    return seconds
+
+
+def connect_timeout(profile: ClusterProfile) -> float:
+    """Seconds to wait for a scheduler, or for a batch system's workers: the profile's ``timeout``,
+    else ``pipeline.cluster.connect-timeout``: a run given a wrong address fails in seconds, with
+    a message, rather than waiting a minute and ending in a traceback."""
+    if profile.timeout is not None:
+        return _seconds(profile.timeout)  # checked with the profile
+    try:
+        return _seconds(config.get("cluster.connect-timeout"))
+    except ValueError as e:
+        raise InputError(f"pipeline.cluster.connect-timeout: {e}") from None
 
 
 def comms_protocol(protocol: str | None, gpu: bool = True) -> str | None:
@@ -139,7 +239,8 @@ def profile_from_args(
 def open_cluster(profile: ClusterProfile) -> Iterator[object | None]:
     """Start or attach to the cluster of ``profile``; yield a ``distributed.Client`` (None for threads).
 
-    A cluster started here is closed on exit, also after an error or an interrupt.
+    A cluster started here is closed on exit, also after an error or an interrupt: for kind
+    ``slurm`` that cancels its jobs.
     """
     if profile.kind == "threads":
         if profile.n_workers or profile.threads_per_worker:
@@ -151,19 +252,99 @@ def open_cluster(profile: ClusterProfile) -> Iterator[object | None]:
             yield None
         return
 
-    from distributed import Client
-
     if profile.kind == "scheduler":
-        if profile.scheduler_file:
-            client = Client(scheduler_file=profile.scheduler_file, timeout=profile.timeout)
-        else:
-            client = Client(profile.address, timeout=profile.timeout)
+        client = attach(profile)
         try:
             yield client
         finally:
             client.close()
         return
 
+    import dask
+    from distributed import Client
+
+    saturation = {} if profile.worker_saturation is None else {"distributed.scheduler.worker-saturation": profile.worker_saturation}
+    with dask.config.set(saturation):  # read when the scheduler starts
+        cluster = _start_cluster(profile)
+    try:
+        with Client(cluster) as client:
+            if profile.kind == "slurm":
+                _wait_for_jobs(cluster, client, profile)
+            yield client
+    finally:
+        cluster.close()
+
+
+def attach(profile: ClusterProfile):
+    """A ``distributed.Client`` of the running scheduler of a kind ``scheduler`` profile, or an
+    error naming the address (and the scheduler file) when none answers within the timeout."""
+    from distributed import Client
+
+    address, source = _scheduler_address(profile)
+    security = _security(profile, address)
+    timeout = connect_timeout(profile)
+    try:
+        return Client(address, timeout=timeout, security=security)
+    except (OSError, TimeoutError) as e:
+        raise InputError(
+            f"no dask scheduler answered at {address}{source} within {timeout:g} s ({type(e).__name__}: {e})\n"
+            "  check that the scheduler runs, that this machine reaches it"
+            f"{' and that it trusts this certificate' if address.startswith('tls://') else ''}; "
+            "the profile's timeout or pipeline.cluster.connect-timeout sets how long to wait"
+        ) from None
+
+
+def _scheduler_address(profile: ClusterProfile) -> tuple[str, str]:
+    """The scheduler's address, read from the scheduler file where the profile names one, and
+    where it came from, for messages."""
+    if not profile.scheduler_file:
+        return profile.address, ""
+    path = Path(profile.scheduler_file).expanduser()
+    try:
+        address = json.loads(path.read_text())["address"]
+    except FileNotFoundError:
+        raise InputError(f"{path}: scheduler file not found") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{path}: not a scheduler file (JSON with the scheduler's 'address', as `dask scheduler "
+                         f"--scheduler-file` writes it): {type(e).__name__}: {e}") from None
+    return address, f" (from the scheduler file {path})"
+
+
+def _security(profile: ClusterProfile, address: str):
+    """``distributed.security.Security`` for a ``tls://`` address: the profile's certificates,
+    else those of dask's config (``distributed.comm.tls.*``); None for other addresses."""
+    from distributed.security import Security
+
+    if profile.tls_ca_file:
+        files = {k: getattr(profile, k) for k in TLS_KEYS if getattr(profile, k)}
+        for key, file in files.items():
+            if not Path(file).expanduser().is_file():
+                raise InputError(f"{key}: {file}: no such file (a PEM file is expected)")
+        if not address.startswith("tls://"):
+            raise InputError(f"the profile's tls_* keys encrypt tls:// addresses, and the scheduler's is {address}")
+        return Security(require_encryption=True, **{k: str(Path(f).expanduser()) for k, f in files.items()})
+    if not address.startswith("tls://"):
+        return None
+    security = Security()
+    if not (security.tls_ca_file and security.tls_client_cert):
+        raise InputError(
+            f"{address}: a TLS scheduler needs a CA file and a client certificate: set tls_ca_file, tls_client_cert "
+            "and tls_client_key in a cluster profile (kind scheduler), or distributed.comm.tls.ca-file, "
+            "distributed.comm.tls.client.cert and distributed.comm.tls.client.key in dask's config"
+        )
+    return security
+
+
+def _loopback(dashboard_address: str | None) -> str | None:
+    """A bare port binds to 127.0.0.1: dask would serve it on every interface."""
+    if dashboard_address is not None and dashboard_address.startswith(":"):
+        return LOOPBACK + dashboard_address
+    return dashboard_address
+
+
+def _start_cluster(profile: ClusterProfile):
+    if profile.kind == "slurm":
+        return slurm_cluster(profile)
     kwargs = {
         k: v
         for k, v in dict(
@@ -171,27 +352,15 @@ def open_cluster(profile: ClusterProfile) -> Iterator[object | None]:
             threads_per_worker=profile.threads_per_worker,
             memory_limit=profile.memory_limit,
             local_directory=os.path.expanduser(profile.local_directory) if profile.local_directory else None,
-            dashboard_address=profile.dashboard_address,
             protocol=comms_protocol(profile.protocol, gpu=profile.kind == "local-cuda"),
         ).items()
         if v is not None
     }
-    import dask
-
-    saturation = {} if profile.worker_saturation is None else {"distributed.scheduler.worker-saturation": profile.worker_saturation}
-    with dask.config.set(saturation):  # read when the scheduler starts
-        cluster = _start_cluster(profile, kwargs)
-    try:
-        client = Client(cluster)
-        try:
-            yield client
-        finally:
-            client.close()
-    finally:
-        cluster.close()
-
-
-def _start_cluster(profile: ClusterProfile, kwargs: dict):
+    # the scheduler, workers and nannies listen on host (threads of one process talk in memory,
+    # inproc://, which has none); the dashboard on its own address (None: none)
+    if profile.kind == "local-cuda" or profile.processes or "protocol" in kwargs:
+        kwargs["host"] = LOOPBACK
+    kwargs["dashboard_address"] = _loopback(profile.dashboard_address)
     if profile.kind == "local":
         from distributed import LocalCluster
 
@@ -210,6 +379,65 @@ def _start_cluster(profile: ClusterProfile, kwargs: dict):
         rmm_pool_size=profile.rmm_pool_size,
         **kwargs,
     )
+
+
+def slurm_cluster(profile: ClusterProfile):
+    """A ``dask_jobqueue.SLURMCluster`` for a kind ``slurm`` profile (its scheduler runs here; no
+    job is submitted until it is scaled).
+
+    With ``gpus_per_job`` each job asks for that many GPUs (``--gres=gpu:N``) and starts ``dask
+    cuda worker``, one worker a GPU (dask-jobqueue's ``processes``, whose worker names are
+    dask-cuda's), each with its share of the job's cores and memory and the profile's device
+    limits; without, one ``dask worker`` a job with all its cores."""
+    try:
+        from dask_jobqueue import SLURMCluster
+    except ImportError as e:
+        raise InputError("cluster kind 'slurm' needs dask-jobqueue: install the 'jobqueue' extra") from e
+    gpus = profile.gpus_per_job
+    worker_args = []
+    if gpus:
+        for flag, value in (("--device-memory-limit", profile.device_memory_limit), ("--rmm-pool-size", profile.rmm_pool_size)):
+            if value is not None:
+                worker_args += [flag, str(value)]
+    expand = lambda d: os.path.expanduser(d) if d else None  # noqa: E731
+    kwargs = dict(
+        cores=profile.cores,
+        memory=profile.memory,
+        processes=max(gpus, 1),
+        worker_command="dask cuda worker" if gpus else "distributed.cli.dask_worker",
+        worker_extra_args=worker_args,
+        job_extra_directives=([f"--gres=gpu:{gpus}"] if gpus else []) + profile.job_extra_directives,
+        job_script_prologue=profile.job_script_prologue,
+        walltime=profile.walltime,
+        queue=profile.queue,
+        account=profile.account,
+        local_directory=expand(profile.local_directory),
+        log_directory=expand(profile.log_directory),
+        python=profile.python,
+        interface=profile.interface,
+        protocol=comms_protocol(profile.protocol, gpu=bool(gpus)),
+        job_name="pipeline-worker",
+        # workers on other nodes reach the scheduler; its dashboard stays on this machine's loopback
+        scheduler_options={"dashboard_address": _loopback(profile.dashboard_address)},
+    )
+    return SLURMCluster(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def _wait_for_jobs(cluster, client, profile: ClusterProfile) -> None:
+    """Submit the profile's jobs and wait for all their workers, or fail naming where to look."""
+    cluster.scale(jobs=profile.jobs)
+    workers = profile.jobs * max(profile.gpus_per_job, 1)
+    timeout = connect_timeout(profile)
+    try:
+        client.wait_for_workers(workers, timeout=timeout)
+    except TimeoutError:
+        logs = f" and the jobs' logs in {profile.log_directory}" if profile.log_directory else ""
+        raise InputError(
+            f"{len(client.scheduler_info()['workers'])} of the {workers} workers of {profile.jobs} SLURM job(s) "
+            f"connected to {cluster.scheduler_address} within {timeout:g} s\n"
+            f"  see `squeue --name pipeline-worker`{logs}; the jobs may wait in the queue longer than the "
+            "profile's timeout, or fail to reach this machine (set interface)"
+        ) from None
 
 
 def describe(client) -> dict:
