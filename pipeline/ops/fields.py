@@ -18,6 +18,7 @@ from ..backend import backend_of, meta, to_backend, to_numpy
 from ..errors import InputError
 from ..exec import spill
 from ..reduce import aggregation as agg
+from ..reduce.declare import declare
 from ._common import _as_dask, _axis, _finish, float_dtype
 from .registry import register
 
@@ -166,7 +167,10 @@ def quantile(x: xr.DataArray, q: float | list[float], dim: str = "time") -> xr.D
         dtype=data.dtype,
         previous_chunks=data.chunks,
     )
+    gathers = len(data.chunks[axis]) > 1
     data = data.rechunk(chunks)
+    if gathers:  # every output chunk takes a piece of every input block: the whole input stays alive
+        declare(data, held_bytes=int(data.nbytes))
     out_dtype = float_dtype(x.dtype)
     backend = backend_of(data)
     result = data.map_blocks(
