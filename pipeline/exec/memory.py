@@ -47,8 +47,9 @@ PARTIALS_PER_THREAD = 2
 # three blocks a thread were measured with its kernels' temporaries in them.
 WORK_BLOCKS = {"cpu": 9, "gpu": 0}
 # on the CPU, what a process adds to its resident set once the computation starts, besides its
-# blocks: Numba's compiled kernels, zarr's codecs and I/O threads, dask's thread pool (measured
-# on the shipped flows with blocks of a few MB: 60 to 90 MB over the resident set at planning)
+# blocks: Numba's compiled kernels, zarr's codecs and I/O threads, dask's thread pool (the
+# shipped flows on 5 MB blocks, two threads, peaked 160 to 290 MB over the resident set at
+# planning, their blocks and temporaries included: tests/test_memory_rss.py)
 RUNTIME_BYTES = 128 * 2**20
 
 
