@@ -139,7 +139,7 @@ def test_partials_are_sized_from_the_reductions_result_not_their_input():
     assert memory.graph_partial_bytes(means) == 2 * 8 * 12 * 10 * 20  # a float64 sum and count a value
 
 
-def test_threads_under_a_budget_match_what_ran_on_the_gpu():
+def test_threads_under_a_budget_match_what_ran_on_the_gpu(monkeypatch):
     """The plan's rules against the runs they were measured on (18.2 GB in blocks of 303 MB, a
     4 GB device limit): monthly means ran with three threads and the standardized anomaly with
     five, but the rolling maximum ran out of memory with three; moving-window ops hold two blocks
@@ -148,6 +148,9 @@ def test_threads_under_a_budget_match_what_ran_on_the_gpu():
 
     from pipeline.exec import memory
 
+    # the device's rules on the host's budget: no process baseline, no CPU kernel temporaries
+    monkeypatch.setattr(memory, "process_baseline", lambda backend: 0)
+    monkeypatch.setitem(memory.WORK_BLOCKS, "cpu", memory.WORK_BLOCKS["gpu"])
     x = xr.DataArray(da.ones((40, 10, 20), chunks=(8, 10, 20), dtype="f4"), dims=("time", "lat", "lon"))
     assert memory.graph_blocks_per_thread(pipeline.ops.rolling_mean(x, window=5, dim="time").data) == 5
     assert memory.graph_blocks_per_thread(pipeline.ops.standardized_anomaly(x, dim="time").data) == 3
@@ -158,7 +161,7 @@ def test_threads_under_a_budget_match_what_ran_on_the_gpu():
         assert memory.threads_for("cpu", block, grid * 24, 5) == 2  # rolling
 
 
-def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit():
+def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit(monkeypatch):
     import dask.array as da
 
     from pipeline.exec import memory
@@ -172,10 +175,13 @@ def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit():
     assert memory.graph_block_bytes(total) == 400_000
     # the mean's partials, as it declares them: float64 count, mean and M2 for each of its 100 x 100 values
     assert memory.graph_partial_bytes(total) == 3 * 8 * 100 * 100
-    per_thread = memory.BLOCKS_PER_THREAD * 400_000 + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(total)
-    with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": 8 * per_thread}):
+    blocks = memory.BLOCKS_PER_THREAD + memory.WORK_BLOCKS["cpu"]  # its blocks and its kernels' temporaries
+    per_thread = blocks * 400_000 + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(total)
+    monkeypatch.setattr(memory, "process_baseline", lambda backend: 300_000_000)
+    base = 300_000_000 + x.nbytes  # the process itself, and the input that it holds in core
+    with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": base + 8 * per_thread}):
         assert compute_threads(total) == 8
-    with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": 2 * per_thread + 1}):
+    with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": base + 2 * per_thread + 1}):
         assert compute_threads(total) == 2
         assert memory.plan(x, total).threads == 2
         # several results at once (as dask.compute takes them): the largest block of any

@@ -31,16 +31,20 @@ def _arrays_of(obj):
         yield obj
 
 
-def _graph_sizes(obj) -> tuple[str, int, int, int] | None:
+def _graph_sizes(obj) -> tuple[str, int, int, int, int] | None:
     """The backend of ``obj``'s arrays, their graphs' largest block and largest reduction
-    partial, and the blocks a thread may hold (:mod:`pipeline.exec.memory`), or None without arrays."""
+    partial, the blocks a thread may hold and the bytes kept whole (:mod:`pipeline.exec.memory`),
+    or None without arrays."""
     from . import memory
 
     arrays = [a for a in _arrays_of(obj) if isinstance(a, da.Array)]
     if not arrays:
         return None
     backend = "gpu" if any(B.backend_of(a) == "gpu" for a in arrays) else "cpu"
-    return backend, memory.graph_block_bytes(*arrays), memory.graph_partial_bytes(*arrays), memory.graph_blocks_per_thread(*arrays)
+    return (
+        backend, memory.graph_block_bytes(*arrays), memory.graph_partial_bytes(*arrays),
+        memory.graph_blocks_per_thread(*arrays), memory.graph_held(backend, *arrays),
+    )
 
 
 def compute_threads(obj) -> int | None:

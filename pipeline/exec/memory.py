@@ -1,11 +1,22 @@
 """Memory: what a computation will hold, checked against the configured budget before it starts,
 and what it did hold, for the report.
 
-The plan is deliberately simple, and errs high: each of the scheduler's threads holds at most a
-few blocks at a time (its input block, its output, one temporary), and an input larger than half of
-the budget is never held whole on the device, because two-pass ops hold it in pinned host memory
-or read it again (:func:`pipeline.exec.spill.second_pass`). A plan over budget is an error that names the setting to
-change, raised before any task runs, rather than an out-of-memory failure an hour in.
+The plan is deliberately simple, and errs high. It counts, against ``pipeline.<backend>.memory-limit``:
+
+- on the CPU, the process itself: what it holds when the plan is made (the interpreter, NumPy,
+  xarray, dask, zarr, Numba: about 160 MB) and what the first tasks add once (Numba's compiled
+  kernels, zarr's codecs and I/O threads): the limit is one on the process's resident set;
+- what stays alive across tasks: the input, where it is not out of core (two-pass ops keep it
+  between their passes), and the arrays that a layer declares it keeps whole (``held_bytes``: a
+  rechunk that gathers a whole axis, as quantiles do, holds every block of its input);
+- for each of the scheduler's threads, the few blocks it holds at a time (its input block, its
+  output, one temporary), the temporaries of the CPU kernels (NumPy's array formulas make float64
+  copies of a block: WORK_BLOCKS), and two partials.
+
+An input larger than half of the budget is never held whole, because two-pass ops hold it in
+pinned host memory or read it again (:func:`pipeline.exec.spill.second_pass`). A plan over budget
+is an error that names the setting to change, raised before any task runs, rather than an
+out-of-memory failure an hour in.
 """
 
 from __future__ import annotations
@@ -28,6 +39,18 @@ from ..reduce.overlap import HALO_BLOCKS
 BLOCKS_PER_THREAD = 3
 # a thread merging partials holds two of them besides its blocks (its result and one input)
 PARTIALS_PER_THREAD = 2
+# the temporaries of a kernel, in blocks of its input, besides the blocks above. The CPU kernels
+# are NumPy array formulas that make float64 copies of a float32 block; measured with tracemalloc
+# on one block: polyfit 8.4 blocks (a float64 power of the coordinate, its product with the data
+# and their sum for each term of the normal equations), polyval_subtract 5.0, moments 4.4,
+# weighted_sums 4.3, standardize and subtract_groups 4.0, group_sum 2.4, quantile 1.3. The GPU's
+# three blocks a thread were measured with its kernels' temporaries in them.
+WORK_BLOCKS = {"cpu": 9, "gpu": 0}
+# on the CPU, what a process adds to its resident set once the computation starts, besides its
+# blocks: Numba's compiled kernels, zarr's codecs and I/O threads, dask's thread pool (the
+# shipped flows on 5 MB blocks, two threads, peaked 160 to 290 MB over the resident set at
+# planning, their blocks and temporaries included: tests/test_memory_rss.py)
+RUNTIME_BYTES = 128 * 2**20
 
 
 @dataclass(frozen=True)
@@ -40,13 +63,21 @@ class Plan:
     out_of_core: bool
     partial_bytes: int = 0  # the largest partial of a reduction
     blocks_per_thread: int = BLOCKS_PER_THREAD
+    work_blocks: int = 0  # kernels' temporaries a thread, in blocks (WORK_BLOCKS)
+    baseline_bytes: int = 0  # the process before its first block (CPU: resident set and RUNTIME_BYTES)
+    held_bytes: int = 0  # arrays kept whole while the computation runs
+
+    @property
+    def thread_bytes(self) -> int:
+        """Bytes one thread may hold."""
+        return per_thread_bytes(self.block_bytes, self.partial_bytes, self.blocks_per_thread, self.work_blocks)
 
     @property
     def peak_bytes(self) -> int:
-        return self.threads * per_thread_bytes(self.block_bytes, self.partial_bytes, self.blocks_per_thread)
+        return self.baseline_bytes + self.held_bytes + self.threads * self.thread_bytes
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "peak_bytes": self.peak_bytes}
+        return {**asdict(self), "thread_bytes": self.thread_bytes, "peak_bytes": self.peak_bytes}
 
 
 def block_target(backend: str) -> int:
@@ -131,16 +162,43 @@ def graph_partial_bytes(*arrays: da.Array) -> int:
     return max((d.get("partial_bytes", 0) for _, d in _layers(arrays)), default=0)
 
 
-def per_thread_bytes(block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD) -> int:
-    """Bytes one thread may hold: ``blocks`` blocks and PARTIALS_PER_THREAD partials."""
-    return blocks * block_bytes + PARTIALS_PER_THREAD * partial_bytes
+def graph_held_bytes(*arrays: da.Array) -> int:
+    """Bytes of the arrays that layers in the graphs of ``arrays`` declare they keep whole
+    (``held_bytes``), each layer counted once."""
+    held = {id(layer): d.get("held_bytes", 0) for layer, d in _layers(arrays)}
+    return int(sum(held.values()))
 
 
-def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD) -> int:
-    """Threads for a computation of ``block_bytes`` blocks (``blocks`` of them a thread) and
-    ``partial_bytes`` partials: the configured number (``pipeline.gpu.threads``, or dask's
-    ``num_workers`` / one per core), fewer when that many threads would hold more than the
-    backend's memory budget, at least one."""
+def graph_held(backend: str, *arrays: da.Array) -> int:
+    """Bytes kept whole while ``arrays`` are computed on ``backend``: the arrays their layers
+    declare held, and their largest array (their input) where it is not out of core, as
+    :func:`pipeline.exec.spill.second_pass` decides: two-pass ops keep it between their passes."""
+    largest = graph_array_bytes(*arrays)
+    return graph_held_bytes(*arrays) + (largest if largest <= B.memory_budget(backend) / 2 else 0)
+
+
+def process_baseline(backend: str) -> int:
+    """Bytes the process holds before its first block, on ``backend``: on the CPU its resident
+    set now and RUNTIME_BYTES; on the GPU nothing of the device's budget."""
+    if backend == "gpu":
+        return 0
+    import psutil
+
+    return int(psutil.Process().memory_info().rss) + RUNTIME_BYTES
+
+
+def per_thread_bytes(block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD, work: int = 0) -> int:
+    """Bytes one thread may hold: ``blocks`` blocks, ``work`` blocks of its kernels' temporaries,
+    and PARTIALS_PER_THREAD partials."""
+    return (blocks + work) * block_bytes + PARTIALS_PER_THREAD * partial_bytes
+
+
+def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0) -> int:
+    """Threads for a computation of ``block_bytes`` blocks (``blocks`` of them a thread, and the
+    backend's WORK_BLOCKS) and ``partial_bytes`` partials, besides the process's baseline and
+    ``held_bytes``: the configured number (``pipeline.gpu.threads``, or dask's ``num_workers`` /
+    one per core), fewer when that many threads would hold more than the backend's memory
+    budget, at least one."""
     import dask
     from dask.system import CPU_COUNT
 
@@ -148,23 +206,27 @@ def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0, bloc
         threads = int(config.get("gpu.threads", 8))
     else:
         threads = int(dask.config.get("num_workers", None) or CPU_COUNT)
-    fit = threads_that_fit(backend, block_bytes, partial_bytes, blocks)
+    fit = threads_that_fit(backend, block_bytes, partial_bytes, blocks, held_bytes)
     return max(1, threads if fit is None else min(threads, fit))
 
 
-def threads_that_fit(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD) -> int | None:
-    """How many threads, each holding ``blocks`` blocks of ``block_bytes`` and
-    PARTIALS_PER_THREAD partials of ``partial_bytes``, fit this process's memory budget on
-    ``backend`` (None: nothing to hold)."""
-    per_thread = per_thread_bytes(block_bytes, partial_bytes, blocks)
-    return int(B.memory_budget(backend) // per_thread) if per_thread else None
+def threads_that_fit(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0) -> int | None:
+    """How many threads, each holding ``blocks`` blocks of ``block_bytes``, WORK_BLOCKS of its
+    kernels' temporaries and PARTIALS_PER_THREAD partials of ``partial_bytes``, fit this
+    process's memory budget on ``backend`` once its baseline and ``held_bytes`` are counted
+    (None: nothing to hold)."""
+    per_thread = per_thread_bytes(block_bytes, partial_bytes, blocks, WORK_BLOCKS[backend])
+    if not per_thread:
+        return None
+    room = B.memory_budget(backend) - process_baseline(backend) - held_bytes
+    return max(0, int(room // per_thread))
 
 
-def _fit_and_budget(backend: str, block_bytes: int, partial_bytes: int, blocks: int) -> tuple[int | None, int]:
-    return threads_that_fit(backend, block_bytes, partial_bytes, blocks), int(B.memory_budget(backend))
+def _fit_and_budget(backend: str, block_bytes: int, partial_bytes: int, blocks: int, held_bytes: int = 0) -> tuple[int | None, int]:
+    return threads_that_fit(backend, block_bytes, partial_bytes, blocks, held_bytes), int(B.memory_budget(backend))
 
 
-def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD) -> dict[str, tuple[int, int]]:
+def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0) -> dict[str, tuple[int, int]]:
     """On a distributed cluster the workers' threads are the cluster's, not the plan's: raise
     InputError, before anything runs, when a worker has more threads than its own budget holds
     (each worker evaluates :func:`threads_that_fit` with its own device and settings). Returns,
@@ -175,7 +237,7 @@ def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, bl
     if not block_bytes and not partial_bytes:
         return {}
     try:
-        answers = client.run(_fit_and_budget, backend, block_bytes, partial_bytes, blocks)
+        answers = client.run(_fit_and_budget, backend, block_bytes, partial_bytes, blocks, held_bytes)
     except Exception as e:  # e.g. workers that cannot import pipeline: nothing to check with
         import warnings
 
@@ -203,16 +265,38 @@ def plan(source: da.Array, *results: da.Array, backend: str | None = None) -> Pl
     block = max(largest_block(source, *results), graph_block_bytes(*results))
     partial = graph_partial_bytes(*results)
     blocks = graph_blocks_per_thread(*results)
+    held = graph_held(backend, source, *results)
     return Plan(
         backend=backend,
-        threads=threads_for(backend, block, partial, blocks),
+        threads=threads_for(backend, block, partial, blocks, held),
         block_bytes=block,
         partial_bytes=partial,
         blocks_per_thread=blocks,
+        work_blocks=WORK_BLOCKS[backend],
+        baseline_bytes=process_baseline(backend),
+        held_bytes=held,
         input_bytes=int(source.nbytes),
         budget_bytes=int(budget),
         out_of_core=source.nbytes > budget / 2,
     )
+
+
+def explain(p: Plan) -> str:
+    """The parts of the plan's peak, in words."""
+    from dask.utils import format_bytes
+
+    parts = []
+    if p.baseline_bytes:
+        parts.append(f"the process itself {format_bytes(p.baseline_bytes)} (interpreter, libraries, compiled kernels)")
+    if p.held_bytes:
+        parts.append(f"{format_bytes(p.held_bytes)} of arrays kept whole (an input in core, a rechunk along a whole axis)")
+    thread = f"{p.blocks_per_thread} blocks of up to {format_bytes(p.block_bytes)}"
+    if p.work_blocks:
+        thread += f" and {p.work_blocks} more of its kernels' temporaries"
+    if p.partial_bytes:
+        thread += f", {PARTIALS_PER_THREAD} partials of up to {format_bytes(p.partial_bytes)}"
+    parts.append(f"{p.threads} threads x {format_bytes(p.thread_bytes)} ({thread})")
+    return ", ".join(parts)
 
 
 def check(p: Plan, where: str = "") -> None:
@@ -222,13 +306,14 @@ def check(p: Plan, where: str = "") -> None:
     from dask.utils import format_bytes
 
     setting = "pipeline.gpu.threads" if p.backend == "gpu" else "dask's num_workers"
+    fixed = p.baseline_bytes + p.held_bytes
+    advice = (
+        "raise the limit" if fixed >= p.budget_bytes
+        else f"raise the limit, lower {setting}, or read smaller chunks (source.chunks)"
+    )
     raise InputError(
         f"{where}the plan needs about {format_bytes(p.peak_bytes)} of {p.backend.upper()} memory "
-        f"({p.threads} threads x {p.blocks_per_thread} blocks of up to {format_bytes(p.block_bytes)}"
-        + (f" and {PARTIALS_PER_THREAD} partials of up to {format_bytes(p.partial_bytes)}" if p.partial_bytes else "")
-        + ") but "
-        f"pipeline.{p.backend}.memory-limit allows {format_bytes(p.budget_bytes)}: raise the limit, "
-        f"lower {setting}, or read smaller chunks (source.chunks)"
+        f"({explain(p)})\n  but pipeline.{p.backend}.memory-limit allows {format_bytes(p.budget_bytes)}: {advice}"
     )
 
 

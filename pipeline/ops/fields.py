@@ -19,6 +19,7 @@ from ..backend import backend_of, meta, to_backend, to_numpy
 from ..errors import InputError
 from ..exec import spill
 from ..reduce import aggregation as agg
+from ..reduce.declare import declare
 from ._common import _as_dask, _axis, _finish, _is_int, float_dtype
 from .metadata import Produces, cell_names, input_name as _name
 from .params import Count, Degree, Dim, Quantiles
@@ -197,7 +198,10 @@ def quantile(x: xr.DataArray, q: Quantiles, dim: Dim = "time") -> xr.DataArray:
         dtype=data.dtype,
         previous_chunks=data.chunks,
     )
+    gathers = len(data.chunks[axis]) > 1
     data = data.rechunk(chunks)
+    if gathers:  # every output chunk takes a piece of every input block: the whole input stays alive
+        declare(data, held_bytes=int(data.nbytes))
     out_dtype = float_dtype(x.dtype)
     backend = backend_of(data)
     result = data.map_blocks(

@@ -11,6 +11,9 @@ declarations:
 - ``block_bytes``: each block of the layer counts as this many bytes (instead of its shape and dtype);
 - ``extra_blocks``: a thread running the layer's tasks holds this many blocks more than
   BLOCKS_PER_THREAD (the halos of moving-window ops).
+- ``held_bytes``: the layer's tasks, together, keep this many bytes alive until the last of them
+  has run (a rechunk that gathers a whole axis from blocks split along it holds all of its
+  input); counted once, not per thread.
 
 A layer without a declaration is an array of its own, sized from dask's annotations.
 """

@@ -1,0 +1,137 @@
+"""Peak resident memory of real `pipeline run` processes stays under pipeline.cpu.memory-limit,
+for every shipped flow, on an input that the limit cannot hold (out of core); a limit below what
+the process itself needs is refused at planning."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
+
+FLOWS = sorted((Path(__file__).parent.parent / "flows").glob("*.yaml"))
+LIMIT = 800 * 10**6
+INPUT_BYTES = 410 * 10**6  # over half of LIMIT: two-pass ops read it twice
+# the quantile gathers the whole time axis, so its rechunk keeps the whole detrended input alive:
+# the plan counts it and refuses at this size rather than exceed the limit
+REFUSED = {"detrended_quantiles"}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """tas alone of the demo dataset, 1-degree grid, blocks of 20 days (5 MB)."""
+    from pipeline.demo import demo_dataset
+    from pipeline.sinks.zarr import write_zarr
+
+    path = tmp_path_factory.mktemp("rss") / "tas.zarr"
+    write_zarr(demo_dataset(INPUT_BYTES // 4 * 10, resolution=1.0, time_chunk=20)[["tas"]], path)
+    return path
+
+
+def _high_water_mark(pid: int) -> int:
+    """VmHWM of a live process: the peak resident set of its own address space (getrusage's
+    ru_maxrss of a child would also count the parent's, which the child had before its exec)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def run(flow: Path, store: Path, out: Path, limit) -> tuple[int, int, str]:
+    """Exit code, peak RSS in bytes and stderr of ``pipeline run`` in a child process."""
+    env = {**os.environ, "DASK_PIPELINE__CPU__MEMORY_LIMIT": str(limit)}
+    cmd = [sys.executable, "-m", "pipeline", "run", str(flow), "--input", str(store), "--output", str(out),
+           "--backend", "cpu", "--no-progress", "--report", str(out) + ".json"]
+    log = Path(str(out) + ".stderr")
+    peak = 0
+    with open(log, "wb") as stderr:  # a file: a full pipe would stall the child
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        while p.poll() is None:
+            try:
+                peak = max(peak, _high_water_mark(p.pid))
+            except (FileNotFoundError, ProcessLookupError, ValueError):
+                pass  # exited between the poll and the read
+            time.sleep(0.02)
+    return p.returncode, peak, log.read_text()
+
+
+def _detrend(x):
+    fit = x.polyfit("time", 1).polyfit_coefficients
+    return x - xr.polyval(x["time"], fit)
+
+
+def _longest_spells(hot: np.ndarray, year: np.ndarray) -> dict:
+    """Longest run of True in ``hot`` (time first) that begins in each year, per point."""
+    out = {y: np.zeros(hot.shape[1:], dtype=np.int64) for y in np.unique(year)}
+    for idx in np.ndindex(hot.shape[1:]):
+        t = 0
+        while t < len(hot):
+            if hot[(t, *idx)]:
+                start = t
+                while t < len(hot) and hot[(t, *idx)]:
+                    t += 1
+                out[year[start]][idx] = max(out[year[start]][idx], t - start)
+            else:
+                t += 1
+    return out
+
+
+def check_output(name: str, src: xr.DataArray, out: Path):
+    """The flow's result against xarray on a slice of a few latitudes (the whole series)."""
+    got = xr.open_zarr(out)
+    x = src.isel(lat=slice(40, 43)).load()
+    if name == "climate_anomaly":  # a global mean: against the whole field
+        full = src.load()
+        z = (full - full.mean("time")) / full.std("time")
+        ref = z.weighted(np.cos(np.deg2rad(full.lat))).mean(("lat", "lon"))
+        np.testing.assert_allclose(got["tas"].values, ref.values, rtol=1e-4, atol=1e-5)
+    elif name == "monthly_anomaly":
+        clim = x.groupby("time.month").mean()
+        np.testing.assert_allclose(got["climatology"].isel(lat=slice(40, 43)).values, clim.values, rtol=1e-5)
+        anom = x.groupby("time.month") - clim
+        np.testing.assert_allclose(got["anomaly"].isel(lat=slice(40, 43)).values, anom.values, atol=1e-3)
+    elif name == "heatwave_days":
+        hot = x > 298.15
+        np.testing.assert_array_equal(got["hot_days"].isel(lat=slice(40, 43)).values, hot.resample(time="YS").sum().values)
+        spells = _longest_spells(hot.values[:, :, :8], hot["time.year"].values)
+        np.testing.assert_array_equal(got["longest_hot_spell"].isel(lat=slice(40, 43), lon=slice(0, 8)).values,
+                                      np.stack([spells[y] for y in sorted(spells)]))
+    elif name == "detrended_quantiles":
+        ref = _detrend(x).quantile(0.9, "time")
+        np.testing.assert_allclose(got["tas"].isel(lat=slice(40, 43)).values, ref.values, rtol=1e-5)
+    else:
+        pytest.fail(f"no reference for the flow {name}: add one here")
+
+
+@pytest.mark.parametrize("flow", FLOWS, ids=[f.stem for f in FLOWS])
+def test_peak_rss_stays_under_the_limit(flow, store, tmp_path):
+    import json
+
+    out = tmp_path / "out.zarr"
+    rc, peak, err = run(flow, store, out, LIMIT)
+    if flow.stem in REFUSED:
+        assert rc == 2 and "the plan needs" in err and "the process itself" in err, err
+        assert peak < LIMIT and not out.exists()
+        return
+    assert rc == 0, err
+    plan = json.loads(Path(str(out) + ".json").read_text())["memory"]["plan"]
+    assert plan["out_of_core"] and plan["baseline_bytes"] > 0
+    assert plan["peak_bytes"] <= LIMIT
+    assert peak < LIMIT, f"peak RSS {peak / 1e6:.0f} MB over the limit {LIMIT / 1e6:.0f} MB (plan {plan['peak_bytes'] / 1e6:.0f} MB)"
+    check_output(flow.stem, xr.open_zarr(store)["tas"], out)
+
+
+def test_a_limit_below_the_process_itself_is_refused_at_planning(store, tmp_path):
+    out = tmp_path / "out.zarr"
+    rc, _, err = run(FLOWS[0], store, out, "100MB")
+    assert rc == 2, err
+    assert "the process itself" in err and "pipeline.cpu.memory-limit allows 95.37 MiB" in err and "raise the limit" in err
+    assert not out.exists()
