@@ -331,3 +331,40 @@ def test_stream_contexts_are_pooled_not_tied_to_threads(monkeypatch):
             assert inner is not outer and streams.current().stream is inner.stream
         assert streams.current().stream is outer.stream
     assert len(state.streams.free[0]) == 2
+
+
+def test_frame_checksums_are_verified_before_decoding(tmp_path):
+    """Stores whose chunks end in a crc32c (bytes -> zstd -> crc32c, as flow outputs are written):
+    the layout strips the checksum and checks it; a flipped byte is a DecodeError, so the block goes
+    to zarr, which names the chunk."""
+    from pipeline.errors import DecodeError
+
+    for name in ("v3-zstd-crc", "v3-sharded-crc"):
+        store, values = make(tmp_path, name)
+        lay = reader.layout(store / "x")
+        assert lay.frame_crc and lay.codec == "zstd"
+        path = lay.path((0, 0, 0))
+        blob = bytearray(open(path, "rb").read())
+        np.testing.assert_array_equal(reader.decode_chunk_host(lay, bytes(blob))[:4, :5, :6], values[:4, :5, :6])
+        offsets, sizes, _ = reader.frames(lay, bytes(blob))
+        blob[int(offsets[0]) + int(sizes[0]) - 1] ^= 0xFF  # the last byte of the first frame
+        with pytest.raises(DecodeError, match="crc32c"):
+            reader.decode_chunk_host(lay, bytes(blob))
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_gpu_reads_checksummed_store_and_names_a_corrupt_chunk(tmp_path):
+    import cupy as cp
+
+    store, values = make(tmp_path, "v3-sharded-crc")
+    np.testing.assert_array_equal(cp.asnumpy(reader.open_array(store, "x", nvcomp=True).compute()),
+                                  zarr.open_array(store, path="x", mode="r")[...])
+    lay = reader.layout(store / "x")
+    path = lay.path((1, 0, 0))
+    blob = bytearray(open(path, "rb").read())
+    blob[10] ^= 0xFF
+    open(path, "wb").write(bytes(blob))
+    for nvcomp in (True, False):
+        with pytest.raises(InputError, match=r"variable 'x': chunk \(1, 0, 0\) \(file c/1/0/0\)"):
+            reader.open_array(store, "x", nvcomp=nvcomp).compute()

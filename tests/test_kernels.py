@@ -70,10 +70,17 @@ def test_standardize_cpu():
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
+def _cf_plan(fills, out_dtype):
+    from pipeline.sources.cf import plan
+
+    attrs = {"scale_factor": out_dtype.type(0.01), "add_offset": out_dtype.type(273.15)}
+    return plan("x", np.int16, {**attrs, "missing_value": np.array(fills, dtype=np.int16)} if fills else attrs)
+
+
 @pytest.mark.parametrize("fills", [(), (-32767,), (-32767, 32767)])
 def test_cf_decode_cpu(fills):
     raw = np.array([[-32767, 0, 100], [32767, -5, 12000]], dtype=np.int16)
-    got = elementwise.cf_decode_cpu(raw, fills, 0.01, 273.15, np.dtype(np.float64))
+    got = elementwise.cf_decode_cpu(raw, _cf_plan(fills, np.dtype(np.float64)))
     expected = raw * 0.01 + 273.15
     for f in fills:
         expected[raw == f] = np.nan
@@ -93,8 +100,9 @@ def test_cf_decode_gpu_matches_cpu(fills, out_dtype):
     raw[::5, ::3] = 32767
     raw[1, 1] = 0
     dtype = np.dtype(out_dtype)
-    cpu = elementwise.cf_decode_cpu(raw, fills, 0.01, 273.15, dtype)
-    gpu = elementwise.cf_decode_gpu(cupy.asarray(raw), fills, 0.01, 273.15, dtype)
+    plan = _cf_plan(fills, dtype)
+    cpu = elementwise.cf_decode_cpu(raw, plan)
+    gpu = elementwise.cf_decode_gpu(cupy.asarray(raw), plan)
     assert gpu.dtype == dtype
     np.testing.assert_array_equal(cupy.asnumpy(gpu), cpu)
 
@@ -547,8 +555,8 @@ from pipeline.kernels.launch import Spec  # noqa: E402
 STREAMING = [
     (elementwise.STANDARDIZE, np.float32, np.float32),
     (elementwise.STANDARDIZE, np.float64, np.float64),
-    (elementwise.CF_DECODE, np.int16, np.float32),
-    (elementwise.CF_DECODE, np.uint8, np.float64),
+    (elementwise.cf_spec(_cf_plan((-32767, 32767), np.dtype(np.float32)), np.dtype(np.int16)), np.int16, np.float32),
+    (elementwise.cf_spec(_cf_plan((), np.dtype(np.float64)), np.dtype(np.int16)), np.int16, np.float64),
     (groups.SUBTRACT_GROUPS, np.float32, np.float32),
     *[(spec, np.float32, np.float32) for spec in field_kernels.SVP.values()],
 ]

@@ -45,6 +45,7 @@ from ..backend import use_device_memory_limit
 from ..errors import DecodeError, UnsupportedLayout
 from . import pinned
 from .iopool import io_pool
+from ..sources.reads import chunk_error
 from .nvcomp import _copy_frames, _decode_frames, nvcomp_available
 from .streams import context, current
 
@@ -209,7 +210,9 @@ def frames(lay: Layout, blob) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     out (they hold the fill value)."""
     n = len(blob)
     if not lay.sharded:
-        return np.array([0]), np.array([n - 4 * lay.frame_crc]), np.array([0])
+        offsets, sizes, present = np.array([0]), np.array([n - 4 * lay.frame_crc]), np.array([0])
+        _check_crc(lay, blob, offsets, sizes)
+        return offsets, sizes, present
     count = math.prod(lay.grid)
     size = 16 * count + 4 * lay.index_crc
     raw = bytes(blob[n - size:] if lay.index_at_end else blob[:size])
@@ -225,7 +228,23 @@ def frames(lay: Layout, blob) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     sizes = index[present, 1].astype(np.int64) - 4 * lay.frame_crc
     if len(offsets) and (offsets.min() < 0 or (offsets + sizes).max() > n):
         raise OSError("shard index points outside the file")
+    _check_crc(lay, blob, offsets, sizes)
     return offsets, sizes, present
+
+
+def _check_crc(lay: Layout, blob, offsets, sizes) -> None:
+    """Each frame's trailing crc32c (codecs bytes -> zstd -> crc32c, as pipeline writes its outputs)
+    checked on the host before the frame goes to nvCOMP, as zarr checks it; a mismatch raises
+    DecodeError, so zarr reads the block and names the chunk (:class:`GpuSource`)."""
+    if not lay.frame_crc:
+        return
+    import google_crc32c
+
+    view = np.frombuffer(blob, dtype=np.uint8)  # google_crc32c takes arrays, not memoryviews
+    for o, s in zip(offsets.tolist(), sizes.tolist()):
+        stored = int.from_bytes(view[o + s:o + s + 4].tobytes(), "little")
+        if google_crc32c.value(view[o:o + s]) != stored:
+            raise DecodeError(f"{lay.root}: crc32c checksum mismatch in a frame")
 
 
 def assemble(xp, lay: Layout, decoded, present=None):
@@ -538,7 +557,9 @@ class GpuSource:
         use_device_memory_limit()
         try:
             return read_block(self.lay, region)
-        except DecodeError as e:  # a frame nvCOMP refuses: zarr decodes this block instead
+        except (DecodeError, OSError) as e:
+            # a frame nvCOMP refuses (or a shard index that does not hold): zarr decodes this block
+            # instead, and names the chunk if it cannot either
             _warn_once(f"{self.lay.root}: nvCOMP could not decode a block ({e}); zarr decodes it on the CPU")
             return StagedSource(self.lay.root, self.ndim, self.shape, self.dtype)[region]
 
@@ -568,7 +589,11 @@ class StagedSource:
         staging = pinned.take(nbytes)
         try:
             host = staging.bytes[:nbytes].view(self.dtype).reshape(shape)
-            arr.get_basic_selection(region, out=NDBuffer.from_numpy_array(host))
+            try:
+                arr.get_basic_selection(region, out=NDBuffer.from_numpy_array(host))
+            except Exception as e:  # a chunk zarr cannot decode: an InputError that names it
+                root = Path(self.root)
+                raise chunk_error(root.parent, root.name, tuple(region), e, arr) from None
             out = cp.empty(shape, dtype=self.dtype)
             ready = cp.cuda.Stream.null.record()  # as in read_block
             with context() as ctx:  # its exit synchronizes the copy

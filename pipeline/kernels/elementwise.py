@@ -12,6 +12,7 @@ Explicit C types make the float64 arithmetic and the cast back to the output typ
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -65,36 +66,92 @@ def standardize_gpu(x, mean, std, out_dtype):
 
 # --- CF decoding ---------------------------------------------------------------------------------
 
-# CF unpacking: raw values equal to a fill value become NaN, the rest raw * scale + offset
-CF_DECODE = Spec(
-    "flat", "pipeline_cf_decode",
-    (("in_t", "fill0"), ("in_t", "fill1"), ("int", "nfill"), ("out_t", "scale"), ("out_t", "offset"), ("out_t", "nanv")),
-    body="return ((nfill > 0 && x == fill0) || (nfill > 1 && x == fill1)) ? nanv : (out_t)x * scale + offset;",
-)
+# A variable's decoding is a CFPlan (built by pipeline.sources.cf from xarray's own rules): every
+# value below is already in the type that NumPy's promotion gives the operation in xarray's coders,
+# so the CPU (NumPy), the GPU fallback (CuPy) and the fused GPU kernel do the same arithmetic with
+# no promotion left to either library, and all three equal ``xarray.decode_cf`` bit for bit.
 
 
-def _fills(raw_dtype, fill_values):
-    fills = [raw_dtype.type(v) for v in fill_values[:2]]
-    return fills + [raw_dtype.type(0)] * (2 - len(fills)), len(fills)
+@dataclass(frozen=True)
+class CFPlan:
+    """One variable's CF decoding, in xarray's order.
+
+    ``values``: the storage type after ``_Unsigned`` (the raw values are cast to it);
+    ``mask``: the type the values are cast to before masking (None: no fill values);
+    ``fills``: each fill value already in the type it is compared in (NumPy's promotion of
+    ``mask`` and the attribute's type); masked values become NaN;
+    ``scale``/``offset``: ``scale_factor``/``add_offset`` in the type of that operation (None:
+    absent), whose result is cast back to ``out``.
+    """
+
+    values: np.dtype
+    mask: np.dtype | None
+    fills: tuple
+    scale: object
+    offset: object
+    out: np.dtype
 
 
-def cf_decode_cpu(raw, fill_values, scale, offset, out_dtype):
-    out = raw.astype(out_dtype) * out_dtype.type(scale) + out_dtype.type(offset)
-    for v in fill_values:
-        if not np.isnan(v):
-            out[raw == raw.dtype.type(v)] = np.nan
-    return out
+def _decode_with(xp, raw, plan: CFPlan):
+    """The plan as array operations with explicit types: NumPy on the CPU, CuPy on the GPU."""
+    data = raw.astype(plan.values, copy=False)
+    if plan.mask is not None:
+        data = data.astype(plan.mask, copy=True)
+        masked = xp.zeros(data.shape, dtype=bool)
+        for fill in plan.fills:
+            masked |= data.astype(fill.dtype, copy=False) == fill
+        data[masked] = np.nan
+    data = data.astype(plan.out, copy=False)
+    for value, op in ((plan.scale, xp.multiply), (plan.offset, xp.add)):
+        if value is not None:
+            data = op(data.astype(value.dtype, copy=False), value).astype(plan.out, copy=False)
+    return data
 
 
-def cf_decode_gpu(raw, fill_values, scale, offset, out_dtype):
+def cf_decode_cpu(raw, plan: CFPlan):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _decode_with(np, raw, plan)
+
+
+def cf_spec(plan: CFPlan, in_dtype) -> Spec | None:
+    """The fused kernel of a plan: one read, one write per value. None where a type has no C
+    equivalent here (float16, bool), which CuPy's array operations then decode."""
+    types = [in_dtype, plan.values, plan.out, *(f.dtype for f in plan.fills)]
+    types += [v.dtype for v in (plan.scale, plan.offset) if v is not None]
+    if plan.mask is not None:
+        types.append(plan.mask)
+    if any(np.dtype(t) not in launch.C_TYPES for t in types):
+        return None
+    c = launch.c_type
+    params, lines = [], []
+    if plan.mask is not None:
+        lines.append(f"const {c(plan.mask)} m = ({c(plan.mask)})({c(plan.values)})x;")
+        tests = []
+        for k, fill in enumerate(plan.fills):
+            params.append((c(fill.dtype), f"fill{k}"))
+            tests.append(f"({c(fill.dtype)})m == fill{k}")
+        params.append(("out_t", "nanv"))
+        lines.append(f"if ({' || '.join(tests)}) return nanv;")
+        lines.append("out_t v = (out_t)m;")
+    else:
+        lines.append(f"out_t v = (out_t)({c(plan.values)})x;")
+    for value, name, op in ((plan.scale, "scale", "*"), (plan.offset, "offset", "+")):
+        if value is not None:
+            params.append((c(value.dtype), name))
+            lines.append(f"v = (out_t)(({c(value.dtype)})v {op} {name});")
+    lines.append("return v;")
+    return Spec("flat", "pipeline_cf_decode", tuple(params), body=" ".join(lines))
+
+
+def cf_decode_gpu(raw, plan: CFPlan):
     import cupy
 
-    fills = [v for v in fill_values if not np.isnan(v)]
-    (f0, f1), nfill = _fills(raw.dtype, fills)
+    spec = cf_spec(plan, raw.dtype)
+    if spec is None:
+        return _decode_with(cupy, raw, plan)
     raw = cupy.ascontiguousarray(raw)
-    out = cupy.empty(raw.shape, dtype=out_dtype)
-    t = out_dtype.type
-    launch.stream(CF_DECODE, raw, out, f0, f1, np.int32(nfill), t(scale), t(offset), t(np.nan))
-    for v in fills[2:]:  # rare: more than two fill values
-        out[raw == raw.dtype.type(v)] = np.nan
+    out = cupy.empty(raw.shape, dtype=plan.out)
+    args = list(plan.fills) + ([plan.out.type(np.nan)] if plan.mask is not None else [])
+    args += [v for v in (plan.scale, plan.offset) if v is not None]
+    launch.stream(spec, raw, out, *args)
     return out

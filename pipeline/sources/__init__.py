@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
+import dask.array as da
+import numpy as np
 import xarray as xr
 
 from .. import backend as B
 from ..errors import InputError
-from . import netcdf, zarr
+from . import cf, netcdf, reads, zarr
 from .cf import decode
 
 
@@ -25,8 +27,8 @@ from .cf import decode
 class Format:
     """How to open one kind of store.
 
-    ``detect(path) -> name | None`` recognises it; ``open(path, name, chunks)`` opens it with xarray,
-    values still packed; ``shard_chunks(path, target_bytes)`` gives Dask chunks that follow its
+    ``detect(path) -> name | None`` recognises it; ``open(path, name, chunks, **decoding)`` opens it with xarray
+    (``decoding``: xarray's ``decode_cf``, ``mask_and_scale``); ``shard_chunks(path, target_bytes)`` gives Dask chunks that follow its
     shards (or ``{}``); ``device_array(path, variable, chunks)``, where given, reads a variable's
     chunks straight to the GPU.
     """
@@ -79,12 +81,17 @@ def open_dataset(
     backend
         "auto" (the GPU when one is visible), "cpu" or "gpu"; None reads ``pipeline.backend``.
     chunks
-        Dask chunks per dimension; None keeps the store's own chunks (whole shards of a sharded
-        store, as many along the first dimension as fit ``pipeline.gpu.block-size`` on the GPU).
+        Dask chunks per dimension (positive sizes of the store's dimensions); None keeps the
+        store's own chunks (whole shards of a sharded store, as many along the first dimension as
+        fit ``pipeline.gpu.block-size`` on the GPU).
     variables
         Data variables to keep (all by default); a missing name raises InputError.
     decode_cf
-        Unpack ``scale_factor``/``add_offset`` and mask ``_FillValue``/``missing_value`` on the backend.
+        Decode CF values as ``xarray.decode_cf`` does (:mod:`.cf`): numbers are unpacked on the
+        backend; values that are not numbers (strings) pass through unchanged, on the host.
+
+    A chunk that cannot be read raises InputError naming the store, the variable and the chunk
+    (:mod:`.reads`).
 
     Examples
     --------
@@ -96,6 +103,9 @@ def open_dataset(
     name = "zarr3" if is_url(path) else store_format(path)
     fmt = FORMATS[name]
     local = not is_url(path)
+    kind = name if local else "url"
+    raw = _open(fmt, path, kind, name, decode_cf=False)  # metadata: storage types and attributes
+    _check_chunks(path, chunks, raw.sizes)
     if fmt.shard_chunks is not None and local:
         if chunks is None:
             from ..exec.memory import block_target
@@ -104,10 +114,8 @@ def open_dataset(
         elif isinstance(chunks, Mapping):
             # dimensions left out take one block per shard, not xarray's choice (the inner chunks)
             chunks = {**fmt.shard_chunks(path), **chunks}
-    try:
-        ds = fmt.open(path, "url" if not local else name, {} if chunks is None else chunks)
-    except (ValueError, KeyError, OSError) as e:
-        raise InputError(f"{path}: could not be opened as {name}: {e}") from e
+    masks = cf.xarray_masks(raw) if decode_cf else False
+    ds = _open(fmt, path, kind, name, mask_and_scale=masks)
     if variables is not None:
         variables = list(variables)
         missing = [v for v in variables if v not in ds.data_vars]
@@ -116,17 +124,69 @@ def open_dataset(
                 f"{path}: no variable {', '.join(map(repr, missing))} (variables: {', '.join(map(str, ds.data_vars))})"
             )
         ds = ds[variables]
+    ds = _chunked(ds, path, chunks or {}, zarr_path=str(path) if fmt is ZARR else None)
     direct = target == "gpu" and local and fmt.device_array is not None
-    for var_name, var in ds.data_vars.items():
-        if direct:  # compressed chunks go to the GPU and decode there (pipeline.gpu.reader)
-            data = fmt.device_array(path, str(var_name), var.data.chunks)
-        else:
-            data = B.to_backend(var.data, target)
+    for var_name, var in ds.variables.items():
+        if var_name in ds.indexes or not isinstance(var.data, da.Array):
+            continue
+        data, unpack = var.data, decode_cf and not (masks or {}).get(str(var_name), False)
+        if var_name in ds.data_vars and cf.is_numeric(var.dtype):
+            if direct and unpack:  # compressed chunks go to the GPU and decode there (pipeline.gpu.reader)
+                data = fmt.device_array(path, str(var_name), data.chunks)
+            else:
+                data = B.to_backend(data, target)
         attrs, encoding = dict(var.attrs), dict(var.encoding)
-        if decode_cf:
-            data, attrs, encoding = decode(data, attrs, encoding)
+        if unpack:
+            data, attrs, encoding = cf.decode(data, attrs, encoding, str(var_name))
         ds[var_name] = xr.Variable(var.dims, data, attrs, encoding)
     return ds
+
+
+def _open(fmt: Format, path, kind: str, name: str, **decoding) -> xr.Dataset:
+    """The store opened lazily by xarray (no Dask yet); InputError naming it where it cannot be."""
+    try:
+        return fmt.open(path, kind, None, **decoding)
+    except (ValueError, KeyError, OSError) as e:
+        raise InputError(f"{path}: could not be opened as {name}: {e}") from e
+
+
+def _check_chunks(path, chunks, sizes: Mapping) -> None:
+    """Chunk sizes must be positive and name dimensions of the store (xarray would ignore both)."""
+    if not isinstance(chunks, Mapping):
+        return
+    dims = ", ".join(f"{d} ({n})" for d, n in sizes.items()) or "none"
+    for dim, size in chunks.items():
+        if dim not in sizes:
+            raise InputError(f"{path}: chunks name dimension {dim!r}, which the store does not have (dimensions: {dims})")
+        if size != "auto" and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+            raise InputError(f"{path}: chunks of {dim!r} must be a positive number of steps, got {size!r} (dimensions: {dims})")
+
+
+def _chunked(ds: xr.Dataset, path, chunks: Mapping, zarr_path: str | None) -> xr.Dataset:
+    """Each lazy variable of ``ds`` as a Dask array of ``chunks`` (the store's chunks along the
+    dimensions not named), read block by block through :class:`.reads.StoreArray`."""
+    from dask.base import tokenize
+
+    token = tokenize(str(path), _mtime(path), dict(chunks))
+    out = ds.copy()
+    for var_name, var in ds.variables.items():
+        if var_name in ds.indexes or var.ndim == 0:
+            continue
+        preferred = var.encoding.get("preferred_chunks", {})
+        wanted = tuple(chunks.get(d, preferred.get(d, n)) for d, n in zip(var.dims, var.shape))
+        blocks = da.core.normalize_chunks(wanted, var.shape, dtype=var.dtype)
+        source = reads.StoreArray(var, str(path), str(var_name), zarr_path)
+        data = da.from_array(source, chunks=blocks, name=f"open_dataset-{var_name}-{token}",
+                             meta=np.empty((0,) * var.ndim, dtype=var.dtype))
+        out[var_name] = xr.Variable(var.dims, data, var.attrs, var.encoding)
+    return out
+
+
+def _mtime(path) -> float | None:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return None
 
 
 __all__ = ["FORMATS", "Format", "decode", "is_url", "open_dataset", "store_format"]

@@ -13,5 +13,6 @@ def detect(path: Path) -> str | None:
     return "netcdf" if path.is_file() and path.suffix.lower() in SUFFIXES else None
 
 
-def open_store(path, fmt: str, chunks) -> xr.Dataset:
-    return xr.open_dataset(path, chunks=chunks, mask_and_scale=False)
+def open_store(path, fmt: str, chunks, **decoding) -> xr.Dataset:
+    """The file as xarray opens it, with xarray's ``decoding`` options (``mask_and_scale``...)."""
+    return xr.open_dataset(path, chunks=chunks, **decoding)

@@ -1,4 +1,4 @@
-"""Zarr v2 and v3 stores: opened by xarray (CF decoding of values left to :mod:`.cf`); on the GPU,
+"""Zarr v2 and v3 stores: opened by xarray (CF decoding of values mostly left to :mod:`.cf`); on the GPU,
 each variable's chunks are read by :mod:`pipeline.gpu.reader` straight to the device."""
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ def _consolidated(path: Path, fmt: str) -> bool:
 
 
 
-def open_store(path, fmt: str, chunks) -> xr.Dataset:
-    """The store as xarray opens it, values still packed."""
+def open_store(path, fmt: str, chunks, **decoding) -> xr.Dataset:
+    """The store as xarray opens it, with xarray's ``decoding`` options (``mask_and_scale``...)."""
     if fmt == "url":
-        return xr.open_zarr(str(path), chunks=chunks, mask_and_scale=False)
-    return xr.open_zarr(path, chunks=chunks, mask_and_scale=False, consolidated=_consolidated(Path(path), fmt))
+        return xr.open_zarr(str(path), chunks=chunks, **decoding)
+    return xr.open_zarr(path, chunks=chunks, consolidated=_consolidated(Path(path), fmt), **decoding)
 
 
 def device_array(path, name: str, chunks):
