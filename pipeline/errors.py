@@ -2,8 +2,12 @@
 
 The CLI turns the errors of the input (:class:`InputError` and its children, and
 :class:`BackendError`) into exit code 2 and a message that names the file, the key or the variable
-and what was expected; any other error is a failure (exit code 1).
+and what was expected; any other error is a failure (exit code 1). :func:`chunk_error` builds the
+error for a chunk that could not be read.
 """
+
+import itertools
+import math
 
 
 class PipelineError(Exception):
@@ -34,4 +38,31 @@ class DecodeError(PipelineError, RuntimeError):
     """nvCOMP refused or failed to decode frames (zarr decodes that block instead)."""
 
 
-__all__ = ["BackendError", "DecodeError", "FlowError", "InputError", "KernelNotFound", "PipelineError", "UnsupportedLayout"]
+def chunk_error(path, variable: str, region: tuple[slice, ...], error: Exception, zarr_array=None) -> InputError:
+    """The InputError for a block of ``variable`` that could not be read: the store, the variable,
+    the stored chunk (located within ``region`` where ``zarr_array`` is given) and the decoder's
+    message."""
+    where = "values " + ", ".join(f"{s.start}:{s.stop}" for s in region)
+    if zarr_array is not None:
+        where = _failing_chunk(zarr_array, region) or where
+    return InputError(
+        f"{path}: variable {variable!r}: {where} could not be read (corrupt or unreadable data)\n"
+        f"  {type(error).__name__}: {error}"
+    )
+
+
+def _failing_chunk(arr, region: tuple[slice, ...]) -> str | None:
+    """``chunk (i, j, ..) (file KEY)`` of the first stored chunk (or shard) of ``region`` that zarr
+    fails to read, or None where each reads on its own."""
+    grid = tuple(arr.shards or arr.chunks)
+    ranges = [range(s.start // c, math.ceil(s.stop / c)) for s, c in zip(region, grid)]
+    for coords in itertools.product(*ranges):
+        sel = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(coords, grid, arr.shape))
+        try:
+            arr[sel]
+        except Exception:
+            return f"chunk {coords} (file {arr.metadata.encode_chunk_key(coords)})"
+    return None
+
+
+__all__ = ["BackendError", "chunk_error", "DecodeError", "FlowError", "InputError", "KernelNotFound", "PipelineError", "UnsupportedLayout"]

@@ -17,11 +17,12 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "pipeline"
 
 # what each part of the package may import from the rest of it (besides itself)
-FOUNDATION = {"errors", "config", "state"}
+FOUNDATION = {"errors", "config", "state", "log"}
 ALLOWED = {
     "errors": set(),
     "config": set(),
     "state": set(),
+    "log": set(),
     "backend": {"errors", "config", "state"},
     "kernels": {"backend", "errors"},
     "gpu": {"backend", *FOUNDATION},

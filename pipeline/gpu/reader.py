@@ -42,10 +42,9 @@ import numpy as np
 
 from .. import config
 from ..backend import use_device_memory_limit
-from ..errors import DecodeError, UnsupportedLayout
+from ..errors import DecodeError, UnsupportedLayout, chunk_error
 from . import pinned
 from .iopool import io_pool
-from ..sources.reads import chunk_error
 from .nvcomp import _copy_frames, _decode_frames, nvcomp_available
 from .streams import context, current
 

@@ -11,40 +11,11 @@ schedulers alike.
 
 from __future__ import annotations
 
-import itertools
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError, PipelineError
-
-
-def chunk_error(path, variable: str, region: tuple[slice, ...], error: Exception, zarr_array=None) -> InputError:
-    """The InputError for a block of ``variable`` that could not be read: the store, the variable,
-    the stored chunk (located within ``region`` where ``zarr_array`` is given) and the decoder's
-    message."""
-    where = "values " + ", ".join(f"{s.start}:{s.stop}" for s in region)
-    if zarr_array is not None:
-        where = _failing_chunk(zarr_array, region) or where
-    return InputError(
-        f"{path}: variable {variable!r}: {where} could not be read (corrupt or unreadable data)\n"
-        f"  {type(error).__name__}: {error}"
-    )
-
-
-def _failing_chunk(arr, region: tuple[slice, ...]) -> str | None:
-    """``chunk (i, j, ..) (file KEY)`` of the first stored chunk (or shard) of ``region`` that zarr
-    fails to read, or None where each reads on its own."""
-    grid = tuple(arr.shards or arr.chunks)
-    ranges = [range(s.start // c, math.ceil(s.stop / c)) for s, c in zip(region, grid)]
-    for coords in itertools.product(*ranges):
-        sel = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(coords, grid, arr.shape))
-        try:
-            arr[sel]
-        except Exception:
-            return f"chunk {coords} (file {arr.metadata.encode_chunk_key(coords)})"
-    return None
+from ..errors import PipelineError, chunk_error
 
 
 def _region(key, shape) -> tuple[slice, ...]:
