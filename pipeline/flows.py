@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import dask
 import xarray as xr
 import yaml
 from dask.utils import parse_bytes
@@ -38,7 +39,7 @@ from . import config
 from .exec import memory
 from . import ops as ops_registry
 from .errors import FlowError, InputError
-from .sinks.zarr import directory_bytes, write_zarr
+from .sinks.zarr import check_target, directory_bytes, source_fingerprint, write_zarr
 from .sources import open_dataset
 from .exec.report import attribute, gbps, task_timer
 
@@ -252,6 +253,12 @@ def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
     return BuiltFlow(flow, target, results["source"], result, parts)
 
 
+def check_sink(flow: Flow, output: str | Path | None = None) -> None:
+    """Refuse, before anything runs, a sink that would destroy data: one that is, contains or lies
+    inside the source, or (mode overwrite) an existing path that is not a store pipeline wrote."""
+    check_target(output or flow.sink.path, mode=flow.sink.mode, protect=(flow.source.path,))
+
+
 def run_flow(
     flow: Flow | str | Path,
     *,
@@ -261,23 +268,26 @@ def run_flow(
     client=None,
     report: str | Path | None = None,
     progress: bool = False,
+    resume: bool = False,
 ) -> dict:
     """Run a flow: generate a missing demo source, build the graph, write the sink, report.
 
     ``source`` reads the source variable from that store instead of the flow's ``source.path``
     (for instance the copy ``pipeline convert`` writes); no demo is generated for it. Returns the
-    report (also written as JSON to ``report`` when given).
+    report (also written as JSON to ``report`` when given). ``resume`` continues from the partial
+    output a killed run of the same flow on the same source left, computing only missing chunks.
     """
     if not isinstance(flow, Flow):
         flow = load_flow(flow)
     if source is not None:
         flow = with_source(flow, source)
     target = B.resolve(backend or flow.backend)  # a backend that is not there is refused before any write
+    sink_path = output or flow.sink.path
+    check_sink(flow, sink_path)
     t0 = time.perf_counter()
     generated = ensure_source(flow)
     t_source = time.perf_counter() - t0
     built = build_flow(flow, target)
-    sink_path = output or flow.sink.path
     results = built.result.data_vars.values() if isinstance(built.result, xr.Dataset) else [built.result]
     mem_plan = None
     if client is None:  # a cluster's workers keep their own limits and spill
@@ -286,8 +296,13 @@ def run_flow(
     from .exec.spill import spilled_bytes
 
     spilled_bytes(reset=True)
+    # what a partial output must have been written from to be resumed: this flow, backend and source
+    fingerprint = dask.base.tokenize(flow.model_dump(mode="json"), built.backend, source_fingerprint(flow.source.path))
     with task_timer(client) as times:
-        write_zarr(built.result, sink_path, mode=flow.sink.mode, name=flow.sink.name, progress=progress)
+        written = write_zarr(
+            built.result, sink_path, mode=flow.sink.mode, name=flow.sink.name, progress=progress,
+            protect=(flow.source.path,), resume=resume, fingerprint=fingerprint,
+        )
     by_part = attribute(times, built.parts)
 
     src_var = Path(flow.source.path) / flow.source.variable
@@ -312,7 +327,10 @@ def run_flow(
             "shape": list(built.source.shape),
             "chunks": [list(c) for c in built.source.data.chunks],
         },
-        "sink": {"path": str(sink_path), "bytes_stored": directory_bytes(sink_path), "nbytes": int(built.result.nbytes)},
+        "sink": {
+            "path": str(sink_path), "bytes_stored": directory_bytes(sink_path), "nbytes": int(built.result.nbytes),
+            "digests": written.digests, "chunks_written": written.chunks_written, "chunks_kept": written.chunks_kept,
+        },
         "bytes_read": nbytes_read,
         "bytes_read_stored": stored_read,
         "wall_seconds": round(times.wall, 4),

@@ -281,7 +281,7 @@ def check_target(path: str | os.PathLike, *, mode: str, protect: Iterable[str | 
     if not os.path.lexists(final) or _stale_reservation(final):
         return
     if mode == "fail":
-        raise InputError(f"{path}: already exists (mode 'fail'); remove it or write elsewhere")
+        raise InputError(f"{path}: already exists; remove it, write elsewhere, or overwrite it (mode 'overwrite', --overwrite)")
     if final.is_dir() and not final.is_symlink() and not any(final.iterdir()):
         return
     manifest = read_manifest(final) if final.is_dir() and not final.is_symlink() else None
@@ -429,7 +429,7 @@ def write_zarr(
                 try:
                     os.mkdir(final)  # atomic: of two runs, one reserves the path
                 except FileExistsError:
-                    raise InputError(f"{path}: already exists (mode 'fail'); remove it or write elsewhere") from None
+                    raise InputError(f"{path}: already exists (another run created it meanwhile)") from None
                 reserved = True
                 note(reserved=True)
             written = _write(ds, partial, encoding, zarr_format, fingerprint, kind, progress, threads, fresh=not partial.exists())
