@@ -29,17 +29,18 @@ REPO = Path(__file__).resolve().parent.parent
 FLOW = REPO / "flows" / "climate_anomaly.yaml"
 MONTHLY = REPO / "flows" / "monthly_anomaly.yaml"
 
-# Loaded at interpreter start where its directory is on PYTHONPATH: every block write of the
-# process (a run, or a dask worker) sleeps first, so that a signal lands while writes go on.
+# Loaded at interpreter start where its directory is on PYTHONPATH: every write into a zarr array
+# in the process (a run, or a dask worker) takes that long, as on slow storage, so that a signal
+# lands while writes go on and a cancelled write ends well after the cancel.
 SLOW_WRITES = '''
 import os, time
 if os.environ.get("PIPELINE_TEST_SLOW_WRITE"):
-    import pipeline.sinks.zarr as _sink
-    _write_block = _sink._write_block
-    def slow_write_block(block, block_info=None, **kwargs):  # block_info by name: map_blocks looks for it
+    import zarr
+    _setitem = zarr.Array.__setitem__
+    def slow_setitem(self, selection, value):
         time.sleep(float(os.environ["PIPELINE_TEST_SLOW_WRITE"]))
-        return _write_block(block, block_info, **kwargs)
-    _sink._write_block = slow_write_block
+        return _setitem(self, selection, value)
+    zarr.Array.__setitem__ = slow_setitem
 '''
 
 
@@ -225,7 +226,7 @@ def test_verify_names_a_variable_whose_values_changed(tmp_path):
 def test_sigterm_on_a_cluster_leaves_nothing_behind(tmp_path):
     assert cli("demo", "src.zarr", "--size", "4MB", "--time-chunk", "2", cwd=tmp_path).returncode == 0
     sched_file = tmp_path / "scheduler.json"
-    slow = env(tmp_path, slow=0.5)
+    slow = env(tmp_path, slow=1.5)  # longer than the moment the removal of a partial watches it
     dask_cli = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
     procs = [subprocess.Popen([*dask_cli, "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file",
                                str(sched_file)], cwd=tmp_path, env=slow, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
