@@ -20,7 +20,7 @@ import yaml
 import zarr
 
 from pipeline.errors import InputError
-from pipeline.flows import check_sink, load_flow
+from pipeline.flows import check_sink, load_flow, with_source
 from pipeline.sinks.zarr import MANIFEST, check_target, verify, write_zarr
 
 from .conftest import climate_array
@@ -89,10 +89,9 @@ def test_run_refuses_an_output_over_its_input(tmp_path, source, output):
     assert r.returncode == 2, r.stderr
     assert "src.zarr" in r.stderr and "input" in r.stderr and "Traceback" not in r.stderr
     assert tree(tmp_path) == before  # nothing touched: not the source, not the other files
-    np.isfinite(xr.open_zarr(source)["tas"].values).all()
+    assert np.isfinite(xr.open_zarr(source)["tas"].values).all()
     with pytest.raises(InputError, match="input"):  # what `pipeline validate` can call
-        check_sink(load_flow(FLOW).model_copy(update={"source": load_flow(FLOW).source.model_copy(update={"path": str(source)})}),
-                   output=str(tmp_path / output))
+        check_sink(with_source(load_flow(FLOW), source), output=str(tmp_path / output))
 
 
 def test_overwrite_refuses_what_pipeline_did_not_write(tmp_path, source):
