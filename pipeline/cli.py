@@ -45,12 +45,15 @@ def cmd_run(args) -> int:
     with open_cluster(profile) as client:
         rep = run_flow(
             flow, backend=args.backend, output=args.output, client=client, report=args.report, progress=progress,
-            command=args.command_line,
+            command=args.command_line, resume=args.resume,
         )
     print(
         f"{rep['flow']}: wrote {rep['sink']['path']} on {rep['backend']} in {rep['wall_seconds']:.2f} s "
         f"({rep['bytes_read'] / 1e9:.3f} GB read, {rep['throughput_GBps']} GB/s; {step_times(rep['steps'])})"
     )
+    if rep["sink"]["chunks_kept"]:
+        kept, total = rep["sink"]["chunks_kept"], rep["sink"]["chunks_kept"] + rep["sink"]["chunks_written"]
+        print(f"resumed: {kept} of {total} chunks were kept from the interrupted run")
     if args.report:
         print(f"report: {args.report}")
     return EXIT_OK
@@ -73,9 +76,10 @@ def cmd_validate(args) -> int:
 def _validate_one(path: str) -> str:
     from pathlib import Path
 
-    from .flows import build_flow, load_flow
+    from .flows import build_flow, check_sink, load_flow
 
     flow = load_flow(path)
+    check_sink(flow)  # a sink that would destroy data (the source itself, a store pipeline did not write)
     line = f"{path}: valid flow {flow.name!r} with {len(flow.steps)} step(s): {' -> '.join(s.op for s in flow.steps)}"
     src = flow.source
     if not Path(src.path).exists() and "://" not in src.path and src.demo is not None:
@@ -148,7 +152,10 @@ def cmd_demo(args) -> int:
     t = time.perf_counter()
     from . import config
 
-    path = write_demo(args.path, args.size or config.get("demo.size", "64MB"), seed=args.seed, resolution=args.resolution, time_chunk=args.time_chunk, overwrite=args.overwrite)
+    path = write_demo(
+        args.path, args.size or config.get("demo.size", "64MB"), seed=args.seed, resolution=args.resolution,
+        time_chunk=args.time_chunk, overwrite=args.overwrite, progress=_progress(args),
+    )
     from .sinks.zarr import directory_bytes
 
     print(f"wrote {path} ({directory_bytes(path) / 1e9:.3f} GB stored) in {time.perf_counter() - t:.1f} s")
@@ -178,6 +185,14 @@ def cmd_convert(args) -> int:
     return EXIT_OK
 
 
+def cmd_verify(args) -> int:
+    from .sinks.zarr import verify
+
+    digests = verify(args.store)
+    print(f"{args.store}: {len(digests)} variable(s) match their digests: {', '.join(digests)}")
+    return EXIT_OK
+
+
 def _progress(args) -> bool:
     return not getattr(args, "no_progress", False) and sys.stderr.isatty()
 
@@ -203,6 +218,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--report", help="write a JSON report here: time per step, bytes, throughput, and an audit "
                    "trail (flow digest, input fingerprints, output digests, versions, host, user, command)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
+    r.add_argument("--resume", action="store_true", help="continue from the partial output a killed run of the "
+                   "same flow on the same source left: only its missing chunks are computed")
     r.set_defaults(func=cmd_run)
 
     v = sub.add_parser("validate", help="check flows without running them", parents=[common],
@@ -225,7 +242,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--resolution", type=float, default=None, help="grid spacing in degrees (default: 2.5 below 1 GiB, else 0.25)")
     d.add_argument("--time-chunk", type=int, default=73, help="time steps per chunk (default 73)")
-    d.add_argument("--overwrite", action="store_true")
+    d.add_argument("--overwrite", action="store_true", help="replace a demo store pipeline wrote there")
+    d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("convert", help="copy a store into the sharded Zarr v3 layout the GPU decodes fastest",
@@ -239,6 +257,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_convert)
+
+    f = sub.add_parser("verify", help="check a store pipeline wrote against the digests in its manifest")
+    f.add_argument("store")
+    f.set_defaults(func=cmd_verify)
     return p
 
 

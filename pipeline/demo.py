@@ -14,7 +14,6 @@ blocks are written in parallel and the same arguments always give the same value
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import dask.array as da
 import numpy as np
@@ -144,16 +143,25 @@ def write_demo(
     resolution: float | None = None,
     time_chunk: int = 73,
     overwrite: bool = False,
-) -> Path:
-    """Generate the demo dataset and write it as a Zarr v3 store, in parallel, all or nothing."""
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise InputError(f"{path}: already exists (pass overwrite to replace it)")
+    progress: bool = False,
+):
+    """Generate the demo dataset and write it as a Zarr v3 store, in parallel, all or nothing.
+
+    ``overwrite`` replaces only a demo store pipeline wrote (anything else at ``path`` is refused,
+    untouched). ``progress`` says what is written where, and shows dask's progress bar (stderr).
+    """
     ds = demo_dataset(size, seed=seed, resolution=resolution, time_chunk=time_chunk)
     # packing attributes are encodings for the writer: the int16 values are stored as they are
     ds["sst_packed"].attrs = {k: v for k, v in ds["sst_packed"].attrs.items() if k != "_FillValue"}
     encoding = {"sst_packed": {"_FillValue": PACK_FILL}}
-    return write_zarr(ds, path, mode="overwrite", encoding=encoding)
+    if progress:
+        import sys
+
+        from dask.utils import format_bytes
+
+        shape = " x ".join(map(str, ds["tas"].shape))
+        print(f"writing the demo dataset, {format_bytes(ds.nbytes)} ({shape} time x lat x lon), to {path}", file=sys.stderr)
+    return write_zarr(ds, path, mode="overwrite" if overwrite else "fail", encoding=encoding, kind="demo", progress=progress)
 
 
 def nbytes_of(size: str | int) -> int:

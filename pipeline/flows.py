@@ -40,7 +40,7 @@ from . import config
 from .exec import memory
 from . import ops as ops_registry
 from .errors import FlowError, InputError
-from .sinks.zarr import directory_bytes, write_zarr
+from .sinks.zarr import check_target, directory_bytes, write_zarr
 from .sources import open_dataset
 from .exec.report import (
     attribute, check_report_path, combined, gbps, path_fingerprint, sha256_bytes, task_timer, versions, who,
@@ -394,6 +394,12 @@ def _timing(t: dict) -> dict:
     return {**t, **({"fused_into": _part_name(t["fused_into"])} if "fused_into" in t else {})}
 
 
+def check_sink(flow: Flow, output: str | Path | None = None) -> None:
+    """Refuse, before anything runs, a sink that would destroy data: one that is, contains or lies
+    inside the source, or (mode overwrite) an existing path that is not a store pipeline wrote."""
+    check_target(output or flow.sink.path, mode=flow.sink.mode, protect=(flow.source.path,))
+
+
 def run_flow(
     flow: Flow | str | Path,
     *,
@@ -404,6 +410,7 @@ def run_flow(
     report: str | Path | None = None,
     progress: bool = False,
     command: str | None = None,
+    resume: bool = False,
 ) -> dict:
     """Run a flow: generate a missing demo source, build the graph, write the sink, report.
 
@@ -412,6 +419,8 @@ def run_flow(
     report (also written as JSON to ``report`` when given: checked before anything runs, written
     whole, and written for a failed run too, with its error and exit status). ``command`` is the
     command line recorded in the report and the output's history (default: this process's).
+    ``resume`` continues from the partial output a killed or interrupted run of the same flow on
+    the same source left, computing only the missing chunks.
     """
     if report:
         check_report_path(report)
@@ -427,7 +436,7 @@ def run_flow(
     if command is not None:
         rep["command"] = command
     try:
-        rep |= _run(flow, rep, backend=backend, output=output, client=client, progress=progress)
+        rep |= _run(flow, rep, backend=backend, output=output, client=client, progress=progress, resume=resume)
     except BaseException as e:
         rep |= {"status": "failed", "exit_status": 2 if isinstance(e, InputError) else 1,
                 "error": f"{type(e).__name__}: {e}"}
@@ -442,9 +451,11 @@ def run_flow(
     return rep
 
 
-def _run(flow: Flow, rep: dict, *, backend, output, client, progress) -> dict:
+def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume) -> dict:
     """The body of :func:`run_flow`: what it adds to the report ``rep`` (which holds who runs what)."""
     target = B.resolve(backend or flow.backend)  # a backend that is not there is refused before any write
+    sink_path = output or flow.sink.path
+    check_sink(flow, sink_path)
     t0 = time.perf_counter()
     generated = ensure_source(flow)
     t_source = time.perf_counter() - t0
@@ -467,8 +478,13 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress) -> dict:
                                                "variable": flow.source.variable, "backend": built.backend,
                                                "sink": str(sink_path), "steps": [s.label for s in flow.steps]})
     spilled_bytes(reset=True)
+    # a partial output is resumed only if written from this flow, on these inputs, on this backend
+    resume_token = combined([rep["fingerprint"], built.backend])
     with task_timer(client) as times:
-        written = write_zarr(out, sink_path, mode=flow.sink.mode, name=flow.sink.name, progress=progress)
+        written = write_zarr(
+            out, sink_path, mode=flow.sink.mode, name=flow.sink.name, progress=progress,
+            protect=(flow.source.path,), resume=resume, fingerprint=resume_token,
+        )
     by_part = {part: _timing(t) for part, t in attribute(times, built.parts).items()}
 
     src_var = Path(flow.source.path) / flow.source.variable
@@ -492,8 +508,8 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress) -> dict:
             "chunks": [list(c) for c in built.source.data.chunks],
         },
         "sink": {"path": str(sink_path), "bytes_stored": directory_bytes(sink_path), "nbytes": int(built.result.nbytes),
-                 "variables": list(map(str, out.data_vars)), "attrs": out.attrs,
-                 "digests": dict(getattr(written, "digests", None) or {})},
+                 "variables": list(map(str, out.data_vars)), "attrs": out.attrs, "digests": written.digests,
+                 "chunks_written": written.chunks_written, "chunks_kept": written.chunks_kept},
         "bytes_read": nbytes_read,
         "bytes_read_stored": stored_read,
         "wall_seconds": round(times.wall, 4),

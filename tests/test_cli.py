@@ -204,7 +204,7 @@ def test_sigterm_leaves_no_partial_output(tmp_path):
         env={**os.environ, "DASK_PIPELINE__BACKEND": "cpu"},
     )
     deadline = time.time() + 60
-    while time.time() < deadline and not any((tmp_path / "out").glob(".climate_anomaly.zarr.partial-*")):
+    while time.time() < deadline and not any((tmp_path / "out").glob(".climate_anomaly.zarr.partial*")):
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)

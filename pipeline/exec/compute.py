@@ -127,7 +127,7 @@ def compute(obj, progress: bool = False, threads: int | None = None):
             return client.gather(future)  # one future, or a list of them for a list of collections
         except BaseException:
             client.cancel(future)
-            _wait_idle(client)
+            _wait_idle(client, _tokens(obj))
             raise
     if dask.config.get("scheduler", None) not in (None, "threads", "threading"):
         return dask.compute(obj)[0]  # a scheduler the user chose: leave it alone
@@ -151,15 +151,45 @@ def compute(obj, progress: bool = False, threads: int | None = None):
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _wait_idle(client, timeout: float = 30.0) -> None:
-    """Wait until the cluster runs no task (after a cancel, running tasks still finish)."""
+def _tokens(obj) -> set[str]:
+    """The tokens (the hex part of key names) of the graphs of ``obj``: a task whose key holds one
+    of them, fused with others or not, is a task of this computation."""
+    import re
+
+    from dask.base import unpack_collections
+    from dask.core import flatten
+
+    collections, _ = unpack_collections(obj)
+    names = set()
+    for c in collections:
+        names.update(getattr(c.__dask_graph__(), "layers", {}) or ())
+        names.update(str(k[0] if isinstance(k, tuple) else k) for k in flatten(c.__dask_keys__()))
+    return {t for n in names for t in re.findall(r"[0-9a-f]{32}", n)} or names
+
+
+def _running_keys(dask_worker) -> list[str]:
+    """On a worker: the keys of the tasks its threads run, cancelled ones included (a cancelled
+    task that already started runs to its end)."""
+    return [str(ts.key) for ts in dask_worker.state.all_running_tasks]
+
+
+def _wait_idle(client, tokens: set[str], timeout: float = 120.0) -> None:
+    """Wait until no worker runs a task of this computation (``tokens``, see :func:`_tokens`):
+    after a cancel, tasks that started still run to their end, and their writes with them. The
+    scheduler forgets cancelled tasks at once, so each worker is asked what its threads run."""
     import time
 
     deadline = time.monotonic() + timeout
+    quiet = 0
+    running: list[str] = []
     while time.monotonic() < deadline:
         try:
-            if not any(client.processing().values()):
-                return
+            answers = client.run(_running_keys, on_error="return")
         except Exception:
+            return  # the cluster is gone: nothing of ours runs on it
+        running = [k for keys in answers.values() if isinstance(keys, list) for k in keys if any(t in k for t in tokens)]
+        quiet = 0 if running else quiet + 1
+        if quiet >= 2:  # twice in a row: no task was about to start between two answers
             return
         time.sleep(0.1)
+    warnings.warn(f"after {timeout:.0f} s, {len(running)} task(s) of the cancelled computation still run on the workers", stacklevel=3)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from typing import Mapping
 
 from ..errors import InputError
@@ -36,7 +35,7 @@ def convert(
     compression: str = "zstd",
     mode: str = "overwrite",
     progress: bool = False,
-) -> Path:
+):
     """Copy a Zarr store or NetCDF file into a Zarr v3 store that the GPU reads fastest.
 
     With ``compression="zstd"`` (the default) each shard holds one Dask block of the source (its
@@ -45,7 +44,9 @@ def convert(
     ``compression="none"`` each chunk is one such block, uncompressed: nothing to decode, a third
     more bytes to read (for stores read from memory or fast disks, where decoding is the slowest
     step). Values, attributes and CF encodings are copied unchanged (packed integers stay packed),
-    and any Zarr v3 reader opens the result.
+    and any Zarr v3 reader opens the result. The inner frames carry no crc32c (the GPU reader
+    would skip it unchecked); each shard's index keeps zarr's crc32c. ``src`` is protected: the
+    copy may not be, contain or lie inside it.
     """
     from dask.utils import parse_bytes
 
@@ -64,4 +65,4 @@ def convert(
         if fill is not None:
             enc["_FillValue"] = fill
         encoding[name] = enc
-    return write_zarr(ds, dst, mode=mode, encoding=encoding, progress=progress)
+    return write_zarr(ds, dst, mode=mode, encoding=encoding, progress=progress, protect=(src,), kind="convert")
