@@ -301,7 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         _err(str(e), exit_status=EXIT_INPUT)
         return EXIT_INPUT
     except KeyboardInterrupt:
-        _err("interrupted; no partial output was left behind", exit_status=EXIT_FAILURE)
+        if getattr(args, "resume", False):
+            _err("interrupted; the partial output is kept: run again with --resume to complete it", exit_status=EXIT_FAILURE)
+        else:
+            _err("interrupted; no partial output was left behind", exit_status=EXIT_FAILURE)
         return EXIT_FAILURE
     except BrokenPipeError:  # the reader of our output went away (`pipeline ops | head`)
         sys.stderr.close()

@@ -96,3 +96,25 @@ def test_without_resume_the_next_run_removes_the_partial(killed, tmp_path):
     assert json.loads((work / "rep.json").read_text())["sink"]["chunks_kept"] == 0
     assert sorted(p.name for p in work.iterdir() if "out.zarr" in p.name) == ["out.zarr"]
     assert stored_bytes(work / "out.zarr") == stored_bytes(work / "clean.zarr")
+
+
+def test_a_terminated_run_with_resume_keeps_its_partial_and_the_next_completes_it(killed, tmp_path):
+    """A batch system cancels with SIGTERM: with --resume, what was written stays for the rerun."""
+    tmp, _, total = killed
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "src.zarr").symlink_to(tmp / "src.zarr")
+    run = start("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", "--resume", "--no-progress", cwd=work, slow=0.1)
+    partial = work / ".out.zarr.partial"
+    deadline = time.time() + 120
+    while time.time() < deadline and run.poll() is None and len(list(partial.glob("anomaly/c/*"))) < 4:
+        time.sleep(0.02)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 1 and "kept" in err and "--resume" in err, err
+    assert partial.is_dir() and not (work / "out.zarr").exists() and not (work / ".out.zarr.lock").exists()
+    r = cli("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", "--resume", "--report", "rep.json", cwd=work)
+    assert r.returncode == 0, r.stderr
+    sink = json.loads((work / "rep.json").read_text())["sink"]
+    assert sink["chunks_kept"] >= 4 and sink["chunks_written"] + sink["chunks_kept"] == total
+    assert stored_bytes(work / "out.zarr") == stored_bytes(tmp / "clean.zarr")

@@ -400,7 +400,8 @@ def write_zarr(
     """Write ``obj`` to a Zarr store at ``path``, all or nothing; return a :class:`Written`.
 
     The store is written to ``.NAME.partial`` beside ``path`` and renamed to ``path`` once every
-    chunk is written; an exception or an interrupt removes the partial store. ``mode="overwrite"``
+    chunk is written; an exception or an interrupt removes the partial store (with ``resume``, it
+    is kept for the next run to complete). ``mode="overwrite"``
     replaces an existing store pipeline wrote (of the same ``kind``) only once the new one is
     complete; ``mode="fail"`` reserves ``path`` at the start (atomically) and refuses an existing
     one. ``protect``: the inputs, which the output may not be, contain or lie inside.
@@ -439,7 +440,8 @@ def write_zarr(
                 _replace(partial, final)
             note()
         except BaseException:
-            _remove(partial)
+            if not resume:  # with resume, what was written stays for the next run to complete
+                _remove(partial)
             if reserved:
                 with contextlib.suppress(OSError):
                     final.rmdir()
