@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pipeline  # noqa: E402
 from pipeline import backend as B  # noqa: E402
+from pipeline.sources import cf as cf_decoding  # noqa: E402
 
 
 def timer(backend):
@@ -127,6 +128,7 @@ def kernel_cases(x, backend):
     values = xp.zeros((12, npts))
     side = "gpu" if backend == "gpu" else "cpu"
     cf = getattr(elementwise, f"cf_decode_{side}")
+    cf_plan = cf_decoding.plan("packed", np.int16, {"_FillValue": np.int16(-32767), "scale_factor": np.float32(0.01), "add_offset": np.float32(0.0)})
     std_k = getattr(elementwise, f"standardize_{side}")
     roll = getattr(rolling, f"rolling_mean_{side}")
     sub = getattr(groups, f"subtract_groups_{side}")
@@ -142,7 +144,7 @@ def kernel_cases(x, backend):
     if backend == "gpu":  # the same formula as a plain cupy.ElementwiseKernel, for comparison
         cases.append(("standardize, ElementwiseKernel", lambda: elementwise._gpu_kernel("standardize")(data, mean, std, xp.empty_like(data)), 2 * n))
     cases += [
-        ("cf_decode (int16 -> float32)", lambda: cf(packed, (-32767,), 0.01, 0.0, f32), packed.nbytes + n),
+        ("cf_decode (int16 -> float32)", lambda: cf(packed, cf_plan), packed.nbytes + n),
         ("standardize", lambda: std_k(data, mean, std, f32), 2 * n),
         ("moments (time)", lambda: kernels.get("moments", side)(data, (0,)), n + 3 * small),
         ("weighted sums (lat, lon)", lambda: kernels.get("weighted_sums", side)(data, w, (1, 2)), n + 16 * nt),

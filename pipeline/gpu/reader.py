@@ -563,8 +563,7 @@ class GpuSource:
             return StagedSource(self.lay.root, self.ndim, self.shape, self.dtype)[region]
 
     def __dask_tokenize__(self):
-        meta = Path(self.lay.root) / ("zarr.json" if (Path(self.lay.root) / "zarr.json").exists() else ".zarray")
-        return ("pipeline.gpu.reader.GpuSource", self.lay, os.stat(meta).st_mtime_ns)
+        return ("pipeline.gpu.reader.GpuSource", self.lay, _metadata_stamp(self.lay.root))
 
 
 @dataclass(frozen=True)
@@ -603,8 +602,21 @@ class StagedSource:
             pinned.give(staging)
 
 
-@functools.lru_cache(maxsize=64)
+def _metadata_stamp(root: str | os.PathLike) -> tuple[int, int, int]:
+    """Identity of an array's metadata file: a store rewritten at the same path has another."""
+    meta = Path(root) / ("zarr.json" if (Path(root) / "zarr.json").exists() else ".zarray")
+    st = os.stat(meta)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _open_zarr_array(root: str):
+    """The zarr array at ``root``, opened once for each version of its metadata (a cache by path
+    alone would read a store rewritten in place with its predecessor's shape and dtype)."""
+    return _open_zarr_array_at(root, _metadata_stamp(root))
+
+
+@functools.lru_cache(maxsize=64)
+def _open_zarr_array_at(root: str, stamp: tuple[int, int, int]):
     import zarr
 
     return zarr.open_array(root, mode="r")
