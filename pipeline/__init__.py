@@ -5,6 +5,7 @@ chunks, transformed chunk by chunk by the registered ops, reduced as trees of pa
 written back to Zarr. The same code runs on a laptop without a GPU and on a GPU cluster.
 """
 
+from ._version import __version__
 from . import config  # noqa: F401  (registers pipeline's defaults in dask's config)
 from . import ops
 from .backend import gpu_available, resolve as resolve_backend, to_numpy
@@ -13,8 +14,6 @@ from .exec.compute import compute
 from .sinks.convert import convert
 from .sinks.zarr import write_zarr
 from .sources import open_dataset
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BackendError",

@@ -12,7 +12,7 @@ import shlex
 import signal
 import sys
 
-from . import __version__
+from ._version import __version__
 
 EXIT_OK, EXIT_FAILURE, EXIT_INPUT = 0, 1, 2
 

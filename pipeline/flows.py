@@ -359,7 +359,7 @@ def output_attrs(flow: Flow, source_attrs: dict, command: str, when: datetime) -
     """Global attributes of a flow's output: CF ``history`` (the source's, then this run),
     ``source``, the flow's name and digest, the pipeline version, and the source's ``title``,
     ``institution`` and CF ``Conventions`` where it has them."""
-    from . import __version__
+    from ._version import __version__
 
     entry = f"{when.isoformat(timespec='seconds').replace('+00:00', 'Z')}: {command}"
     previous = str(source_attrs.get("history", "")).rstrip("\n")

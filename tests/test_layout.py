@@ -17,12 +17,13 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "pipeline"
 
 # what each part of the package may import from the rest of it (besides itself)
-FOUNDATION = {"errors", "config", "state", "log"}
+FOUNDATION = {"errors", "config", "state", "log", "_version"}
 ALLOWED = {
     "errors": set(),
     "config": set(),
     "state": set(),
     "log": set(),
+    "_version": set(),
     "backend": {"errors", "config", "state"},
     "kernels": {"backend", "errors"},
     "gpu": {"backend", *FOUNDATION},

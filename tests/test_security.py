@@ -186,7 +186,7 @@ def test_a_flow_runs_through_a_tls_scheduler_with_the_profiles_certificates(tmp_
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "rep.json").read_text())
     assert report["cluster"]["scheduler"] == tls_scheduler["address"] and report["cluster"]["workers"] == 1
-    got = xr.open_zarr(tmp_path / "out" / "tls.zarr")["tas"].values
+    got = xr.open_zarr(tmp_path / "out" / "tls.zarr")["weighted_mean"].values
     np.testing.assert_allclose(got, expected_anomaly(small_store), rtol=1e-5, atol=1e-6)
 
 
@@ -196,7 +196,7 @@ def test_scheduler_option_takes_the_certificates_of_dasks_config(tmp_path, tls_s
            "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY": tls_scheduler["client_key"]}
     r = cli("run", FLOW, "--scheduler", tls_scheduler["address"], "--input", small_store, "--output", "out/cfg.zarr", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
-    got = xr.open_zarr(tmp_path / "out" / "cfg.zarr")["tas"].values
+    got = xr.open_zarr(tmp_path / "out" / "cfg.zarr")["weighted_mean"].values
     np.testing.assert_allclose(got, expected_anomaly(small_store), rtol=1e-5, atol=1e-6)
 
 

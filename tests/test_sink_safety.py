@@ -161,7 +161,7 @@ def test_two_runs_in_fail_mode_one_wins_whole(tmp_path):
     src = xr.open_zarr(tmp_path / f"s{winner}.zarr")["tas"].astype("float64")
     z = (src - src.mean("time")) / src.std("time")
     expected = z.weighted(np.cos(np.deg2rad(src.lat))).mean(("lat", "lon"))
-    np.testing.assert_allclose(xr.open_zarr(tmp_path / "out.zarr")["tas"].values, expected.values, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(xr.open_zarr(tmp_path / "out.zarr")["weighted_mean"].values, expected.values, rtol=1e-5, atol=1e-6)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out")) == []
 
 
@@ -187,19 +187,19 @@ def test_a_corrupt_chunk_is_an_error_not_numbers(tmp_path, source):
     assert cli("run", FLOW, "--input", source, "--output", "out.zarr", cwd=tmp_path).returncode == 0
     out = tmp_path / "out.zarr"
     assert cli("verify", out, cwd=tmp_path).returncode == 0
-    meta = json.loads((out / "tas" / "zarr.json").read_text())
+    meta = json.loads((out / "weighted_mean" / "zarr.json").read_text())
     assert [c["name"] for c in meta["codecs"]][-1] == "crc32c"
-    chunk = next(p for p in (out / "tas").rglob("*") if p.is_file() and p.name != "zarr.json")
+    chunk = next(p for p in (out / "weighted_mean").rglob("*") if p.is_file() and p.name != "zarr.json")
     blob = bytearray(chunk.read_bytes())
     for i in (len(blob) // 3, len(blob) // 2, len(blob) - 6):
         blob[i] ^= 0x5A
     chunk.write_bytes(bytes(blob))
     with pytest.raises(ValueError, match="checksum"):
-        xr.open_zarr(out)["tas"].values
+        xr.open_zarr(out)["weighted_mean"].values
     with pytest.raises(ValueError, match="checksum"):
-        zarr.open_array(out / "tas", mode="r")[:]
+        zarr.open_array(out / "weighted_mean", mode="r")[:]
     r = cli("verify", out, cwd=tmp_path)
-    assert r.returncode == 2 and "'tas'" in r.stderr and "chunk at (0,)" in r.stderr, r.stderr
+    assert r.returncode == 2 and "'weighted_mean'" in r.stderr and "chunk at (0,)" in r.stderr, r.stderr
 
 
 def test_verify_names_a_variable_whose_values_changed(tmp_path):

@@ -202,7 +202,7 @@ def test_a_flow_runs_on_workers_started_as_slurm_jobs_and_the_jobs_end_with_it(t
                        f"local_directory: {tmp_path / 'spill'}\nlog_directory: {tmp_path / 'logs'}\ntimeout: 60s\n")
     r = cli("run", FLOW, "--cluster", profile, "--input", store, "--output", "out/slurm.zarr", "--report", "rep.json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    got = xr.open_zarr(tmp_path / "out" / "slurm.zarr")["tas"].values
+    got = xr.open_zarr(tmp_path / "out" / "slurm.zarr")["weighted_mean"].values
     np.testing.assert_allclose(got, expected_anomaly(store), rtol=1e-5, atol=1e-6)
     report = json.loads((tmp_path / "rep.json").read_text())
     assert report["cluster"]["workers"] == 1 and report["cluster"]["scheduler"].startswith("tcp://127.0.0.1:")

@@ -125,8 +125,9 @@ def versions() -> dict:
     """Versions of pipeline, Python and the installed libraries a result depends on."""
     from importlib.metadata import PackageNotFoundError, version
 
-    # the package imported this module, so it is in sys.modules (importing it here would invert the layers)
-    out = {"pipeline": sys.modules[__name__.split(".")[0]].__version__, "python": sys.version.split()[0]}
+    from .._version import __version__
+
+    out = {"pipeline": __version__, "python": sys.version.split()[0]}
     for pkg in VERSIONED:
         try:
             out[pkg] = version(pkg)

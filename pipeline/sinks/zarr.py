@@ -210,7 +210,7 @@ def read_manifest(path: str | os.PathLike) -> dict | None:
 
 
 def _write_manifest(path: Path, **fields) -> None:
-    from .. import __version__
+    from .._version import __version__
 
     data = {"pipeline": __version__, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **fields}
     tmp = path / f"{MANIFEST}.tmp"
