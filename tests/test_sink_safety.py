@@ -94,6 +94,22 @@ def test_run_refuses_an_output_over_its_input(tmp_path, source, output):
         check_sink(with_source(load_flow(FLOW), source), output=str(tmp_path / output))
 
 
+@pytest.mark.parametrize("sink", ["src.zarr", "src.zarr/tas", ".", "results"])
+def test_validate_refuses_a_flow_whose_sink_would_destroy_data(tmp_path, source, sink):
+    """The source itself, inside it, a folder holding it, a folder pipeline did not write."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "thesis.tex").write_text("years of work")
+    flow = yaml.safe_load(FLOW.read_text())
+    flow["source"] = {"path": "src.zarr", "variable": "tas"}
+    flow["sink"] = {"path": sink}
+    (tmp_path / "f.yaml").write_text(yaml.safe_dump(flow))
+    before = tree(tmp_path)
+    r = cli("validate", "f.yaml", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert sink.split("/")[0] in r.stderr or "input" in r.stderr, r.stderr
+    assert tree(tmp_path) == before
+
+
 def test_overwrite_refuses_what_pipeline_did_not_write(tmp_path, source):
     folder = tmp_path / "results"
     folder.mkdir()
