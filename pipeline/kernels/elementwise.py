@@ -46,7 +46,7 @@ STANDARDIZE = Spec(
 )
 
 
-@temporaries(4)
+@temporaries(4.5)
 def standardize_cpu(x, mean, std, out_dtype):
     """(x - mean) / std in float64, written in ``out_dtype``, slab by slab."""
     return map_slabs(_standardize_formula, x, mean, std, out_dtype)

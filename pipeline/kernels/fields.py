@@ -44,7 +44,7 @@ def quantile(block, q: tuple[float, ...], axis: int, out_dtype):
     return xp.stack(out).astype(out_dtype, copy=False)
 
 
-@temporaries(1.5)
+@temporaries(2)
 def quantile_cpu(block, q: tuple[float, ...], axis: int, out_dtype):
     """:func:`quantile`, slab by slab across ``axis`` (the sort's copy and the interpolation's
     float64 temporaries are then a slab's, not the block's)."""
@@ -84,7 +84,7 @@ def _svp_numpy(t, method: str):
     return 610.78 * np.exp(17.269388 * (t - 273.16) / (t + -35.86))
 
 
-@temporaries(7)
+@temporaries(7.5)
 def saturation_vapor_pressure_cpu(x, offset: float, method: str, out_dtype):
     """The formula of ``method`` in float64, written in ``out_dtype``, slab by slab."""
     return map_slabs(_svp_formula, x, offset, method, out_dtype)

@@ -433,7 +433,7 @@ def group_runs_gpu(x2d, labels, k: int, threshold: float) -> dict:
 # --- anomaly: subtract each step's group value ----------------------------------------------------
 
 
-@temporaries(5)
+@temporaries(5.5)
 def subtract_groups_cpu(x2d, labels, values2d, out_dtype):
     """x[t, p] - values[labels[t], p] in float64, written in ``out_dtype``, slab by slab across
     the points (each slab holds every step, as ``labels`` index them)."""

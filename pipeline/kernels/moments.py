@@ -160,7 +160,7 @@ def moments_twin(x2d, *, tile: int):
     return merge_tiles(parts, np)
 
 
-@temporaries(4.5)
+@temporaries(5)
 def moments_cpu(block, axis) -> dict:
     """{n, mean, m2} of a block over ``axis`` (an int or a tuple, kept with length 1), float64,
     NaN-skipping: count, mean, and the sum of squared deviations from the block's own mean (the

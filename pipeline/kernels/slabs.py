@@ -11,8 +11,8 @@ whole block (slabs cut only along axes that are not reduced), so results are bit
 of the whole-block formula.
 
 Slabs of SLAB_BYTES of input keep a formula's float64 temporaries (a few times a slab) within the
-last-level cache; measured on one 303 MB block (benchmarks in the commit that introduced this
-module: docs/performance.md), slabs were no slower, and most kernels faster, than whole blocks.
+last-level cache and reuse the same memory from slab to slab, where a whole block's temporaries
+are fresh pages each time: on one 303 MB block every kernel ran faster in slabs (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-# bytes of the input block in one slab. Measured on a 2-core host, 73 x 721 x 1440 float32: 4, 8
-# and 16 MB slabs ran within noise of each other, and 64 MB ones slower (out of the cache)
+# bytes of the input block in one slab. Measured on a 2-core host (32 MB of L3), 73 x 721 x 1440
+# float32, best of 4: slabs of 1 to 4 MB ran within noise of each other and fastest (moments 0.26
+# to 0.36 s, polyfit 0.42 to 0.61 s), 8 to 16 MB up to 1.8x slower, 32 MB and whole blocks 2 to
+# 7x slower (moments 0.77 s and 2.1 s, polyfit 1.4 s and 4.1 s)
 SLAB_BYTES = 2 * 2**20
 # a slab holds at least one index of the axis it is cut along, which may hold more than
 # SLAB_BYTES (a time step of a fine grid, for sums over the grid): the plan counts a slab as
@@ -53,9 +55,10 @@ def slab_axis(shape: tuple[int, ...], whole=()) -> int | None:
     return next((a for a, n in enumerate(shape) if a not in whole and n > 1), None)
 
 
-def slab_slices(shape: tuple[int, ...], itemsize: int, axis: int, nbytes: int = SLAB_BYTES) -> list[slice]:
+def slab_slices(shape: tuple[int, ...], itemsize: int, axis: int, nbytes: int | None = None) -> list[slice]:
     """Slices along ``axis`` that cut a block of ``shape`` into slabs of at most ``nbytes``
-    (at least one index each)."""
+    (SLAB_BYTES by default; at least one index each)."""
+    nbytes = SLAB_BYTES if nbytes is None else nbytes
     per_index = itemsize * math.prod(n for a, n in enumerate(shape) if a != axis)
     step = max(1, nbytes // max(1, per_index))
     n = shape[axis]
@@ -70,16 +73,17 @@ def _cut(a, axis: int, ndim: int, length: int, s: slice):
     return a
 
 
-def map_slabs(fn: Callable, x, *args, whole=(), out_axis: int | None = None, nbytes: int = SLAB_BYTES, **kwargs):
+def map_slabs(fn: Callable, x, *args, whole=(), out_axis: int | None = None, nbytes: int | None = None, **kwargs):
     """``fn(x, *args, **kwargs)`` (an array, or a dict of arrays), computed slab by slab.
 
     ``whole`` are the axes that every slab must hold whole: those ``fn`` reduces over, or that
-    index a table. ``x`` is cut along the outermost other axis into slabs of at most ``nbytes``,
-    and so is every array of ``args`` of the same rank that spans that axis; the results of each
-    slab are written into outputs allocated at the first slab, where the slab axis is
-    ``out_axis`` (by default the same axis: ``fn`` keeps it in place). Where no axis may be
-    cut, or the block is one slab, ``fn`` runs once on the whole block.
+    index a table. ``x`` is cut along the outermost other axis into slabs of at most ``nbytes``
+    (SLAB_BYTES), and so is every array of ``args`` of the same rank that spans that axis; the
+    results of each slab are written into outputs allocated at the first slab, where the slab
+    axis is ``out_axis`` (by default the same axis: ``fn`` keeps it in place). Where no axis may
+    be cut, or the block is one slab, ``fn`` runs once on the whole block.
     """
+    nbytes = SLAB_BYTES if nbytes is None else nbytes
     axis = slab_axis(x.shape, whole)
     if axis is None or x.nbytes <= nbytes:
         return fn(x, *args, **kwargs)

@@ -38,7 +38,7 @@ cuda = None
 # --- CPU: array formulas -------------------------------------------------------------------------
 
 
-@temporaries(8.5)
+@temporaries(9)
 def polyfit_cpu(x, u, axis, deg: int):
     """Partial sums of the normal equations over one block: S_k = sum u^k and T_k = sum u^k x over
     the valid samples, k = 0..2 deg and 0..deg, with ``axis`` kept at length 1 (``u`` is the
@@ -78,7 +78,7 @@ def polyfit_finalize(p, axis: int, deg: int):
     return xp.concatenate([c[..., k] for k in range(m)], axis=axis)
 
 
-@temporaries(6)
+@temporaries(6.5)
 def polyval_subtract_cpu(x, u, *coefficients, out_dtype, axis=None):
     """x - sum c_k u^k, by Horner's rule in float64 (``axis``, that of u, is for the GPU kernel),
     slab by slab."""

@@ -99,7 +99,7 @@ def weighted_rows_gpu(x2d, w1d):
 ACC = np.float64
 
 
-@temporaries(4.5)
+@temporaries(5)
 def weighted_sums_cpu(x, w, axis) -> dict:
     """Partial of a weighted mean over ``axis`` (kept with length 1): sum(w * x) and sum(w) over
     the valid values of ``x``, float64. Array formulas, on the array module of ``x``, slab by
