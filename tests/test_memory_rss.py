@@ -134,3 +134,42 @@ def test_a_limit_below_the_process_itself_is_refused_at_planning(store, tmp_path
     assert rc == 2, err
     assert "the process itself" in err and "pipeline.cpu.memory-limit allows 95.37 MiB" in err and "raise the limit" in err
     assert not out.exists()
+
+
+def test_out_of_core_quantile_gathers_one_slab_at_a_time():
+    """Out of core, the quantile gathers the time axis slab by slab of the grid, each slab from
+    its own copy of the input's graph: what is alive at once is about one slab (a plain rechunk
+    keeps the whole input), the detrend's coefficients are fitted once, and the result is
+    xarray's."""
+    import dask
+    import dask.array as da
+    from dask.callbacks import Callback
+
+    import pipeline
+    from pipeline.exec import memory
+
+    rng = np.random.default_rng(0)
+    values = (280 + rng.standard_normal((40, 30, 20))).astype("f4")
+    values[3, 2:5] = np.nan
+    src = xr.DataArray(da.from_array(values, chunks=(8, 30, 20)), dims=("time", "lat", "lon"),
+                       coords={"time": np.arange(40.0)}, name="tas")
+    live, runs = [], []
+
+    class Alive(Callback):
+        def _posttask(self, key, result, dsk, state, id):
+            runs.append(key[0] if isinstance(key, tuple) else key)
+            live.append(sum(v.nbytes for v in state["cache"].values() if isinstance(v, np.ndarray) and v.base is None))
+
+    limit = 100_000  # the input (96 kB) is over half of it: out of core
+    with dask.config.set({"pipeline.cpu.memory-limit": limit, "scheduler": "threads", "num_workers": 1}):
+        out = pipeline.ops.quantile(pipeline.ops.detrend(src, "time"), 0.9, "time")
+        slab = memory.graph_held_bytes(out.data)
+        with Alive():
+            got = out.compute()
+    assert 0 < slab <= limit / 8 < values.nbytes
+    # a slab's pieces and its gathered chunk, and what lives throughout: the coefficients and the result
+    small = 2 * 8 * 30 * 20 + 4 * 30 * 20
+    assert max(live) <= 2 * slab + small < values.nbytes / 2, (max(live), slab)
+    assert sum(str(k).startswith("pipeline-polyfit-aggregate") for k in runs) == 1
+    ref = _detrend(xr.DataArray(values, dims=("time", "lat", "lon"), coords={"time": np.arange(40.0)})).quantile(0.9, "time")
+    np.testing.assert_allclose(got.values, ref.values, rtol=1e-6)
