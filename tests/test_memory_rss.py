@@ -166,7 +166,7 @@ def test_out_of_core_quantile_gathers_one_slab_at_a_time():
         slab = memory.graph_held_bytes(out.data)
         with Alive():
             got = out.compute()
-    assert 0 < slab <= limit / 8 < values.nbytes
+    assert 0 < slab <= limit / 16 < values.nbytes
     # a slab's pieces and its gathered chunk, and what lives throughout: the coefficients and the result
     small = 2 * 8 * 30 * 20 + 4 * 30 * 20
     assert max(live) <= 2 * slab + small < values.nbytes / 2, (max(live), slab)

@@ -162,7 +162,7 @@ def detrend(x: xr.DataArray, dim: Dim = "time", deg: Degree = 1) -> xr.DataArray
 QUANTILE_CHUNK_BYTES = 256 * 2**20  # per input chunk, in core (the kernel's temporaries are a few slabs)
 # out of core, a chunk is at most this share of the memory budget: one slab of the grid is held
 # while it is gathered, and a thread holds the chunk and the input block it is cut from
-QUANTILE_BUDGET_SHARE = 8
+QUANTILE_BUDGET_SHARE = 16
 
 
 def _shared_layers(data: da.Array, axis: int) -> list:
