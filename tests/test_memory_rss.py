@@ -136,11 +136,11 @@ def test_a_limit_below_the_process_itself_is_refused_at_planning(store, tmp_path
     assert not out.exists()
 
 
-def test_out_of_core_quantile_gathers_one_slab_at_a_time():
+def test_out_of_core_quantile_gathers_one_slab_at_a_time(tmp_path):
     """Out of core, the quantile gathers the time axis slab by slab of the grid, each slab from
-    its own copy of the input's graph: what is alive at once is about one slab (a plain rechunk
-    keeps the whole input), the detrend's coefficients are fitted once, and the result is
-    xarray's."""
+    its own copy of the input's graph, read again from the store: what is alive at once is about
+    one slab (a plain rechunk keeps the whole input), the detrend's coefficients are fitted once,
+    and the result is xarray's."""
     import dask
     import dask.array as da
     from dask.callbacks import Callback
@@ -151,8 +151,9 @@ def test_out_of_core_quantile_gathers_one_slab_at_a_time():
     rng = np.random.default_rng(0)
     values = (280 + rng.standard_normal((40, 30, 20))).astype("f4")
     values[3, 2:5] = np.nan
-    src = xr.DataArray(da.from_array(values, chunks=(8, 30, 20)), dims=("time", "lat", "lon"),
-                       coords={"time": np.arange(40.0)}, name="tas")
+    ref_src = xr.DataArray(values, dims=("time", "lat", "lon"), coords={"time": np.arange(40.0)}, name="tas")
+    ref_src.to_dataset().chunk({"time": 8}).to_zarr(tmp_path / "tas.zarr")
+    src = xr.open_zarr(tmp_path / "tas.zarr")["tas"]
     live, runs = [], []
 
     class Alive(Callback):
@@ -171,5 +172,5 @@ def test_out_of_core_quantile_gathers_one_slab_at_a_time():
     small = 2 * 8 * 30 * 20 + 4 * 30 * 20
     assert max(live) <= 2 * slab + small < values.nbytes / 2, (max(live), slab)
     assert sum(str(k).startswith("pipeline-polyfit-aggregate") for k in runs) == 1
-    ref = _detrend(xr.DataArray(values, dims=("time", "lat", "lon"), coords={"time": np.arange(40.0)})).quantile(0.9, "time")
+    ref = _detrend(ref_src).quantile(0.9, "time")
     np.testing.assert_allclose(got.values, ref.values, rtol=1e-6)

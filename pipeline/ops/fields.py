@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-import dask
 import dask.array as da
 from dask.array.core import normalize_chunks
 import numpy as np
@@ -21,7 +20,7 @@ from ..backend import backend_of, memory_budget, meta, to_backend, to_numpy
 from ..errors import InputError
 from ..exec import spill
 from ..reduce import aggregation as agg
-from ..reduce.declare import declare, declared
+from ..reduce.declare import declare
 from ._common import _as_dask, _axis, _finish, _is_int, float_dtype
 from .metadata import Produces, cell_names, input_name as _name
 from .params import Count, Degree, Dim, Quantiles
@@ -181,15 +180,10 @@ def _shared_layers(data: da.Array, axis: int) -> list:
     return shared
 
 
-def _fused(part: da.Array) -> da.Array:
-    """``part`` with each block's chain of tasks (read, map, cut, copy) fused into one task, so
-    that dask runs it through at once rather than reading every block of the slab first; what
-    its layers declared for the memory plan is kept on the fused layer (the most of each)."""
-    found = [declared(layer) for layer in part.__dask_graph__().layers.values()]
-    with dask.config.set({"optimization.fuse.active": True}):
-        (part,) = dask.optimize(part)
-    keep = {k: max(d[k] for d in found if k in d) for k in ("partial_bytes", "extra_blocks") if any(k in d for d in found)}
-    return declare(part, **keep) if keep else part
+def _cut_copy(block, axis: int, start: int, stop: int):
+    """A copy of ``block`` from ``start`` to ``stop`` along ``axis`` (a view would keep the
+    whole block alive)."""
+    return block[(slice(None),) * axis + (slice(start, stop),)].copy()
 
 
 def _by_slabs(data: da.Array, axis: int, chunks, apply, cut: int, out_axis: int) -> da.Array:
@@ -210,10 +204,13 @@ def _by_slabs(data: da.Array, axis: int, chunks, apply, cut: int, out_axis: int)
     keep = _shared_layers(data, axis)
     results, start = [], 0
     for n in chunks[cut]:
-        index = tuple(slice(start, start + n) if i == cut else slice(None) for i in range(data.ndim))
         copy = bind(data, results[-1] if results else None, omit=keep, seed=("quantile-slab", start))
-        part = copy[index].map_blocks(np.copy, dtype=data.dtype)  # a copy: the block's view would keep it alive
-        part = _fused(part)
+        if len(data.chunks[cut]) == 1:  # cut block by block, in the tasks that compute the blocks
+            slab_chunks = tuple((n,) if i == cut else c for i, c in enumerate(data.chunks))
+            part = copy.map_blocks(_cut_copy, cut, start, start + n, chunks=slab_chunks, dtype=data.dtype)
+        else:
+            index = tuple(slice(start, start + n) if i == cut else slice(None) for i in range(data.ndim))
+            part = copy[index].map_blocks(np.copy, dtype=data.dtype)
         part = part.rechunk(tuple(c if i != cut else (n,) for i, c in enumerate(chunks)))
         if not results:  # held one at a time: counted once, the first (the largest)
             declare(part, held_bytes=int(part.nbytes))
