@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
+import dask
 import dask.array as da
 from dask.array.core import normalize_chunks
 import numpy as np
@@ -20,7 +21,7 @@ from ..backend import backend_of, memory_budget, meta, to_backend, to_numpy
 from ..errors import InputError
 from ..exec import spill
 from ..reduce import aggregation as agg
-from ..reduce.declare import declare
+from ..reduce.declare import declare, declared
 from ._common import _as_dask, _axis, _finish, _is_int, float_dtype
 from .metadata import Produces, cell_names, input_name as _name
 from .params import Count, Degree, Dim, Quantiles
@@ -186,6 +187,40 @@ def _cut_copy(block, axis: int, start: int, stop: int):
     return block[(slice(None),) * axis + (slice(start, stop),)].copy()
 
 
+def _after(value, _):
+    """``value``, once the task named by the second argument is done."""
+    return value
+
+
+def _fused_after(part: da.Array, before: da.Array | None) -> da.Array:
+    """``part`` with each block's chain of tasks (read, map, cut) fused into one task, started
+    only once ``before`` is computed: fused, a block is read and cut in one go (left apart, dask
+    reads every block of the slab before cutting any); the declarations of its layers for the
+    memory plan are kept on the fused layer (the most of each)."""
+    from dask._task_spec import Task, TaskRef
+    from dask.graph_manipulation import checkpoint
+    from dask.highlevelgraph import HighLevelGraph
+
+    found = [declared(layer) for layer in part.__dask_graph__().layers.values()]
+    with dask.config.set({"optimization.fuse.active": True}):
+        (part,) = dask.optimize(part)
+    keep = {k: max(d[k] for d in found if k in d) for k in ("partial_bytes", "extra_blocks") if any(k in d for d in found)}
+    if before is not None:
+        done = checkpoint(before)
+        dsk = dict(part.__dask_graph__())
+        for key in list(_keys(part)):
+            dsk[key] = Task(key, _after, dsk[key], TaskRef(done.key))
+        graph = HighLevelGraph.from_collections(part.name, dsk, dependencies=[done])
+        part = da.Array(graph, part.name, part.chunks, meta=part._meta)
+    return declare(part, **keep) if keep else part
+
+
+def _keys(a: da.Array):
+    from dask.core import flatten
+
+    return flatten(a.__dask_keys__())
+
+
 def _by_slabs(data: da.Array, axis: int, chunks, apply, cut: int, out_axis: int) -> da.Array:
     """``apply`` over ``data`` rechunked to ``chunks`` (``axis`` whole), one slab of the grid (a
     chunk along ``cut``, the one axis ``chunks`` split) after another, concatenated along
@@ -197,20 +232,21 @@ def _by_slabs(data: da.Array, axis: int, chunks, apply, cut: int, out_axis: int)
     slab block by block, and started once the slab before it is done, so that one slab is held
     at a time. What the copies share (:func:`_shared_layers`: a detrend's coefficients) is
     computed once."""
-    from dask.graph_manipulation import bind
+    from dask.graph_manipulation import clone
 
     if len(chunks[cut]) == 1:  # nothing to cut along: one chunk holds the input
         return apply(declare(data.rechunk(chunks), held_bytes=int(data.nbytes)))
     keep = _shared_layers(data, axis)
     results, start = [], 0
     for n in chunks[cut]:
-        copy = bind(data, results[-1] if results else None, omit=keep, seed=("quantile-slab", start))
+        copy = clone(data, omit=keep, seed=("quantile-slab", start))
         if len(data.chunks[cut]) == 1:  # cut block by block, in the tasks that compute the blocks
             slab_chunks = tuple((n,) if i == cut else c for i, c in enumerate(data.chunks))
             part = copy.map_blocks(_cut_copy, cut, start, start + n, chunks=slab_chunks, dtype=data.dtype)
         else:
             index = tuple(slice(start, start + n) if i == cut else slice(None) for i in range(data.ndim))
             part = copy[index].map_blocks(np.copy, dtype=data.dtype)
+        part = _fused_after(part, results[-1] if results else None)
         part = part.rechunk(tuple(c if i != cut else (n,) for i, c in enumerate(chunks)))
         if not results:  # held one at a time: counted once, the first (the largest)
             declare(part, held_bytes=int(part.nbytes))
