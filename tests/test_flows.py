@@ -217,7 +217,7 @@ def test_out_of_core_flow_equals_in_core_and_reports_memory(demo_dir, monkeypatc
 
     # a limit of a few MB, for the blocks alone: neither the process nor its kernels counted
     monkeypatch.setattr(memory, "process_baseline", lambda backend: 0)
-    monkeypatch.setitem(memory.WORK_BLOCKS, "cpu", 0)
+    monkeypatch.setattr(memory, "work_bytes", lambda backend, block_bytes: 0)
 
     flow = parse_flow(with_changes(source__chunks={"time": 2}), "f.yaml")  # small blocks, a small plan
     in_core = run_flow(flow, backend="cpu", output="out/in.zarr")

@@ -150,7 +150,7 @@ def test_threads_under_a_budget_match_what_ran_on_the_gpu(monkeypatch):
 
     # the device's rules on the host's budget: no process baseline, no CPU kernel temporaries
     monkeypatch.setattr(memory, "process_baseline", lambda backend: 0)
-    monkeypatch.setitem(memory.WORK_BLOCKS, "cpu", memory.WORK_BLOCKS["gpu"])
+    monkeypatch.setattr(memory, "work_bytes", lambda backend, block_bytes: 0)
     x = xr.DataArray(da.ones((40, 10, 20), chunks=(8, 10, 20), dtype="f4"), dims=("time", "lat", "lon"))
     assert memory.graph_blocks_per_thread(pipeline.ops.rolling_mean(x, window=5, dim="time").data) == 5
     assert memory.graph_blocks_per_thread(pipeline.ops.standardized_anomaly(x, dim="time").data) == 3
@@ -175,8 +175,9 @@ def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit(monke
     assert memory.graph_block_bytes(total) == 400_000
     # the mean's partials, as it declares them: float64 count, mean and M2 for each of its 100 x 100 values
     assert memory.graph_partial_bytes(total) == 3 * 8 * 100 * 100
-    blocks = memory.BLOCKS_PER_THREAD + memory.WORK_BLOCKS["cpu"]  # its blocks and its kernels' temporaries
-    per_thread = blocks * 400_000 + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(total)
+    # its blocks, its kernels' temporaries and its partials
+    per_thread = (memory.BLOCKS_PER_THREAD * 400_000 + memory.work_bytes("cpu", 400_000)
+                  + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(total))
     monkeypatch.setattr(memory, "process_baseline", lambda backend: 300_000_000)
     base = 300_000_000 + x.nbytes  # the process itself, and the input that it holds in core
     with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": base + 8 * per_thread}):

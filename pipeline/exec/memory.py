@@ -10,8 +10,8 @@ The plan is deliberately simple, and errs high. It counts, against ``pipeline.<b
   between their passes), and the arrays that a layer declares it keeps whole (``held_bytes``: a
   rechunk that gathers a whole axis, as quantiles do, holds every block of its input);
 - for each of the scheduler's threads, the few blocks it holds at a time (its input block, its
-  output, one temporary), the temporaries of the CPU kernels (NumPy's array formulas make float64
-  copies of a block: WORK_BLOCKS), and two partials.
+  output, one temporary), the temporaries of its kernels (the CPU's array formulas work through a
+  block slab by slab: a few slabs, as the kernels declare, :func:`work_bytes`), and two partials.
 
 An input larger than half of the budget is never held whole, because two-pass ops hold it in
 pinned host memory or read it again (:func:`pipeline.exec.spill.second_pass`). A plan over budget
@@ -39,13 +39,6 @@ from ..reduce.overlap import HALO_BLOCKS
 BLOCKS_PER_THREAD = 3
 # a thread merging partials holds two of them besides its blocks (its result and one input)
 PARTIALS_PER_THREAD = 2
-# the temporaries of a kernel, in blocks of its input, besides the blocks above. The CPU kernels
-# are NumPy array formulas that make float64 copies of a float32 block; measured with tracemalloc
-# on one block: polyfit 8.4 blocks (a float64 power of the coordinate, its product with the data
-# and their sum for each term of the normal equations), polyval_subtract 5.0, moments 4.4,
-# weighted_sums 4.3, standardize and subtract_groups 4.0, group_sum 2.4, quantile 1.3. The GPU's
-# three blocks a thread were measured with its kernels' temporaries in them.
-WORK_BLOCKS = {"cpu": 9, "gpu": 0}
 # on the CPU, what a process adds to its resident set once the computation starts, besides its
 # blocks: Numba's compiled kernels, zarr's codecs and I/O threads, dask's thread pool (the
 # shipped flows on 5 MB blocks, two threads, peaked 160 to 290 MB over the resident set at
@@ -63,14 +56,14 @@ class Plan:
     out_of_core: bool
     partial_bytes: int = 0  # the largest partial of a reduction
     blocks_per_thread: int = BLOCKS_PER_THREAD
-    work_blocks: int = 0  # kernels' temporaries a thread, in blocks (WORK_BLOCKS)
+    work_bytes: int = 0  # kernels' temporaries a thread (work_bytes)
     baseline_bytes: int = 0  # the process before its first block (CPU: resident set and RUNTIME_BYTES)
     held_bytes: int = 0  # arrays kept whole while the computation runs
 
     @property
     def thread_bytes(self) -> int:
         """Bytes one thread may hold."""
-        return per_thread_bytes(self.block_bytes, self.partial_bytes, self.blocks_per_thread, self.work_blocks)
+        return per_thread_bytes(self.block_bytes, self.partial_bytes, self.blocks_per_thread, self.work_bytes)
 
     @property
     def peak_bytes(self) -> int:
@@ -187,15 +180,25 @@ def process_baseline(backend: str) -> int:
     return int(psutil.Process().memory_info().rss) + RUNTIME_BYTES
 
 
+def work_bytes(backend: str, block_bytes: int) -> int:
+    """Bytes of the kernels' temporaries that one thread holds at once, on ``backend``, with
+    blocks of ``block_bytes``: the most slabs a kernel declares (:func:`pipeline.kernels.work_slabs`),
+    each of :func:`pipeline.kernels.slabs.slab_bytes` (a few MB: the same for any block)."""
+    from .. import kernels
+    from ..kernels.slabs import slab_bytes
+
+    return math.ceil(kernels.work_slabs(backend) * slab_bytes(block_bytes))
+
+
 def per_thread_bytes(block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD, work: int = 0) -> int:
-    """Bytes one thread may hold: ``blocks`` blocks, ``work`` blocks of its kernels' temporaries,
+    """Bytes one thread may hold: ``blocks`` blocks, ``work`` bytes of its kernels' temporaries,
     and PARTIALS_PER_THREAD partials."""
-    return (blocks + work) * block_bytes + PARTIALS_PER_THREAD * partial_bytes
+    return blocks * block_bytes + work + PARTIALS_PER_THREAD * partial_bytes
 
 
 def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0) -> int:
-    """Threads for a computation of ``block_bytes`` blocks (``blocks`` of them a thread, and the
-    backend's WORK_BLOCKS) and ``partial_bytes`` partials, besides the process's baseline and
+    """Threads for a computation of ``block_bytes`` blocks (``blocks`` of them a thread, and its
+    kernels' temporaries) and ``partial_bytes`` partials, besides the process's baseline and
     ``held_bytes``: the configured number (``pipeline.gpu.threads``, or dask's ``num_workers`` /
     one per core), fewer when that many threads would hold more than the backend's memory
     budget, at least one."""
@@ -211,11 +214,11 @@ def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0, bloc
 
 
 def threads_that_fit(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0) -> int | None:
-    """How many threads, each holding ``blocks`` blocks of ``block_bytes``, WORK_BLOCKS of its
-    kernels' temporaries and PARTIALS_PER_THREAD partials of ``partial_bytes``, fit this
+    """How many threads, each holding ``blocks`` blocks of ``block_bytes``, its kernels'
+    temporaries (:func:`work_bytes`) and PARTIALS_PER_THREAD partials of ``partial_bytes``, fit this
     process's memory budget on ``backend`` once its baseline and ``held_bytes`` are counted
     (None: nothing to hold)."""
-    per_thread = per_thread_bytes(block_bytes, partial_bytes, blocks, WORK_BLOCKS[backend])
+    per_thread = per_thread_bytes(block_bytes, partial_bytes, blocks, work_bytes(backend, block_bytes))
     if not per_thread:
         return None
     room = B.memory_budget(backend) - process_baseline(backend) - held_bytes
@@ -272,7 +275,7 @@ def plan(source: da.Array, *results: da.Array, backend: str | None = None) -> Pl
         block_bytes=block,
         partial_bytes=partial,
         blocks_per_thread=blocks,
-        work_blocks=WORK_BLOCKS[backend],
+        work_bytes=work_bytes(backend, block),
         baseline_bytes=process_baseline(backend),
         held_bytes=held,
         input_bytes=int(source.nbytes),
@@ -291,8 +294,8 @@ def explain(p: Plan) -> str:
     if p.held_bytes:
         parts.append(f"{format_bytes(p.held_bytes)} of arrays kept whole (an input in core, a rechunk along a whole axis)")
     thread = f"{p.blocks_per_thread} blocks of up to {format_bytes(p.block_bytes)}"
-    if p.work_blocks:
-        thread += f" and {p.work_blocks} more of its kernels' temporaries"
+    if p.work_bytes:
+        thread += f", {format_bytes(p.work_bytes)} of its kernels' temporaries"
     if p.partial_bytes:
         thread += f", {PARTIALS_PER_THREAD} partials of up to {format_bytes(p.partial_bytes)}"
     parts.append(f"{p.threads} threads x {format_bytes(p.thread_bytes)} ({thread})")

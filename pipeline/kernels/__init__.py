@@ -87,6 +87,15 @@ def get(name: str, backend: str) -> Callable:
     return _resolve(name, backend)
 
 
+def work_slabs(backend: str) -> float:
+    """The most temporaries any kernel of ``backend`` holds at once, in slabs of its input
+    (:mod:`pipeline.kernels.slabs`), as the kernels declare it (``@temporaries``): what the
+    memory plan counts for each thread besides its blocks. The CPU's array formulas work slab by
+    slab; the Numba loops hold none; on the GPU a thread's blocks were measured with its kernels'
+    temporaries in them (0)."""
+    return max((getattr(get(name, backend).fn, "work_slabs", 0) for name in FAMILIES if has(name, backend)), default=0)
+
+
 def has(name: str, backend: str) -> bool:
     """Whether ``name`` has a kernel for ``backend``."""
     try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import launch
+from .slabs import map_slabs, temporaries
 
 MAX_GROUPS = 4  # axes the kernel takes
 
@@ -53,8 +54,11 @@ def coarsen_mean_formulas(block, factors: dict[int, int], out_dtype):
     return xp.where(n > 0, total / xp.where(n > 0, n, 1), xp.nan).astype(out_dtype, copy=False)
 
 
+@temporaries(3.5)
 def coarsen_mean_cpu(block, factors: dict[int, int], out_dtype):
-    return coarsen_mean_formulas(block, factors, out_dtype)
+    """:func:`coarsen_mean_formulas`, slab by slab along an axis that is not coarsened (the whole
+    block at once where every axis is)."""
+    return map_slabs(coarsen_mean_formulas, block, factors, out_dtype, whole=tuple(factors))
 
 
 def axis_groups(shape, strides, factors: dict[int, int]):

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import launch
 from .launch import Spec
+from .slabs import map_slabs, temporaries
 
 
 @functools.cache
@@ -46,7 +47,13 @@ STANDARDIZE = Spec(
 )
 
 
+@temporaries(4.5)
 def standardize_cpu(x, mean, std, out_dtype):
+    """(x - mean) / std in float64, written in ``out_dtype``, slab by slab."""
+    return map_slabs(_standardize_formula, x, mean, std, out_dtype)
+
+
+def _standardize_formula(x, mean, std, out_dtype):
     with np.errstate(invalid="ignore", divide="ignore"):
         return ((x.astype(np.float64, copy=False) - mean) / std).astype(out_dtype, copy=False)
 

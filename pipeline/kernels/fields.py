@@ -14,6 +14,7 @@ import numpy as np
 from ..backend import xp_of
 from . import launch
 from .launch import Spec
+from .slabs import map_slabs, slab_axis, temporaries
 
 ACC = np.float64
 
@@ -41,6 +42,17 @@ def quantile(block, q: tuple[float, ...], axis: int, out_dtype):
         v = a + (b - a) * (h - lo)
         out.append(xp.where(n > 0, v, xp.nan).squeeze(axis))
     return xp.stack(out).astype(out_dtype, copy=False)
+
+
+@temporaries(2)
+def quantile_cpu(block, q: tuple[float, ...], axis: int, out_dtype):
+    """:func:`quantile`, slab by slab across ``axis`` (the sort's copy and the interpolation's
+    float64 temporaries are then a slab's, not the block's)."""
+    axis = axis % block.ndim
+    cut = slab_axis(block.shape, (axis,))
+    # the result drops ``axis`` and leads with the quantiles: where the cut axis lands in it
+    out_axis = None if cut is None else cut + 1 if cut < axis else cut
+    return map_slabs(quantile, block, q, axis, out_dtype, whole=(axis,), out_axis=out_axis)
 
 
 # --- saturation vapour pressure over water, Pa, from temperature in K ----------------------------
@@ -72,7 +84,13 @@ def _svp_numpy(t, method: str):
     return 610.78 * np.exp(17.269388 * (t - 273.16) / (t + -35.86))
 
 
+@temporaries(7.5)
 def saturation_vapor_pressure_cpu(x, offset: float, method: str, out_dtype):
+    """The formula of ``method`` in float64, written in ``out_dtype``, slab by slab."""
+    return map_slabs(_svp_formula, x, offset, method, out_dtype)
+
+
+def _svp_formula(x, offset: float, method: str, out_dtype):
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         t = x.astype(np.float64) + offset
         return _svp_numpy(t, method).astype(out_dtype, copy=False)

@@ -29,6 +29,7 @@ import numpy as np
 
 from . import launch
 from .launch import Spec
+from .slabs import map_slabs, temporaries
 
 # numba.cuda, set on first GPU use by _runs_kernel: a global of the module that defines the
 # @cuda.jit kernel, as Numba's CUDA simulator requires (see launch.numba_cuda)
@@ -432,7 +433,14 @@ def group_runs_gpu(x2d, labels, k: int, threshold: float) -> dict:
 # --- anomaly: subtract each step's group value ----------------------------------------------------
 
 
+@temporaries(5.5)
 def subtract_groups_cpu(x2d, labels, values2d, out_dtype):
+    """x[t, p] - values[labels[t], p] in float64, written in ``out_dtype``, slab by slab across
+    the points (each slab holds every step, as ``labels`` index them)."""
+    return map_slabs(_subtract_groups_formula, x2d, labels, values2d, out_dtype, whole=(0,))
+
+
+def _subtract_groups_formula(x2d, labels, values2d, out_dtype):
     return (x2d.astype(np.float64, copy=False) - values2d[labels]).astype(out_dtype, copy=False)
 
 

@@ -18,6 +18,7 @@ import functools
 import numpy as np
 
 from . import launch
+from .slabs import map_slabs, temporaries
 
 
 def make_moments_column(jit):
@@ -159,13 +160,19 @@ def moments_twin(x2d, *, tile: int):
     return merge_tiles(parts, np)
 
 
+@temporaries(5)
 def moments_cpu(block, axis) -> dict:
     """{n, mean, m2} of a block over ``axis`` (an int or a tuple, kept with length 1), float64,
     NaN-skipping: count, mean, and the sum of squared deviations from the block's own mean (the
-    two-pass formula inside a block). Array formulas, on the array module of ``block``."""
+    two-pass formula inside a block). Array formulas, on the array module of ``block``, slab by
+    slab along an axis not reduced (:func:`pipeline.kernels.slabs.map_slabs`)."""
+    axis = (axis,) if isinstance(axis, int) else tuple(axis)
+    return map_slabs(_moments_formula, block, axis, whole=axis)
+
+
+def _moments_formula(block, axis: tuple[int, ...]) -> dict:
     from ..backend import xp_of
 
-    axis = (axis,) if isinstance(axis, int) else tuple(axis)
     xp = xp_of(block)
     valid = ~xp.isnan(block)
     n = valid.sum(axis=axis, keepdims=True, dtype=np.float64)

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..backend import xp_of
 from . import launch
+from .slabs import map_slabs, temporaries
 
 ACC = np.float64
 
@@ -37,10 +38,17 @@ cuda = None
 # --- CPU: array formulas -------------------------------------------------------------------------
 
 
+@temporaries(9)
 def polyfit_cpu(x, u, axis, deg: int):
     """Partial sums of the normal equations over one block: S_k = sum u^k and T_k = sum u^k x over
     the valid samples, k = 0..2 deg and 0..deg, with ``axis`` kept at length 1 (``u`` is the
-    coordinate broadcast to the block). Array formulas, on the array module of ``x``."""
+    coordinate broadcast to the block). Array formulas, on the array module of ``x``, slab by slab
+    along an axis not reduced (:func:`pipeline.kernels.slabs.map_slabs`)."""
+    axis = (axis,) if isinstance(axis, int) else tuple(axis)
+    return map_slabs(_polyfit_formula, x, u, axis, deg, whole=axis)
+
+
+def _polyfit_formula(x, u, axis, deg: int) -> dict:
     xp = xp_of(x)
     valid = ~xp.isnan(x)
     uk = xp.where(valid, u.astype(ACC, copy=False), 0.0)
@@ -70,8 +78,14 @@ def polyfit_finalize(p, axis: int, deg: int):
     return xp.concatenate([c[..., k] for k in range(m)], axis=axis)
 
 
+@temporaries(6.5)
 def polyval_subtract_cpu(x, u, *coefficients, out_dtype, axis=None):
-    """x - sum c_k u^k, by Horner's rule in float64 (``axis``, that of u, is for the GPU kernel)."""
+    """x - sum c_k u^k, by Horner's rule in float64 (``axis``, that of u, is for the GPU kernel),
+    slab by slab."""
+    return map_slabs(_polyval_subtract_formula, x, u, *coefficients, out_dtype=out_dtype)
+
+
+def _polyval_subtract_formula(x, u, *coefficients, out_dtype):
     u = u.astype(ACC, copy=False)
     trend = coefficients[-1]
     for c in coefficients[-2::-1]:

@@ -23,6 +23,7 @@ import functools
 import numpy as np
 
 from . import launch
+from .slabs import map_slabs, temporaries
 
 # --- the kernel: weights in registers over a tile of rows --------------------------------------------
 
@@ -98,9 +99,15 @@ def weighted_rows_gpu(x2d, w1d):
 ACC = np.float64
 
 
+@temporaries(5)
 def weighted_sums_cpu(x, w, axis) -> dict:
     """Partial of a weighted mean over ``axis`` (kept with length 1): sum(w * x) and sum(w) over
-    the valid values of ``x``, float64. Array formulas, on the array module of ``x``."""
+    the valid values of ``x``, float64. Array formulas, on the array module of ``x``, slab by
+    slab along an axis not reduced (:func:`pipeline.kernels.slabs.map_slabs`)."""
+    return map_slabs(_weighted_formula, x, w, axis, whole=axis)
+
+
+def _weighted_formula(x, w, axis) -> dict:
     from ..backend import xp_of
 
     xp = xp_of(x)

@@ -7,19 +7,21 @@ CuPy data and returns one on the same backend; the kernels are reached through t
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
+import dask
 import dask.array as da
 from dask.array.core import normalize_chunks
 import numpy as np
 import xarray as xr
 from pydantic import Field
 
-from ..backend import backend_of, meta, to_backend, to_numpy
+from ..backend import backend_of, memory_budget, meta, to_backend, to_numpy
 from ..errors import InputError
 from ..exec import spill
 from ..reduce import aggregation as agg
-from ..reduce.declare import declare
+from ..reduce.declare import declare, declared
 from ._common import _as_dask, _axis, _finish, _is_int, float_dtype
 from .metadata import Produces, cell_names, input_name as _name
 from .params import Count, Degree, Dim, Quantiles
@@ -157,7 +159,100 @@ def detrend(x: xr.DataArray, dim: Dim = "time", deg: Degree = 1) -> xr.DataArray
 
 # --- quantile ------------------------------------------------------------------------------------
 
-QUANTILE_CHUNK_BYTES = 256 * 2**20  # per input chunk; the sort and the interpolation take a few times that
+QUANTILE_CHUNK_BYTES = 256 * 2**20  # per input chunk, in core (the kernel's temporaries are a few slabs)
+# out of core, a chunk is at most this share of the memory budget: one slab of the grid is held
+# while it is gathered, and a thread holds the chunk and the input block it is cut from
+QUANTILE_BUDGET_SHARE = 16
+
+
+def _shared_layers(data: da.Array, axis: int) -> list:
+    """The layers of ``data``'s graph that its copies may share, as collections for
+    :func:`dask.graph_manipulation.clone` to omit: arrays shorter than ``data`` along ``axis``
+    (a reduction's steps and results, as a detrend's coefficients) and what is not an array
+    (a store's handle, the checkpoint a second pass waits on), as dask records them on each layer."""
+    from dask.delayed import Delayed
+
+    graph = data.__dask_graph__()
+    shared = []
+    for name, layer in graph.layers.items():
+        shape = (getattr(layer, "collection_annotations", None) or {}).get("shape")
+        if not shape or len(shape) != data.ndim or shape[axis] < data.shape[axis]:
+            shared.append(Delayed(name, graph, layer=name))
+    return shared
+
+
+def _cut_copy(block, axis: int, start: int, stop: int):
+    """A copy of ``block`` from ``start`` to ``stop`` along ``axis`` (a view would keep the
+    whole block alive)."""
+    return block[(slice(None),) * axis + (slice(start, stop),)].copy()
+
+
+def _after(value, _):
+    """``value``, once the task named by the second argument is done."""
+    return value
+
+
+def _fused_after(part: da.Array, before: da.Array | None) -> da.Array:
+    """``part`` with each block's chain of tasks (read, map, cut) fused into one task, started
+    only once ``before`` is computed: fused, a block is read and cut in one go (left apart, dask
+    reads every block of the slab before cutting any); the declarations of its layers for the
+    memory plan are kept on the fused layer (the most of each)."""
+    from dask._task_spec import Task, TaskRef
+    from dask.graph_manipulation import checkpoint
+    from dask.highlevelgraph import HighLevelGraph
+
+    found = [declared(layer) for layer in part.__dask_graph__().layers.values()]
+    with dask.config.set({"optimization.fuse.active": True}):
+        (part,) = dask.optimize(part)
+    keep = {k: max(d[k] for d in found if k in d) for k in ("partial_bytes", "extra_blocks") if any(k in d for d in found)}
+    if before is not None:
+        done = checkpoint(before)
+        dsk = dict(part.__dask_graph__())
+        for key in list(_keys(part)):
+            dsk[key] = Task(key, _after, dsk[key], TaskRef(done.key))
+        graph = HighLevelGraph.from_collections(part.name, dsk, dependencies=[done])
+        part = da.Array(graph, part.name, part.chunks, meta=part._meta)
+    return declare(part, **keep) if keep else part
+
+
+def _keys(a: da.Array):
+    from dask.core import flatten
+
+    return flatten(a.__dask_keys__())
+
+
+def _by_slabs(data: da.Array, axis: int, chunks, apply, cut: int, out_axis: int) -> da.Array:
+    """``apply`` over ``data`` rechunked to ``chunks`` (``axis`` whole), one slab of the grid (a
+    chunk along ``cut``, the one axis ``chunks`` split) after another, concatenated along
+    ``out_axis`` of the results.
+
+    A plain rechunk computes each input block once and keeps its pieces for every slab until the
+    last slab is gathered: the whole input. Here each slab comes from its own copy of ``data``'s
+    graph (:func:`dask.graph_manipulation.clone`), computed again from the source and cut to the
+    slab block by block, and started once the slab before it is done (:func:`_fused_after`), so
+    that one slab is held at a time. What the copies share (:func:`_shared_layers`: a detrend's coefficients) is
+    computed once."""
+    from dask.graph_manipulation import clone
+
+    if len(chunks[cut]) == 1:  # nothing to cut along: one chunk holds the input
+        return apply(declare(data.rechunk(chunks), held_bytes=int(data.nbytes)))
+    keep = _shared_layers(data, axis)
+    results, start = [], 0
+    for n in chunks[cut]:
+        copy = clone(data, omit=keep, seed=("quantile-slab", start))
+        if len(data.chunks[cut]) == 1:  # cut block by block, in the tasks that compute the blocks
+            slab_chunks = tuple((n,) if i == cut else c for i, c in enumerate(data.chunks))
+            part = copy.map_blocks(_cut_copy, cut, start, start + n, chunks=slab_chunks, dtype=data.dtype)
+        else:
+            index = tuple(slice(start, start + n) if i == cut else slice(None) for i in range(data.ndim))
+            part = copy[index].map_blocks(np.copy, dtype=data.dtype)
+        part = _fused_after(part, results[-1] if results else None)
+        part = part.rechunk(tuple(c if i != cut else (n,) for i, c in enumerate(chunks)))
+        if not results:  # held one at a time: counted once, the first (the largest)
+            declare(part, held_bytes=int(part.nbytes))
+        results.append(apply(part))
+        start += n
+    return da.concatenate(results, axis=out_axis)
 
 
 def _quantile_cell_method(x: xr.DataArray, p: dict) -> str:
@@ -191,30 +286,39 @@ def quantile(x: xr.DataArray, q: Quantiles, dim: Dim = "time") -> xr.DataArray:
         raise InputError(f"quantiles q must lie in [0, 1], got {q!r}")
     data, eager = _as_dask(x)
     axis = _axis(x, dim)
+    budget = memory_budget(backend_of(data))
+    out_of_core = len(data.chunks[axis]) > 1 and data.nbytes > budget / 2
+    # out of core, slabs of the grid cut along one axis only (the outermost): a chunk is a slab
+    cut = next((i for i in range(x.ndim) if i != axis), None) if out_of_core else None
     chunks = normalize_chunks(
-        tuple(-1 if i == axis else "auto" for i in range(x.ndim)),
+        tuple(-1 if i == axis or cut not in (None, i) else "auto" for i in range(x.ndim)),
         data.shape,
-        limit=QUANTILE_CHUNK_BYTES,
+        limit=min(QUANTILE_CHUNK_BYTES, budget // QUANTILE_BUDGET_SHARE) if out_of_core else QUANTILE_CHUNK_BYTES,
         dtype=data.dtype,
         previous_chunks=data.chunks,
     )
-    gathers = len(data.chunks[axis]) > 1
-    data = data.rechunk(chunks)
-    if gathers:  # every output chunk takes a piece of every input block: the whole input stays alive
-        declare(data, held_bytes=int(data.nbytes))
     out_dtype = float_dtype(x.dtype)
     backend = backend_of(data)
-    result = data.map_blocks(
-        quantile.op.kernel("quantile", backend),
-        q=qs,
-        axis=axis,
-        out_dtype=out_dtype,
-        drop_axis=axis,
-        new_axis=0,
-        chunks=((len(qs),), *(c for i, c in enumerate(data.chunks) if i != axis)),
-        dtype=out_dtype,
-        meta=meta(backend, out_dtype, x.ndim),
-    )
+
+    def apply(gathered):
+        return gathered.map_blocks(
+            quantile.op.kernel("quantile", backend),
+            q=qs,
+            axis=axis,
+            out_dtype=out_dtype,
+            drop_axis=axis,
+            new_axis=0,
+            chunks=((len(qs),), *(c for i, c in enumerate(gathered.chunks) if i != axis)),
+            dtype=out_dtype,
+            meta=meta(backend, out_dtype, x.ndim),
+        )
+
+    if len(data.chunks[axis]) == 1:
+        result = apply(data.rechunk(chunks))
+    elif out_of_core:  # one slab of the grid at a time, each computed again
+        result = _by_slabs(data, axis, chunks, apply, cut, out_axis=cut + 1 if cut < axis else cut)
+    else:  # every output chunk takes a piece of every input block: the whole input stays alive
+        result = apply(declare(data.rechunk(chunks), held_bytes=int(data.nbytes)))
     dims = [d for d in x.dims if d != dim]
     # as xarray: coordinates along dim go, and so do scalar ones
     coords = {k: v for k, v in x.coords.items() if v.dims and dim not in v.dims}

@@ -387,9 +387,13 @@ def binned_reduce(x: da.Array, agg: Aggregation, bins: np.ndarray, nbins: int, a
     if np.any(np.diff(bins) < 0):
         raise ValueError("bins must be non-decreasing along the axis")
     parts = _partials(x, bins, agg, axis, kernel)
-    # a block's partial holds a row of fields for each bin it touches: counted as one float64
-    # block of its input, as the plan has counted it since it was measured
-    declare(parts, block_bytes=int(np.prod(parts.chunksize)) * np.dtype(ACC).itemsize)
+    # a block's partial holds a row of fields for each bin it touches, and a point's state (a
+    # scan's runs): counted as one row more, at no less than 16 bytes a value; a scan runs from
+    # the last block back, so every partial stays alive until it has passed
+    edges = np.cumsum((0, *x.chunks[axis]))
+    rows = max((len(np.unique(bins[a:b])) for a, b in zip(edges[:-1], edges[1:])), default=0) + 1
+    size = rows * int(np.prod([max(c) for i, c in enumerate(x.chunks) if i != axis])) * max(agg.bytes_per_value, 16)
+    declare(parts, partial_bytes=size, held_bytes=size * int(np.prod(x.numblocks)) if agg.scan else 0)
     bounds = np.cumsum((0, *x.chunks[axis]))
     block_of_step = np.searchsorted(bounds, np.arange(bins.size), side="right") - 1
     first_step = np.searchsorted(bins, np.arange(nbins), side="left")
