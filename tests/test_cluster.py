@@ -134,14 +134,15 @@ def test_workers_with_more_threads_than_their_budget_holds_are_refused_before_an
 
     x = da.ones((40, 1000, 100), chunks=(10, 1000, 100))  # blocks of 8 MB
     y = (x - x.mean(axis=0)).sum()
-    per_thread = memory.BLOCKS_PER_THREAD * 8_000_000 + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(y)
+    per_thread = memory.per_thread_bytes(8_000_000, memory.graph_partial_bytes(y), work=memory.work_bytes("cpu", 8_000_000))
+    held = x.nbytes  # under half the budget: the two-pass op keeps its input in core
     with LocalCluster(n_workers=2, threads_per_worker=3, processes=False, dashboard_address=None) as cluster, Client(cluster) as client:
         before = sum(len(v) for v in client.processing().values())
-        with dask.config.set({"pipeline.cpu.memory-limit": int(per_thread * 2.5)}):  # workers in this process read it
+        with dask.config.set({"pipeline.cpu.memory-limit": int(held + per_thread * 2.5)}):  # workers in this process read it
             with pytest.raises(InputError, match=r"run 3 threads.*enough for 2: start the workers with at most 2 threads"):
                 pipeline.compute(y)
             assert sum(len(v) for v in client.processing().values()) == before == 0
-        with dask.config.set({"pipeline.cpu.memory-limit": per_thread * 3}):
+        with dask.config.set({"pipeline.cpu.memory-limit": held + per_thread * 3}):
             assert float(pipeline.compute(y)) == pytest.approx(0.0, abs=1e-6)
 
 

@@ -216,10 +216,11 @@ def test_out_of_core_flow_equals_in_core_and_reports_memory(demo_dir, monkeypatc
     from pipeline.exec import memory
 
     # a limit of a few MB, for the blocks alone: neither the process nor its kernels counted
-    monkeypatch.setattr(memory, "process_baseline", lambda backend: 0)
+    monkeypatch.setattr(memory, "process_baseline", lambda backend, worker=None: 0)
     monkeypatch.setattr(memory, "work_bytes", lambda backend, block_bytes: 0)
 
-    flow = parse_flow(with_changes(source__chunks={"time": 2}), "f.yaml")  # small blocks, a small plan
+    write_demo("data/small.zarr", "2MB", seed=1, time_chunk=2)  # small stored chunks, a small plan
+    flow = parse_flow(with_changes(source__path="data/small.zarr"), "f.yaml")
     in_core = run_flow(flow, backend="cpu", output="out/in.zarr")
     assert in_core["memory"]["plan"]["out_of_core"] is False
     # a limit between the input's size and twice it: the input is read twice instead of held

@@ -149,7 +149,7 @@ def test_threads_under_a_budget_match_what_ran_on_the_gpu(monkeypatch):
     from pipeline.exec import memory
 
     # the device's rules on the host's budget: no process baseline, no CPU kernel temporaries
-    monkeypatch.setattr(memory, "process_baseline", lambda backend: 0)
+    monkeypatch.setattr(memory, "process_baseline", lambda backend, worker=None: 0)
     monkeypatch.setattr(memory, "work_bytes", lambda backend, block_bytes: 0)
     x = xr.DataArray(da.ones((40, 10, 20), chunks=(8, 10, 20), dtype="f4"), dims=("time", "lat", "lon"))
     assert memory.graph_blocks_per_thread(pipeline.ops.rolling_mean(x, window=5, dim="time").data) == 5
@@ -178,7 +178,7 @@ def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit(monke
     # its blocks, its kernels' temporaries and its partials
     per_thread = (memory.BLOCKS_PER_THREAD * 400_000 + memory.work_bytes("cpu", 400_000)
                   + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(total))
-    monkeypatch.setattr(memory, "process_baseline", lambda backend: 300_000_000)
+    monkeypatch.setattr(memory, "process_baseline", lambda backend, worker=None: 300_000_000)
     base = 300_000_000 + x.nbytes  # the process itself, and the input that it holds in core
     with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": base + 8 * per_thread}):
         assert compute_threads(total) == 8
@@ -279,3 +279,20 @@ def test_map_halo_equals_map_overlap(chunks, depth):
     np.testing.assert_allclose(got.compute(), window_sums(a, 1))
     np.testing.assert_allclose(got.compute(), ref.compute())
     assert got.chunks[0] == x.chunks[0] and got.chunks[2] == x.chunks[2]
+
+
+def test_blocks_smaller_than_the_stored_chunks_count_as_the_chunk_they_decode(tmp_path):
+    """Reading a block of 5 steps from a stored chunk of 20 decodes all 20: the plan counts that."""
+    from pipeline.exec import memory
+    from pipeline.sinks.zarr import write_zarr
+
+    from .conftest import climate_array
+
+    x = climate_array((40, 9, 12), chunks={"time": 20})
+    write_zarr(x, tmp_path / "s.zarr")
+    stored = 20 * 9 * 12 * x.dtype.itemsize
+    whole = pipeline.open_dataset(tmp_path / "s.zarr", backend="cpu")["tas"].data
+    split = pipeline.open_dataset(tmp_path / "s.zarr", backend="cpu", chunks={"time": 5})["tas"].data
+    assert memory.plan(whole, whole * 2, backend="cpu").block_bytes == stored
+    assert split.chunksize[0] == 5
+    assert memory.plan(split, split * 2, backend="cpu").block_bytes == stored

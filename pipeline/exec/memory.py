@@ -170,14 +170,23 @@ def graph_held(backend: str, *arrays: da.Array) -> int:
     return graph_held_bytes(*arrays) + (largest if largest <= B.memory_budget(backend) / 2 else 0)
 
 
-def process_baseline(backend: str) -> int:
+def process_baseline(backend: str, worker=None) -> int:
     """Bytes the process holds before its first block, on ``backend``: on the CPU its resident
-    set now and RUNTIME_BYTES; on the GPU nothing of the device's budget."""
+    set now and RUNTIME_BYTES; on the GPU nothing of the device's budget.
+
+    On a distributed worker, what the worker holds for the scheduler (its managed memory, which
+    dask spills) is not baseline; a worker sharing its process with the client and other workers
+    (``inproc://``, ``LocalCluster(processes=False)``) has no resident set of its own to count."""
     if backend == "gpu":
         return 0
     import psutil
 
-    return int(psutil.Process().memory_info().rss) + RUNTIME_BYTES
+    rss = int(psutil.Process().memory_info().rss)
+    if worker is not None:
+        if worker.address.startswith("inproc://"):
+            return 0
+        rss -= int(getattr(worker.state, "nbytes", 0) or 0)
+    return max(rss, 0) + RUNTIME_BYTES
 
 
 def work_bytes(backend: str, block_bytes: int) -> int:
@@ -213,20 +222,22 @@ def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0, bloc
     return max(1, threads if fit is None else min(threads, fit))
 
 
-def threads_that_fit(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0) -> int | None:
+def threads_that_fit(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0, worker=None) -> int | None:
     """How many threads, each holding ``blocks`` blocks of ``block_bytes``, its kernels'
     temporaries (:func:`work_bytes`) and PARTIALS_PER_THREAD partials of ``partial_bytes``, fit this
     process's memory budget on ``backend`` once its baseline and ``held_bytes`` are counted
-    (None: nothing to hold)."""
+    (None: nothing to hold); ``worker``: the distributed worker it is evaluated on, if any."""
     per_thread = per_thread_bytes(block_bytes, partial_bytes, blocks, work_bytes(backend, block_bytes))
     if not per_thread:
         return None
-    room = B.memory_budget(backend) - process_baseline(backend) - held_bytes
+    room = B.memory_budget(backend) - process_baseline(backend, worker) - held_bytes
     return max(0, int(room // per_thread))
 
 
-def _fit_and_budget(backend: str, block_bytes: int, partial_bytes: int, blocks: int, held_bytes: int = 0) -> tuple[int | None, int]:
-    return threads_that_fit(backend, block_bytes, partial_bytes, blocks, held_bytes), int(B.memory_budget(backend))
+def _fit_and_budget(backend: str, block_bytes: int, partial_bytes: int, blocks: int, held_bytes: int = 0,
+                    dask_worker=None) -> tuple[int | None, int]:
+    """Run on each worker by ``client.run``, which passes the worker as ``dask_worker``."""
+    return threads_that_fit(backend, block_bytes, partial_bytes, blocks, held_bytes, dask_worker), int(B.memory_budget(backend))
 
 
 def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0) -> dict[str, tuple[int, int]]:
@@ -258,7 +269,7 @@ def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, bl
         + (f" and {PARTIALS_PER_THREAD} partials of up to {format_bytes(partial_bytes)}" if partial_bytes else "")
         + f", and {setting} allows {format_bytes(answers[worker][1])} a worker, enough for {n}: start the workers with "
         f"at most {max(n, 1)} threads (--nthreads, or threads_per_worker in the cluster profile), raise the limit, "
-        "or read smaller chunks (source.chunks)"
+        "or read smaller blocks (source.chunks; where the stored chunks are larger, `pipeline convert --chunks`)"
     )
 
 
@@ -312,7 +323,7 @@ def check(p: Plan, where: str = "") -> None:
     fixed = p.baseline_bytes + p.held_bytes
     advice = (
         "raise the limit" if fixed >= p.budget_bytes
-        else f"raise the limit, lower {setting}, or read smaller chunks (source.chunks)"
+        else f"raise the limit, lower {setting}, or read smaller blocks (source.chunks; where the stored chunks are larger, `pipeline convert --chunks`)"
     )
     raise InputError(
         f"{where}the plan needs about {format_bytes(p.peak_bytes)} of {p.backend.upper()} memory "

@@ -8,6 +8,7 @@ GPU, a format may read its chunks straight to the device) and CF-decodes its val
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import xarray as xr
 
 from .. import backend as B
 from ..errors import InputError
+from ..reduce.declare import declare
 from . import cf, netcdf, reads, zarr
 from .cf import decode
 
@@ -178,6 +180,10 @@ def _chunked(ds: xr.Dataset, path, chunks: Mapping, zarr_path: str | None) -> xr
         source = reads.StoreArray(var, str(path), str(var_name), zarr_path)
         data = da.from_array(source, chunks=blocks, name=f"open_dataset-{var_name}-{token}",
                              meta=np.empty((0,) * var.ndim, dtype=var.dtype))
+        stored = math.prod(preferred.get(d, n) for d, n in zip(var.dims, var.shape)) * var.dtype.itemsize
+        if stored > math.prod(max(c) for c in blocks) * var.dtype.itemsize:
+            # a block smaller than the stored chunk it comes from still decodes that whole chunk
+            declare(data, block_bytes=int(stored))
         out[var_name] = xr.Variable(var.dims, data, var.attrs, var.encoding)
     return out
 
