@@ -142,7 +142,6 @@ def test_out_of_core_quantile_gathers_one_slab_at_a_time(tmp_path):
     one slab (a plain rechunk keeps the whole input), the detrend's coefficients are fitted once,
     and the result is xarray's."""
     import dask
-    import dask.array as da
     from dask.callbacks import Callback
 
     import pipeline

@@ -7,7 +7,6 @@ CuPy data and returns one on the same backend; the kernels are reached through t
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Literal
 
 import dask
