@@ -215,7 +215,7 @@ def test_a_corrupt_chunk_is_an_error_not_numbers(tmp_path, source):
     with pytest.raises(ValueError, match="checksum"):
         zarr.open_array(out / "weighted_mean", mode="r")[:]
     r = cli("verify", out, cwd=tmp_path)
-    assert r.returncode == 2 and "'weighted_mean'" in r.stderr and "chunk at (0,)" in r.stderr, r.stderr
+    assert r.returncode == 2 and "'weighted_mean'" in r.stderr and "chunk (0,) (file c/0)" in r.stderr, r.stderr
 
 
 def test_verify_names_a_variable_whose_values_changed(tmp_path):

@@ -35,7 +35,7 @@ import numpy as np
 import xarray as xr
 
 from .. import backend as B
-from ..errors import InputError
+from ..errors import InputError, chunk_error
 from ..exec.compute import compute, compute_threads
 from ..sources import is_url
 
@@ -163,11 +163,11 @@ def _read_sha(array_dir: str, region: tuple[slice, ...], variable: str) -> str:
     """The digest of one stored chunk, read back and decoded (a corrupt chunk fails its checksum)."""
     import zarr
 
+    arr = zarr.open_array(array_dir, mode="r")
     try:
-        values = zarr.open_array(array_dir, mode="r")[region]
-    except Exception as e:
-        start = tuple(s.start for s in region)
-        raise InputError(f"{os.path.dirname(array_dir)}: variable {variable!r}, chunk at {start}: cannot be decoded: {e}") from None
+        values = arr[region]
+    except Exception as e:  # named as reading names it: the store, the variable, the chunk and its file
+        raise chunk_error(os.path.dirname(array_dir), variable, region, e, arr) from None
     return _block_sha(np.asarray(values))
 
 
