@@ -169,3 +169,15 @@ def test_no_backend_checks_in_kernels_reductions_or_ops(part):
         if "is_cupy(" in line
     ]
     assert found == []
+
+
+@pytest.mark.parametrize("argv", [["-m", "pipeline", "--help"], ["-c", "import pipeline, pipeline.cli"]])
+def test_the_command_line_imports_no_array_library_it_does_not_use(argv):
+    """`pipeline --help` (and `import pipeline`) import no dask.array, distributed, xarray, zarr,
+    numba or CuPy: the package's names are imported on first use."""
+    heavy = ("dask.array", "distributed", "xarray", "zarr", "numba", "cupy")
+    probe = "import atexit, sys; atexit.register(lambda: print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in %r or m == 'dask.array'), file=sys.stderr))" % (heavy,)
+    r = subprocess.run([sys.executable, "-c", f"{probe}; sys.argv = ['pipeline', *{argv[2:]!r}]; import runpy; runpy.run_module('pipeline', run_name='__main__')"
+                        if argv[0] == "-m" else f"{probe}; {argv[1]}"], capture_output=True, text=True)
+    loaded = r.stderr.split("LOADED", 1)[1].strip()
+    assert loaded == "[]", loaded
