@@ -33,6 +33,19 @@ def test_local_gpu_profile_spills_to_host_and_disk():
         ("kind: local\ndevice_memory_limit: 1GB\n", "belong to kind 'local-cuda'"),
         ("kind: scheduler\naddress: tcp://h:8786\nworker_saturation: 1.0\n", "set distributed.scheduler.worker-saturation where the scheduler runs"),
         ("- a list\n", "expected a mapping"),
+        # TLS keys of attach profiles
+        ("kind: scheduler\naddress: tcp://h:8786\ntls_ca_file: ca.pem\ntls_client_cert: c.pem\n", "write address: tls://h:8786"),
+        ("kind: scheduler\naddress: tls://h:8786\ntls_ca_file: ca.pem\n", "TLS needs tls_ca_file and tls_client_cert"),
+        ("kind: local\ntls_ca_file: ca.pem\ntls_client_cert: c.pem\n", "belong to kind 'scheduler'"),
+        # batch-system profiles
+        ("kind: slurm\ncores: 4\n", "needs 'cores' and 'memory'"),
+        ("kind: slurm\ncores: 4\nmemory: 8GB\ngpus: 2\n", "gpus: Extra inputs are not permitted"),
+        ("kind: slurm\ncores: 2\nmemory: 8GB\ngpus_per_job: 4\n", "cannot feed 4 GPU workers"),
+        ("kind: slurm\ncores: 4\nmemory: 8GB\ndevice_memory_limit: 0.8\n", "also to kind 'slurm' with gpus_per_job"),
+        ("kind: slurm\ncores: 4\nmemory: 8GB\nn_workers: 2\n", "sizes its jobs with jobs, cores and memory"),
+        ("kind: slurm\ncores: 4\nmemory: 8GB\ngpus_per_job: 1\njob_extra_directives: ['--gres=gpu:1']\n", "writes the --gres line"),
+        ("kind: slurm\ncores: 4\nmemory: 8GB\njobs: 0\n", "jobs: Input should be greater than or equal to 1"),
+        ("kind: local\nqueue: gpu\n", "queue belong to kind 'slurm'"),
     ],
 )
 def test_bad_profiles_name_the_file_and_key(tmp_path, text, message):

@@ -226,19 +226,3 @@ def test_a_tls_scheduler_without_the_certificates_exits_2_naming_the_address(tmp
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(
-    "text,message",
-    [
-        ("kind: scheduler\naddress: tcp://h:8786\ntls_ca_file: ca.pem\ntls_client_cert: c.pem\n", "write address: tls://h:8786"),
-        ("kind: scheduler\naddress: tls://h:8786\ntls_ca_file: ca.pem\n", "TLS needs tls_ca_file and tls_client_cert"),
-        ("kind: local\ntls_ca_file: ca.pem\ntls_client_cert: c.pem\n", "belong to kind 'scheduler'"),
-    ],
-)
-def test_tls_keys_are_checked_with_the_profile(tmp_path, text, message):
-    from pipeline.errors import InputError
-
-    f = tmp_path / "p.yaml"
-    f.write_text(text)
-    with pytest.raises(InputError, match="p.yaml") as e:
-        load_profile(str(f))
-    assert message in str(e.value)

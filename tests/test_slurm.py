@@ -84,27 +84,6 @@ def test_optional_slurm_keys_reach_the_script(tmp_path):
     assert "--gres" not in cpu and " -m distributed.cli.dask_worker tcp://" in cpu and " --nanny" in cpu
 
 
-@pytest.mark.parametrize(
-    "text,message",
-    [
-        ("kind: slurm\ncores: 4\n", "needs 'cores' and 'memory'"),
-        ("kind: slurm\ncores: 4\nmemory: 8GB\ngpus: 2\n", "gpus: Extra inputs are not permitted"),
-        ("kind: slurm\ncores: 2\nmemory: 8GB\ngpus_per_job: 4\n", "cannot feed 4 GPU workers"),
-        ("kind: slurm\ncores: 4\nmemory: 8GB\ndevice_memory_limit: 0.8\n", "also to kind 'slurm' with gpus_per_job"),
-        ("kind: slurm\ncores: 4\nmemory: 8GB\nn_workers: 2\n", "sizes its jobs with jobs, cores and memory"),
-        ("kind: slurm\ncores: 4\nmemory: 8GB\ngpus_per_job: 1\njob_extra_directives: ['--gres=gpu:1']\n", "writes the --gres line"),
-        ("kind: slurm\ncores: 4\nmemory: 8GB\njobs: 0\n", "jobs: Input should be greater than or equal to 1"),
-        ("kind: local\nqueue: gpu\n", "queue belong to kind 'slurm'"),
-    ],
-)
-def test_bad_slurm_profiles_name_the_file_and_key(tmp_path, text, message):
-    f = tmp_path / "p.yaml"
-    f.write_text(text)
-    with pytest.raises(InputError, match="p.yaml") as e:
-        load_profile(str(f))
-    assert message in str(e.value)
-
-
 # --- a one-node SLURM on localhost ---------------------------------------------------------------
 
 

@@ -117,7 +117,9 @@ def open_dataset(
             # dimensions left out take one block per shard, not xarray's choice (the inner chunks)
             chunks = {**fmt.shard_chunks(path), **chunks}
     masks = cf.xarray_masks(raw) if decode_cf else False
-    ds = _open(fmt, path, kind, name, mask_and_scale=masks)
+    # xarray decodes what pipeline leaves to it (times, booleans, and the masks of ``masks``) on the
+    # store already open: its decode_cf takes mask_and_scale per variable, as open_dataset does
+    ds = _decode(raw, path, name, masks)
     if variables is not None:
         variables = list(variables)
         missing = [v for v in variables if v not in ds.data_vars]
@@ -150,6 +152,13 @@ def _open(fmt: Format, path, kind: str, name: str, **decoding) -> xr.Dataset:
         return fmt.open(path, kind, None, **decoding)
     except (ValueError, KeyError, OSError) as e:
         raise InputError(f"{path}: could not be opened as {name}: {e}") from e
+
+
+def _decode(raw: xr.Dataset, path, name: str, masks) -> xr.Dataset:
+    try:
+        return xr.decode_cf(raw, mask_and_scale=masks)
+    except (ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{path}: could not be decoded as {name}: {e}") from e
 
 
 def _check_chunks(path, chunks, sizes: Mapping) -> None:
