@@ -13,6 +13,8 @@ process holds between computations, each under its own lock:
 - ``held``: host buffers holding blocks between the passes of two-pass ops, and the bytes copied
   there since the last reset (:mod:`pipeline.exec.spill`).
 - ``device``: the most bytes CuPy's pool has held since the last reset (:mod:`pipeline.backend`).
+- ``decode``: the decode speeds measured on the GPU and on the CPU, and the blocks being read at
+  once, by which each block's files are split between them (:mod:`pipeline.gpu.split`).
 - ``nvcomp``: whether nvCOMP's bindings take decompression configs, learnt at the first decode
   (:mod:`pipeline.gpu.nvcomp`).
 
@@ -62,6 +64,13 @@ class DeviceState:
 
 
 @dataclass
+class DecodeState:
+    rates: object | None = None  # pipeline.gpu.split.Rates: measured decode speeds
+    reading: int = 0  # blocks being read at once
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
 class NvcompState:
     configs_supported: bool = True
 
@@ -72,3 +81,4 @@ pinned = PinnedState()
 held = HeldState()
 device = DeviceState()
 nvcomp = NvcompState()
+decode = DecodeState()

@@ -145,14 +145,22 @@ def _two_sharded_arrays(tmp_path):
 
 
 def test_blocks_take_whole_shards_up_to_a_target(tmp_path):
-    from pipeline.sources.zarr import _shard_chunks
+    import xarray as xr
+
     from pipeline.exec.memory import block_target
+    from pipeline.sources import blocks_along_first
+    from pipeline.sources.zarr import _shard_chunks
 
     store, _ = _two_sharded_arrays(tmp_path)
-    assert _shard_chunks(store) == {"time": 2, "lat": 4, "lon": 5}
-    assert _shard_chunks(store, 100)["time"] == 2  # at least one shard
-    assert _shard_chunks(store, 700)["time"] == 4  # x fits 4 shards, y only 2: the fewest
-    assert _shard_chunks(store, 10**9)["time"] == 10  # no more shards than the array has
+    shards = _shard_chunks(store)
+    assert shards == {"time": 2, "lat": 4, "lon": 5}
+    raw = xr.open_zarr(store, chunks=None)
+    assert blocks_along_first(raw, shards, 0) == shards
+    assert blocks_along_first(raw, shards, 100)["time"] == 2  # at least one shard
+    assert blocks_along_first(raw, shards, 700)["time"] == 4  # x fits 4 shards, y only 2: the fewest
+    assert blocks_along_first(raw, shards, 10**9)["time"] == 10  # no more shards than the array has
+    assert blocks_along_first(raw, {}, 10**9) == {"time": 10, "lat": 4, "lon": 5}  # plain chunks grow too
+    assert blocks_along_first(raw, {}, 0) == {}
     assert block_target("cpu") == 0  # on the CPU, one shard a block
     assert open_dataset(store, backend="cpu")["x"].data.chunks[0] == (2,) * 5
 
@@ -368,3 +376,62 @@ def test_gpu_reads_checksummed_store_and_names_a_corrupt_chunk(tmp_path):
     for nvcomp in (True, False):
         with pytest.raises(InputError, match=r"variable 'x': chunk \(1, 0, 0\) \(file c/1/0/0\)"):
             reader.open_array(store, "x", nvcomp=nvcomp).compute()
+
+
+# --- the split of a block's files between the GPU and the CPU (pipeline.gpu.split) -----------------
+
+
+def test_split_sends_large_single_frames_to_the_cpu_and_many_small_ones_to_the_gpu():
+    from pipeline.gpu import split
+
+    rates = split.Rates(gpu_frame=450e6, gpu_batch=7e9, cpu_frame=950e6)  # measured on an H200
+    big = [[303_000_000]] * 20
+    assert split.plan(big, threads=16, r=rates) == [True] * 20  # a frame: 0.32 s on a core, 0.67 s on the GPU
+    small = [[4_000_000]] * 400
+    host = split.plan(small, threads=2, r=rates)
+    # two threads take what they finish in the time the GPU takes for the rest, no more
+    gpu_s = split.gpu_seconds([4_000_000] * host.count(False), rates)
+    cpu_s = host.count(True) * 4_000_000 / rates.cpu_frame / 2
+    assert 0 < host.count(True) < 200 and abs(gpu_s - cpu_s) < 0.01
+    assert split.plan([[303_000_000], [], [1]], threads=0, r=rates) == [False] * 3  # no threads: all on the GPU
+    assert split.plan([[], []], threads=4, r=rates) == [False, False]  # absent files
+
+
+def test_split_rates_follow_measurements(monkeypatch):
+    from pipeline import state
+    from pipeline.gpu import split
+
+    monkeypatch.setattr(state, "decode", state.DecodeState())
+    with dask.config.set({"pipeline.gpu.decode-rates": {"cpu-frame": "100MB"}}):
+        r = split.rates()
+    assert r.cpu_frame == 100e6 and r.gpu_batch == 7e9
+    split.observe_cpu(200_000_000, 0.5)  # 400 MB/s measured
+    assert 100e6 < r.cpu_frame < 400e6
+    before = r.gpu_frame
+    split.observe_gpu(300_000_000, 300_000_000, 0.3)  # one large frame: its rate
+    assert r.gpu_frame > before and r.gpu_batch == 7e9
+    split.observe_gpu(1_000_000, 4_000_000_000, 0.2)  # many small frames: the batch rate
+    assert r.gpu_batch > 7e9
+
+
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("cpu_rate", ["1GB", "1PB", "1B"])
+def test_gpu_read_of_zarr_default_zstd_split_between_gpu_and_cpu(tmp_path, monkeypatch, cpu_rate):
+    """A store as xarray writes it (one zstd frame a chunk), some files decoded by nvCOMP and some
+    by the CPU, equals zarr's own read, the array's edge chunk included."""
+    import cupy as cp
+    import xarray as xr
+
+    from pipeline import state
+
+    monkeypatch.setattr(state, "decode", state.DecodeState())
+    values = RNG.standard_normal((23, 30, 40)).astype(np.float32)
+    values[3, 4, 5] = np.nan
+    xr.Dataset({"tas": (("time", "lat", "lon"), values)}).chunk({"time": 5}).to_zarr(tmp_path / "s.zarr", zarr_format=3)
+    with dask.config.set({"pipeline.gpu.decode-rates": {"cpu-frame": cpu_rate}, "pipeline.gpu.block-size": "100kB"}):
+        ds = open_dataset(tmp_path / "s.zarr", backend="gpu", decode_cf=False)
+        assert ds["tas"].data.chunks[0] == (20, 3)
+        out = ds["tas"].data.compute()
+    assert isinstance(out, cp.ndarray)
+    np.testing.assert_array_equal(cp.asnumpy(out), values)

@@ -27,6 +27,7 @@ class IOPool:
     proceeds."""
 
     def __init__(self, threads: int):
+        self.threads = threads
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._tickets = itertools.count()
         self._seq = itertools.count()

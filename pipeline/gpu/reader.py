@@ -18,7 +18,10 @@ One Dask task reads one block of whole chunks (or shards):
    is read, on the task thread's own CUDA stream;
 3. one nvCOMP batch decodes every zstd frame of the block (a chunk, or every inner chunk of a
    shard) into its place in the output, or into a scratch buffer that one copy rearranges; the
-   decode is queued without reading the frames' sizes back;
+   decode is queued without reading the frames' sizes back. Files of one large frame (zarr's
+   default: a frame a chunk) that the CPU would finish sooner are decoded by the I/O threads
+   instead, straight from the page cache into pinned memory, at the same time, and copied into
+   place (:mod:`pipeline.gpu.split` decides, from measured speeds);
 4. the task waits for its stream only at the end, so threads overlap reading, copying and
    decoding.
 
@@ -28,10 +31,12 @@ machine against zarr itself through :func:`decode_chunk_host`, the CPU twin of s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
 import math
+import mmap
 import os
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
@@ -43,17 +48,12 @@ import numpy as np
 from .. import config
 from ..backend import use_device_memory_limit
 from ..errors import DecodeError, UnsupportedLayout, chunk_error
-from . import pinned
+from . import pinned, split
 from .iopool import io_pool
 from .nvcomp import _copy_frames, _decode_frames, nvcomp_available
-from .streams import context, current
+from .streams import context
 
 MISSING = np.uint64(2**64 - 1)
-# nvCOMP decodes a zstd frame on few threads: its speed comes from many frames at once. Measured
-# on an H200, 20 frames of 303 MB (one per chunk of a plain store) decoded at 0.5 GB/s, while the
-# CPU's 16 cores decode them at about 5 GB/s. Frames larger than this decode on the CPU, in the I/O
-# pool, into pinned memory; `pipeline convert` rewrites such stores as shards of ~1 MB frames.
-NVCOMP_MAX_FRAME = 64 << 20
 PIECE = 16 << 20  # files above this are read in pieces of this size, in parallel
 
 
@@ -348,31 +348,113 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
     stats = [_stat(p) for p in paths]
     sizes = [st.st_size if st else 0 for st in stats]
 
-    # files pinned in the page cache cross from there (pipeline.gpu.pinned); the others are read into
-    # a pinned buffer, or pinned by the I/O threads where there is room
-    held = [pinned.lookup(p, st) if st and st.st_size else None for p, st in zip(paths, stats)]
-    unread = [k for k, size in enumerate(sizes) if size and held[k] is None]
-    staging = pinned.take(sum(sizes[k] for k in unread))
-    jobs = submit_reads([paths[k] for k in unread], [sizes[k] for k in unread], staging.bytes,
-                        [stats[k] for k in unread])
+    with split.reading() as blocks:
+        # files pinned in the page cache cross from there (pipeline.gpu.pinned)
+        held = [pinned.lookup(p, st) if st and st.st_size else None for p, st in zip(paths, stats)]
+        host = _on_host(lay, sizes, held, blocks)
+        # the GPU's files are read into a pinned buffer, or pinned by the I/O threads where there
+        # is room; then the CPU's files are decoded by the same threads into pinned memory
+        unread = [k for k, size in enumerate(sizes) if size and held[k] is None and not host[k]]
+        staging = pinned.take(sum(sizes[k] for k in unread))
+        jobs = submit_reads([paths[k] for k in unread], [sizes[k] for k in unread], staging.bytes,
+                            [stats[k] for k in unread])
+        decoded, decodes = None, {}
+        try:
+            if any(host):
+                decoded = pinned.take(sum(host) * lay.inner_nbytes)
+                decodes = _submit_host_decodes(lay, paths, held, host, decoded.bytes)
+            files, it = [], iter(jobs)
+            for k, size in enumerate(sizes):
+                if host[k]:
+                    files.append(decodes[k])
+                elif held[k] is not None:
+                    files.append(functools.partial(getattr, held[k], "bytes"))
+                elif size:
+                    files.append(functools.partial(_arrived, staging.bytes, *next(it), size))
+                else:
+                    files.append(None)
+            return _move_and_decode(lay, region, coords, files, [0 if h else n for h, n in zip(host, sizes)])
+        finally:
+            # whatever happened (the block's stream was synchronized on the way out), no read or
+            # decode may still be writing into a buffer, nor a copy reading a pinned file, when
+            # they go back
+            futures_wait([j for _, waits in jobs for j in waits] + [d.job for d in decodes.values()])
+            pinned.give(staging)
+            if decoded is not None:
+                pinned.give(decoded)
+            for f in held + [_pinned_by(waits) for _, waits in jobs]:
+                if f is not None:
+                    pinned.unpin_file(f)
+
+
+def _on_host(lay: Layout, sizes: list[int], held: list, blocks: int) -> list[bool]:
+    """For each file of a block, True where the CPU decodes it (:mod:`pipeline.gpu.split`): files of
+    one large zstd frame, where the I/O threads would finish them sooner than nvCOMP. Files that
+    hold many frames (shards) and files already pinned for the GPU stay on the GPU."""
+    if lay.codec != "zstd" or lay.sharded:
+        return [False] * len(sizes)
+    threads = max(1, io_pool().threads // max(1, blocks))
+    frames_of = [[lay.inner_nbytes] if size and held[k] is None else [] for k, size in enumerate(sizes)]
+    return split.plan(frames_of, threads)
+
+
+@dataclass
+class _HostDecode:
+    """A file decoded by an I/O thread into ``out`` (pinned); calling it waits for that."""
+
+    job: Future
+    out: np.ndarray
+
+    def __call__(self):
+        self.job.result()
+        return self
+
+
+def _submit_host_decodes(lay: Layout, paths: list[str], held: list, host: list[bool], buffer: np.ndarray) -> dict:
+    pool = io_pool()
+    ticket = pool.ticket()
+    decodes, slot = {}, 0
+    for k, on_host in enumerate(host):
+        if on_host:
+            out = buffer[slot * lay.inner_nbytes:(slot + 1) * lay.inner_nbytes]
+            decodes[k] = _HostDecode(pool.submit(_decode_file, lay, paths[k], held[k], out, ticket=ticket), out)
+            slot += 1
+    return decodes
+
+
+def _decode_file(lay: Layout, path: str, held, out: np.ndarray) -> None:
+    """One chunk file of one zstd frame decoded on this thread into ``out``, straight from the page
+    cache (a read-only mapping: no copy of the compressed bytes), timed for :mod:`.split`."""
+    import time
+
+    import numcodecs
+
+    with _mapped(path, held) as blob:
+        offsets, sizes, _ = frames(lay, blob)
+        t = time.perf_counter()
+        try:
+            numcodecs.Zstd().decode(blob[int(offsets[0]):int(offsets[0] + sizes[0])], out=out)
+        except Exception as e:  # a corrupt frame: zarr reads the block again and names the chunk
+            raise DecodeError(f"{path}: {e}") from e
+        split.observe_cpu(len(out), time.perf_counter() - t)
+
+
+@contextlib.contextmanager
+def _mapped(path: str, held):
+    """A file's bytes as a NumPy array: its pinned mapping where it has one, else a read-only
+    mapping, populated up front (one call into the kernel rather than a fault a page)."""
+    if held is not None:
+        yield held.bytes
+        return
+    with open(path, "rb") as f:
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        m = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
     try:
-        files, it = [], iter(jobs)
-        for k, size in enumerate(sizes):
-            if held[k] is not None:
-                files.append(functools.partial(getattr, held[k], "bytes"))
-            elif size:
-                files.append(functools.partial(_arrived, staging.bytes, *next(it), size))
-            else:
-                files.append(None)
-        return _move_and_decode(lay, region, coords, files, sizes)
+        view = np.frombuffer(m, dtype=np.uint8)
+        yield view
     finally:
-        # whatever happened (the block's stream was synchronized on the way out), no read may
-        # still be writing into the buffer, nor a copy reading a pinned file, when they go back
-        futures_wait([j for _, waits in jobs for j in waits])
-        pinned.give(staging)
-        for f in held + [_pinned_by(waits) for _, waits in jobs]:
-            if f is not None:
-                pinned.unpin_file(f)
+        del view
+        m.close()
 
 
 def _arrived(buffer: np.ndarray, start: int, waits: list[Future], size: int) -> np.ndarray:
@@ -412,7 +494,7 @@ def _move_and_decode(lay: Layout, region, coords, files, sizes):
     # The device buffers are taken once the block's first file is there, so that a task waiting
     # for its turn in the I/O pool holds no device memory (under a 4 GB budget, three threads
     # holding them while they waited ran out of memory).
-    present = [f for f in files if f]
+    present = [f for f, size in zip(files, sizes) if f and size] or [f for f in files if f]
     if present:
         present[0]()
     # Both device buffers come from the pool's default-stream arena, as every task's arrays do:
@@ -430,15 +512,15 @@ def _move_and_decode(lay: Layout, region, coords, files, sizes):
         # each file crosses the bus as soon as it is there, while the block's later files are read
         blobs = []
         for f, start, size in zip(files, file_starts, sizes):
-            blobs.append(f() if f else None)
-            if f:
+            blobs.append(f() if f and size else f)
+            if f and size:
                 dev[start:start + size].set(blobs[-1], stream=stream)
         # plan: each chunk decodes straight into ``out`` when its place there is one contiguous
         # run and whole; else into a scratch chunk that one copy puts in place. The block's frames
         # decode in one batch: decoding each file as soon as it is across, while the next is read,
         # was slower (0.25 s against 0.19-0.21 s for 6.1 GB in blocks of 3-5 shards), since
         # nvCOMP's speed comes from the frames it decodes at once.
-        direct, scratch = [], []
+        direct, scratch, on_host = [], [], []
         for coord, start, blob in zip(coords, file_starts, blobs):
             local = tuple(slice(c * n - s0, min((c + 1) * n - s0, ln))
                           for c, n, s0, ln in zip(coord, lay.chunk, starts, shape))
@@ -446,15 +528,18 @@ def _move_and_decode(lay: Layout, region, coords, files, sizes):
             whole = tuple(sl.stop - sl.start for sl in local) == lay.chunk
             if blob is None:
                 target.fill(lay.fill_value)
+            elif isinstance(blob, _HostDecode):
+                on_host.append((local, blob))
             elif whole and target.flags.c_contiguous and lay.contiguous_inner:
                 direct.append((target, start, blob))
             else:
                 scratch.append((local, start, blob))
-        if lay.sharded or lay.inner_nbytes <= NVCOMP_MAX_FRAME:
-            _decode_into_place(lay, direct, dev, out)
-            _decode_scratch(lay, scratch, dev, out)
-        else:
-            _decode_on_host(lay, direct + scratch, out)
+        timing = _GpuTiming(lay, len(direct) + len(scratch), stream)
+        _decode_into_place(lay, direct, dev, out)
+        _decode_scratch(lay, scratch, dev, out)
+        timing.stop(stream)
+        _place_host_decoded(lay, on_host, out, stream)
+    timing.observe()
     return out
 
 
@@ -476,37 +561,49 @@ def _run_frames(lay, dev, src_off, src_size, dst, dst_off):
         _copy_frames(dev, src_off, src_size, dst, dst_off)
 
 
-def _decode_host_frame(lay: Layout, blob, dest) -> None:
-    import numcodecs
+class _GpuTiming:
+    """CUDA events around a block's nvCOMP batch, read once the stream is synchronized, for the
+    rates of :mod:`.split`."""
 
-    size = len(blob) - 4 * lay.frame_crc
-    frame = blob[:size]
-    if lay.codec == "zstd":
-        numcodecs.Zstd().decode(frame, out=dest)
-    else:
-        dest[...] = frame
+    def __init__(self, lay: Layout, frames: int, stream):
+        import cupy as cp
+
+        self.frames = frames if lay.codec == "zstd" else 0
+        self.nbytes = lay.inner_nbytes * (math.prod(lay.grid) if lay.sharded else 1)
+        self.lay = lay
+        self.start = cp.cuda.Event() if self.frames else None
+        if self.start is not None:
+            self.start.record(stream)
+
+    def stop(self, stream) -> None:
+        import cupy as cp
+
+        if self.start is not None:
+            self.end = cp.cuda.Event()
+            self.end.record(stream)
+
+    def observe(self) -> None:
+        import cupy as cp
+
+        if self.start is not None:
+            seconds = cp.cuda.get_elapsed_time(self.start, self.end) / 1e3
+            split.observe_gpu(self.lay.inner_nbytes, self.frames * self.nbytes, seconds)
 
 
-def _decode_on_host(lay: Layout, items, out) -> None:
-    """Plain chunks whose single frame is too large for nvCOMP: decode each in the I/O pool into
-    pinned memory, and copy it to its place as soon as it is ready."""
+def _place_host_decoded(lay: Layout, items, out, stream) -> None:
+    """Chunks decoded by the CPU, each copied to its place as soon as it is ready."""
     import cupy as cp
-    import cupyx
 
-    staged = cupyx.empty_pinned((len(items), lay.inner_nbytes), dtype=np.uint8)
-    pool = io_pool()
-    ticket = pool.ticket()
-    jobs = [pool.submit(_decode_host_frame, lay, blob, staged[k], ticket=ticket) for k, (_, _, blob) in enumerate(items)]
-    stream = current().stream
-    for k, ((target, _, _), job) in enumerate(zip(items, jobs)):
-        job.result()
-        chunk = cp.empty(lay.chunk, dtype=lay.dtype)
-        chunk.view(np.uint8).reshape(-1).set(staged[k], stream=stream)
-        if isinstance(target, tuple):  # a region of ``out`` (the chunk is cut by the array's edge)
-            out[target] = chunk[tuple(slice(0, sl.stop - sl.start) for sl in target)]
-        else:
-            target[...] = chunk.reshape(target.shape)
-    current().keep.append(staged)
+    for local, decode in items:
+        decode()
+        target = out[local]
+        whole = tuple(sl.stop - sl.start for sl in local) == lay.chunk
+        if whole and target.flags.c_contiguous:
+            target.reshape(-1).view(np.uint8).set(decode.out, stream=stream)
+        else:  # cut by the array's edge: the whole chunk to the device, then its part in place
+            chunk = cp.empty(lay.chunk, dtype=lay.dtype)
+            chunk.reshape(-1).view(np.uint8).set(decode.out, stream=stream)
+            target[...] = chunk[tuple(slice(0, sl.stop - sl.start) for sl in local)]
 
 
 def _decode_into_place(lay: Layout, direct, dev, out) -> None:

@@ -4,7 +4,6 @@ each variable's chunks are read by :mod:`pipeline.gpu.reader` straight to the de
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import xarray as xr
@@ -43,14 +42,9 @@ def device_array(path, name: str, chunks):
     return reader.open_array(path, name, chunks=chunks)
 
 
-def _shard_chunks(path, target_bytes: int = 0) -> dict:
+def _shard_chunks(path) -> dict:
     """Dask chunks of a sharded store: one block per shard (xarray would take the inner chunks,
-    which can be thousands of times smaller); ``{}`` (the stored chunks) otherwise.
-
-    With ``target_bytes``, blocks take as many whole shards along each array's first dimension
-    as fit in it. On the GPU, larger blocks give nvCOMP larger batches: measured on the H200
-    machine, 6.1 GB in blocks of 1, 2, 3 and 5 shards of 303 MB took 0.30, 0.23, 0.21 and 0.19 s
-    (benchmarks/RESULTS.md)."""
+    which can be thousands of times smaller); ``{}`` (the stored chunks) otherwise."""
     import zarr
 
     try:
@@ -58,17 +52,10 @@ def _shard_chunks(path, target_bytes: int = 0) -> dict:
     except Exception:
         return {}
     chunks: dict = {}
-    grow: dict = {}  # first dimension -> shards a block, the fewest any array there allows
     for _, arr in group.arrays():
         shards = getattr(arr, "shards", None)
         dims = getattr(arr.metadata, "dimension_names", None)
         if shards and dims:
             for dim, size in zip(dims, shards):
                 chunks[dim] = max(chunks.get(dim, 0), size)
-            if target_bytes:
-                shard_bytes = math.prod(shards) * arr.dtype.itemsize
-                fits = max(1, min(target_bytes // shard_bytes, math.ceil(arr.shape[0] / shards[0])))
-                grow[dims[0]] = min(grow.get(dims[0], fits), fits)
-    for dim, k in grow.items():
-        chunks[dim] *= k
     return chunks
