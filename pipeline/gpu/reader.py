@@ -31,7 +31,6 @@ machine against zarr itself through :func:`decode_chunk_host`, the CPU twin of s
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import json
@@ -429,32 +428,25 @@ def _decode_file(lay: Layout, path: str, held, out: np.ndarray) -> None:
 
     import numcodecs
 
-    with _mapped(path, held) as blob:
-        offsets, sizes, _ = frames(lay, blob)
-        t = time.perf_counter()
-        try:
-            numcodecs.Zstd().decode(blob[int(offsets[0]):int(offsets[0] + sizes[0])], out=out)
-        except Exception as e:  # a corrupt frame: zarr reads the block again and names the chunk
-            raise DecodeError(f"{path}: {e}") from e
-        split.observe_cpu(len(out), time.perf_counter() - t)
+    blob = _mapped(path, held)
+    offsets, sizes, _ = frames(lay, blob)
+    t = time.perf_counter()
+    try:
+        numcodecs.Zstd().decode(blob[int(offsets[0]):int(offsets[0] + sizes[0])], out=out)
+    except Exception as e:  # a corrupt frame: zarr reads the block again and names the chunk
+        raise DecodeError(f"{path}: {e}") from e
+    split.observe_cpu(len(out), time.perf_counter() - t)
 
 
-@contextlib.contextmanager
-def _mapped(path: str, held):
+def _mapped(path: str, held) -> np.ndarray:
     """A file's bytes as a NumPy array: its pinned mapping where it has one, else a read-only
-    mapping, populated up front (one call into the kernel rather than a fault a page)."""
+    mapping, populated up front (one call into the kernel rather than a fault a page). The
+    mapping goes when the last view of it does."""
     if held is not None:
-        yield held.bytes
-        return
+        return held.bytes
     with open(path, "rb") as f:
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        m = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
-    try:
-        view = np.frombuffer(m, dtype=np.uint8)
-        yield view
-    finally:
-        del view
-        m.close()
+        return np.frombuffer(mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ), dtype=np.uint8)
 
 
 def _arrived(buffer: np.ndarray, start: int, waits: list[Future], size: int) -> np.ndarray:
