@@ -250,3 +250,119 @@ def blosclz_decompress(src: bytes, size: int) -> bytes:
             ctrl = src[ip]
             ip += 1
     return bytes(out)
+
+
+# --- the GPU decode of a batch of chunks ----------------------------------------------------------
+
+
+def decode_frames(root: str, hosts, dev, src_offsets, dst, dst_offsets, nbytes: int) -> None:
+    """Decode Blosc chunks on this task's stream: chunk ``k`` lies at ``src_offsets[k]`` of the
+    device bytes ``dev`` (and in host memory as ``hosts[k]``, whose headers are read here) and
+    decodes to the ``nbytes`` bytes at byte ``dst_offsets[k]`` of the CuPy array ``dst``.
+
+    Every stream of every chunk decodes in one nvCOMP batch per algorithm (streams stored raw
+    are copied by one kernel launch) straight into ``dst`` for chunks without shuffle, or else
+    into a scratch buffer, from which one launch per shuffle mode unshuffles every block into
+    ``dst``. Chunks of compressors that nvCOMP does not decode are decoded on the host.
+    """
+    chunks = [parse(h) for h in hosts]
+    for c in chunks:
+        if c.nbytes != nbytes:
+            raise DecodeError(f"{root}: a Blosc chunk holds {c.nbytes} bytes, expected {nbytes}")
+    flat = dst.reshape(-1).view(np.uint8)
+    on_host = [k for k, c in enumerate(chunks) if not c.gpu]
+    if on_host:
+        _decode_on_host(root, [hosts[k] for k in on_host], [chunks[k] for k in on_host], flat,
+                        [int(dst_offsets[k]) for k in on_host], nbytes)
+    on_gpu = [k for k, c in enumerate(chunks) if c.gpu]
+    if on_gpu:
+        _decode_on_device([chunks[k] for k in on_gpu], dev, [int(src_offsets[k]) for k in on_gpu], flat,
+                          [int(dst_offsets[k]) for k in on_gpu], nbytes)
+
+
+def _decode_on_device(chunks, dev, src_offsets, flat, dst_offsets, nbytes: int) -> None:
+    import cupy as cp
+
+    from . import nvcomp
+    from .streams import current
+
+    shuffled = [k for k, c in enumerate(chunks) if c.shuffle != "none"]
+    scratch = cp.empty(max(1, len(shuffled) * nbytes), dtype=np.uint8)
+    scratch_base = {k: i * nbytes for i, k in enumerate(shuffled)}
+    current().keep.append(scratch)  # freed only once the stream is synchronized
+    streams, into_scratch, algorithm = _stream_table(chunks, src_offsets, dst_offsets, scratch_base)
+    for target, where in ((flat, ~into_scratch), (scratch, into_scratch)):
+        raw = where & (streams[:, 4] == 1)
+        if raw.any():
+            rows = streams[raw]
+            units = np.stack([rows[:, 0], rows[:, 2], rows[:, 3], np.ones(len(rows), np.int64)], axis=1)
+            shuffle.copy_units_gpu(dev, target, _device_table(units), int(rows[:, 3].max()))
+        for name, nv_name in NVCOMP_ALGORITHMS.items():
+            rows = streams[where & (streams[:, 4] == 0) & (algorithm == name)]
+            if len(rows):
+                src, size = rows[:, 0], rows[:, 1]
+                if name == "zlib":  # nvCOMP decodes the deflate stream inside the zlib wrapper
+                    src, size = src + ZLIB_HEADER, size - ZLIB_HEADER - ZLIB_TRAILER
+                nvcomp.decode_batch(nv_name, dev, src, size, target, rows[:, 2], rows[:, 3])
+    for mode, kernel in (("byte", shuffle.byte_unshuffle_gpu), ("bit", shuffle.bit_unshuffle_gpu)):
+        units = [unshuffle_units(chunks[k], scratch_base[k], dst_offsets[k]) for k in shuffled if chunks[k].shuffle == mode]
+        if units:
+            table = np.concatenate(units)
+            kernel(scratch, flat, _device_table(table), int(table[:, 2].max()))
+
+
+def _stream_table(chunks, src_offsets, dst_offsets, scratch_base):
+    """Every stream of ``chunks`` as one table (rows as :attr:`BloscChunk.streams`, offsets in
+    the device buffers), whether it decodes into the scratch buffer, and its compressor."""
+    tables, into, names = [], [], []
+    for k, c in enumerate(chunks):
+        rows = c.streams.copy()
+        rows[:, 0] += src_offsets[k]
+        rows[:, 2] += scratch_base.get(k, dst_offsets[k])
+        tables.append(rows)
+        into.append(np.full(len(rows), k in scratch_base))
+        names.append(np.full(len(rows), c.compressor))
+    return np.concatenate(tables), np.concatenate(into), np.concatenate(names)
+
+
+def _device_table(table: np.ndarray):
+    """An int64 table on the device, copied from pinned memory on this task's stream without
+    waiting (a copy from pageable memory would wait for the stream's earlier work)."""
+    import cupy as cp
+    import cupyx
+
+    from .streams import current
+
+    host = cupyx.empty_pinned(table.shape, dtype=np.int64)
+    host[...] = table
+    out = cp.empty(table.shape, dtype=np.int64)
+    out.set(host, stream=current().stream)
+    current().keep.append((host, out))
+    return out
+
+
+def _decode_on_host(root: str, hosts, chunks, flat, dst_offsets, nbytes: int) -> None:
+    """Chunks whose compressor nvCOMP does not decode: numcodecs into pinned memory, then an
+    asynchronous copy each."""
+    import cupyx
+    import numcodecs
+
+    from .streams import current
+
+    for name in sorted({c.compressor for c in chunks}):
+        _warn_once(f"{root}: Blosc chunks compressed with {name}, which nvCOMP does not decode, are decoded on the CPU")
+    staged = cupyx.empty_pinned((len(hosts), nbytes), dtype=np.uint8)
+    codec = numcodecs.Blosc()
+    stream = current().stream
+    for k, (blob, offset) in enumerate(zip(hosts, dst_offsets)):
+        try:
+            codec.decode(blob, out=staged[k])
+        except RuntimeError as e:
+            raise DecodeError(f"{root}: numcodecs could not decode a Blosc chunk ({e})") from e
+        flat[offset:offset + nbytes].set(staged[k], stream=stream)
+    current().keep.append(staged)
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
