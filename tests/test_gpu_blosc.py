@@ -332,3 +332,20 @@ def test_gpu_batch_decode_of_mixed_chunks():
                                 np.arange(len(encs)) * x.nbytes, x.nbytes)
     for k, e in enumerate(encs):
         np.testing.assert_array_equal(out[k].get(), _reference(e), err_msg=str(blosc.parse(e)))
+
+
+def test_benchmark_smoke(tmp_path):
+    """benchmarks/blosc_decode.py at a tiny size on the CPU, so that it cannot rot."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "blosc_decode.py"
+    spec = importlib.util.spec_from_file_location("blosc_decode", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(["--steps", "3", "--grid", "20,30", "--threads", "1,2", "--repeat", "1", "--no-gpu",
+                      "--workdir", str(tmp_path), "--json", str(tmp_path / "b.json")])
+    assert out["chunks"] == 3 and out["decoded_bytes"] == 3 * 20 * 30 * 4
+    assert all(s > 0 for s in out["cpu"].values()) and (tmp_path / "b.json").exists()
+    lay = reader.layout(Path(out["store"]) / "t2m")
+    assert lay.codec == "blosc" and blosc.parse(open(lay.path((0, 0, 0)), "rb").read()).compressor == "lz4"

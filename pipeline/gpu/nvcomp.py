@@ -98,7 +98,9 @@ def decode_batch(algorithm: str, src, src_offsets, src_sizes, dst, dst_offsets, 
 
 def _decode_sized(codec, configs: dict, srcs, outs, key, sizes: list[int]) -> None:
     """``codec.decode`` of streams that decode to ``sizes``, with a decompression config kept per
-    codec and ``key`` where the bindings take one."""
+    codec and ``key`` where the bindings take one. A config the algorithm refuses (its
+    compression settings may not admit streams this large) leaves the decode to read the sizes
+    itself."""
     if state.nvcomp.configs_supported:
         try:
             config = configs.get(key)
@@ -108,6 +110,8 @@ def _decode_sized(codec, configs: dict, srcs, outs, key, sizes: list[int]) -> No
                 config = configs[key] = codec.decompression_config(codec.compression_config(sizes))
         except (AttributeError, TypeError):  # bindings without decompression configs
             state.nvcomp.configs_supported = False
+        except (RuntimeError, ValueError):
+            pass
         else:
             codec.decode(srcs, out=outs, decompression_config=config)
             return
