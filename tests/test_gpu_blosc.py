@@ -5,6 +5,8 @@ through nvCOMP equal to xarray's own read."""
 from __future__ import annotations
 
 import itertools
+import shutil
+import subprocess
 import warnings
 
 import numcodecs
@@ -161,6 +163,17 @@ def test_unit_batches_place_each_unit():
         np.testing.assert_array_equal(dst[d:d + n], shuffle.unshuffle_bytes_cpu(src[s:s + n], t))
     copied = shuffle.copy_units_cpu(src, np.zeros(3000, np.uint8), units)
     np.testing.assert_array_equal(copied[2000:3000], src[:1000])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not installed")
+def test_unshuffle_kernels_compile(tmp_path):
+    from pipeline.kernels import launch
+
+    src = tmp_path / "unshuffle.cu"
+    src.write_text(launch.cuda_source("unshuffle.cu"))
+    r = subprocess.run(["nvcc", "-c", "-arch=sm_90", "-std=c++17", str(src), "-o", str(tmp_path / "k.o")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
 
 
 # --- stores as the ecosystem writes them: layouts and the host twin ---------------------------------
