@@ -90,8 +90,8 @@ def test_contiguous_inner():
 
 @pytest.mark.parametrize(
     "codecs",
-    [dict(compressors=GzipCodec()), dict(compressors=BloscCodec()), dict(filters=[TransposeCodec(order=(2, 1, 0))])],
-    ids=["gzip", "blosc", "transpose"],
+    [dict(compressors=GzipCodec()), dict(compressors=[BloscCodec(), ZstdCodec()]), dict(filters=[TransposeCodec(order=(2, 1, 0))])],
+    ids=["gzip", "blosc-then-zstd", "transpose"],
 )
 def test_unsupported_layouts_are_named(tmp_path, codecs):
     zarr.create_array(tmp_path / "s.zarr", name="x", shape=(4, 4, 4), chunks=(2, 2, 2), dtype="f4", **codecs)

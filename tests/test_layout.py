@@ -26,7 +26,7 @@ ALLOWED = {
     "_version": set(),
     "backend": {"errors", "config", "state"},
     "kernels": {"backend", "errors"},
-    "gpu": {"backend", *FOUNDATION},
+    "gpu": {"backend", "kernels", *FOUNDATION},
     "reduce": {"backend", "kernels", *FOUNDATION},
     "exec": {"backend", "kernels", "gpu", "reduce", *FOUNDATION},
     "sources": {"backend", "kernels", "gpu", "reduce", "exec", *FOUNDATION},

@@ -1,4 +1,6 @@
-"""nvCOMP batch decoding of zstd frames on the stream lent to the task."""
+"""nvCOMP batch decoding on the stream lent to the task: zstd frames of one size
+(:func:`_decode_frames`), or streams of any algorithm and of sizes that differ
+(:func:`decode_batch`, for Blosc chunks)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,19 @@ def _codec():
     return ctx.codec
 
 
+def _codec_for(algorithm: str):
+    """The codec of ``algorithm`` ("Zstd", "LZ4", "Deflate") bound to this task's stream, made once
+    per stream."""
+    if algorithm == "Zstd":
+        return _codec()
+    ctx = current()
+    codec = ctx.codecs.get(algorithm)
+    if codec is None:
+        nv = _nvcomp()
+        codec = ctx.codecs[algorithm] = nv.Codec(algorithm=algorithm, bitstream_kind=nv.BitstreamKind.RAW, cuda_stream=ctx.stream.ptr)
+    return codec
+
+
 def _batch(buffer, offsets, sizes, stream):
     """nvCOMP batch of byte ranges of one device buffer."""
     nv = _nvcomp()
@@ -61,6 +76,46 @@ def _decode_frames(src, src_offsets, sizes, dst, dst_offsets, dst_size):
     # the batches hold the device arrays of frame pointers and sizes that the decode, still
     # running, reads: they must live until the stream is synchronized
     current().keep.append((srcs, outs))
+
+
+def decode_batch(algorithm: str, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes) -> None:
+    """Decode raw ``algorithm`` streams of ``src`` (device bytes) into ``dst`` at ``dst_offsets``,
+    ``dst_sizes[k]`` bytes each, in one nvCOMP batch on this thread's stream. As for zstd frames,
+    the decode is queued with a decompression config built from the known sizes, so no size is
+    read back."""
+    if not len(src_offsets):
+        return
+    stream = _stream()
+    srcs = _batch(src, src_offsets, src_sizes, stream)
+    outs = _batch(dst.reshape(-1).view("u1"), dst_offsets, dst_sizes, stream)
+    sizes = [int(s) for s in dst_sizes]
+    try:
+        _decode_sized(_codec_for(algorithm), current().configs, srcs, outs, (algorithm, tuple(sizes)), sizes)
+    except (RuntimeError, ValueError) as e:
+        raise DecodeError(f"nvCOMP {algorithm}: {e}") from e
+    current().keep.append((srcs, outs))  # read by the decode still running, as in _decode_frames
+
+
+def _decode_sized(codec, configs: dict, srcs, outs, key, sizes: list[int]) -> None:
+    """``codec.decode`` of streams that decode to ``sizes``, with a decompression config kept per
+    codec and ``key`` where the bindings take one. A config the algorithm refuses (its
+    compression settings may not admit streams this large) leaves the decode to read the sizes
+    itself."""
+    if state.nvcomp.configs_supported:
+        try:
+            config = configs.get(key)
+            if config is None:
+                if len(configs) >= 64:
+                    configs.clear()
+                config = configs[key] = codec.decompression_config(codec.compression_config(sizes))
+        except (AttributeError, TypeError):  # bindings without decompression configs
+            state.nvcomp.configs_supported = False
+        except (RuntimeError, ValueError):
+            pass
+        else:
+            codec.decode(srcs, out=outs, decompression_config=config)
+            return
+    codec.decode(srcs, out=outs)
 
 
 def _decode(codec, configs: dict, srcs, outs, count: int, size: int) -> None:

@@ -47,7 +47,7 @@ import numpy as np
 from .. import config
 from ..backend import use_device_memory_limit
 from ..errors import DecodeError, UnsupportedLayout, chunk_error
-from . import pinned, split
+from . import blosc, pinned, split
 from .iopool import io_pool
 from .nvcomp import _copy_frames, _decode_frames, nvcomp_available
 from .streams import context
@@ -72,7 +72,7 @@ class Layout:
     dtype: np.dtype
     chunk: tuple[int, ...]
     inner: tuple[int, ...]
-    codec: str  # "zstd" or "none"
+    codec: str  # "zstd", "blosc" or "none"
     frame_crc: bool  # a crc32c trails each frame
     sharded: bool
     index_at_end: bool = True
@@ -125,7 +125,7 @@ def _bytes_codec_ok(codec: dict, dtype: np.dtype) -> None:
 
 
 def _chain(codecs: list[dict], dtype: np.dtype) -> tuple[str, bool]:
-    """(codec, trailing crc32c) of a plain chain: bytes, then zstd and/or crc32c."""
+    """(codec, trailing crc32c) of a plain chain: bytes, then zstd or blosc, and/or crc32c."""
     names = [c["name"] for c in codecs]
     if not names or names[0] != "bytes":
         raise UnsupportedLayout(f"codecs {names}")
@@ -134,9 +134,9 @@ def _chain(codecs: list[dict], dtype: np.dtype) -> tuple[str, bool]:
     crc = bool(rest) and rest[-1] == "crc32c"
     if crc:
         rest = rest[:-1]
-    if rest not in ([], ["zstd"]):
+    if rest not in ([], ["zstd"], ["blosc"]):
         raise UnsupportedLayout(f"codecs {names}")
-    return ("zstd" if rest else "none"), crc
+    return (rest[0] if rest else "none"), crc
 
 
 def layout(array_dir: str | os.PathLike) -> Layout:
@@ -188,12 +188,12 @@ def layout(array_dir: str | os.PathLike) -> Layout:
         if dtype.byteorder == ">" or meta.get("order", "C") != "C" or meta.get("filters"):
             raise UnsupportedLayout("big-endian, Fortran-ordered or filtered v2 data")
         comp = meta.get("compressor")
-        if comp is not None and comp.get("id") != "zstd":
+        if comp is not None and comp.get("id") not in ("zstd", "blosc"):
             raise UnsupportedLayout(f"compressor {comp.get('id')!r}")
         chunk = tuple(meta["chunks"])
         return Layout(
             root=str(root), shape=tuple(meta["shape"]), dtype=dtype.newbyteorder("="), chunk=chunk, inner=chunk,
-            codec="zstd" if comp else "none", frame_crc=False, sharded=False,
+            codec=comp["id"] if comp else "none", frame_crc=False, sharded=False,
             fill_value=_fill(meta.get("fill_value"), dtype), separator=meta.get("dimension_separator", "."),
         )
     raise UnsupportedLayout(f"{root}: no zarr.json or .zarray")
@@ -268,9 +268,15 @@ def decode_chunk_host(lay: Layout, blob: bytes) -> np.ndarray:
     out = np.empty((len(present), lay.inner_nbytes), dtype=np.uint8)
     for k, (o, s) in enumerate(zip(offsets, sizes)):
         frame = bytes(blob[o:o + s])
-        out[k] = np.frombuffer(zstd.decode(frame) if lay.codec == "zstd" else frame, dtype=np.uint8)
+        out[k] = _decode_frame_host(lay, zstd, frame)
     values = out.view(lay.dtype).reshape(len(present), *lay.inner)
     return assemble(np, lay, values, present)
+
+
+def _decode_frame_host(lay: Layout, zstd, frame: bytes) -> np.ndarray:
+    if lay.codec == "blosc":
+        return blosc.decode_chunk_host(frame)
+    return np.frombuffer(zstd.decode(frame) if lay.codec == "zstd" else frame, dtype=np.uint8)
 
 
 # --- reading a block on the GPU -----------------------------------------------------------------
@@ -546,11 +552,22 @@ def _frame_lists(lay: Layout, items, base_of):
     return src_off, src_size, dst_off, present_all
 
 
-def _run_frames(lay, dev, src_off, src_size, dst, dst_off):
-    if lay.codec == "zstd":
+def _run_frames(lay, dev, src_off, src_size, dst, dst_off, items):
+    if lay.codec == "blosc":
+        _run_blosc_frames(lay, items, dev, src_off, dst, dst_off)
+    elif lay.codec == "zstd":
         _decode_frames(dev, src_off, src_size, dst, dst_off, lay.inner_nbytes)
     else:
         _copy_frames(dev, src_off, src_size, dst, dst_off)
+
+
+def _run_blosc_frames(lay: Layout, items, dev, src_off, dst, dst_off) -> None:
+    """Blosc frames (:mod:`pipeline.gpu.blosc`), whose headers are read from their host bytes."""
+    hosts = []
+    for _, _, blob in items:
+        offsets, sizes, _ = frames(lay, blob)
+        hosts += [blob[o:o + s] for o, s in zip(offsets.tolist(), sizes.tolist())]
+    blosc.decode_frames(lay.root, hosts, dev, src_off, dst, dst_off, lay.inner_nbytes)
 
 
 class _GpuTiming:
@@ -605,7 +622,7 @@ def _decode_into_place(lay: Layout, direct, dev, out) -> None:
     import cupy as cp
 
     src_off, src_size, dst_off, present_all = _frame_lists(lay, direct, lambda k, t: t.data.ptr - out.data.ptr)
-    _run_frames(lay, dev, src_off, src_size, out, dst_off)
+    _run_frames(lay, dev, src_off, src_size, out, dst_off, direct)
     count = math.prod(lay.grid)
     for (target, _, _), present in zip(direct, present_all):
         if len(present) < count:  # inner chunks absent from the shard hold the fill value
@@ -622,7 +639,7 @@ def _decode_scratch(lay: Layout, scratch, dev, out) -> None:
     buf = cp.empty((len(scratch), count, *lay.inner), dtype=lay.dtype)
     per_chunk = count * lay.inner_nbytes
     src_off, src_size, dst_off, present_all = _frame_lists(lay, scratch, lambda k, t: k * per_chunk)
-    _run_frames(lay, dev, src_off, src_size, buf, dst_off)
+    _run_frames(lay, dev, src_off, src_size, buf, dst_off, scratch)
     for k, ((local, _, _), present) in enumerate(zip(scratch, present_all)):
         chunk = assemble(cp, lay, buf[k][cp.asarray(present)] if len(present) < count else buf[k], present)
         out[local] = chunk[tuple(slice(0, sl.stop - sl.start) for sl in local)]

@@ -18,6 +18,7 @@ class Context:
         self.device = cp.cuda.Device().id
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.codec = None
+        self.codecs = {}  # codecs of other algorithms (LZ4, Deflate for Blosc chunks), by name
         self.configs = {}  # decompression configs of the codec, by batch length and frame size
         self.keep = []
 

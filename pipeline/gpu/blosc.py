@@ -1,0 +1,368 @@
+"""Blosc chunks (Zarr v2 ``blosc`` compressor, Zarr v3 ``blosc`` codec) decoded on the GPU.
+
+Most public Zarr v2 archives are Blosc (ERA5-style: lz4 and byte shuffle), so is Zarr v3's
+BloscCodec (zstd; byte shuffle, or bit shuffle for one-byte types) and bio2zarr's default (zstd,
+bit shuffle). A Blosc chunk (c-blosc 1.x, format version 2) is a 16-byte header::
+
+    version, versionlz, flags, typesize (1 byte each), nbytes, blocksize, cbytes (int32 each)
+
+then, unless the chunk is *memcpyed* (its bytes stored as they are after the header), a table of
+``nblocks`` int32 block starts. Each block (``blocksize`` bytes, the last one the remainder) is
+either split into ``typesize`` streams or kept as one; each stream is an int32 compressed size
+and the stream, stored raw where that size equals its decoded size. Streams are independent
+LZ4 blocks, zstd frames, zlib streams, blosclz or snappy streams, so all the streams of all the
+chunks of a Dask block decode in one nvCOMP batch per algorithm; one kernel launch then
+unshuffles every block (:mod:`pipeline.kernels.shuffle`). Flags: bit 0 byte shuffle, bit 1
+memcpyed, bit 2 bit shuffle, bit 3 reserved, bit 4 "do not split", bits 5-7 the compressor
+(0 blosclz, 1 lz4 and lz4hc, 2 snappy, 3 zlib, 4 zstd). Without the "do not split" flag a block
+is split when ``typesize <= 16`` and it holds at least 128 elements and is not the last,
+remainder, block: the rule of c-blosc's decoder, which also reads chunks written before the
+flag existed.
+
+nvCOMP has no decoder for blosclz and snappy: chunks using them are decoded by numcodecs on
+the host (once said, per array) and copied.
+
+:func:`parse` and :func:`decode_chunk_host` are plain Python and NumPy, the CPU twin of the GPU
+decode, tested bit for bit against numcodecs' Blosc on every machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DecodeError
+from ..kernels import shuffle
+
+HEADER = 16
+VERSION = 2  # c-blosc 1.x's format version; its decoder refuses any other
+MAX_SPLITS = 16
+MIN_BUFFERSIZE = 128
+COMPRESSORS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
+NVCOMP_ALGORITHMS = {"lz4": "LZ4", "zstd": "Zstd", "zlib": "Deflate"}  # compressor -> nvCOMP
+ZLIB_HEADER, ZLIB_TRAILER = 2, 4  # around the raw deflate stream that nvCOMP decodes
+STREAM_COLUMNS = ("src", "csize", "dst", "dsize", "raw")
+BLOSCLZ_MAX_DISTANCE = 8191
+
+
+@dataclass(frozen=True)
+class BloscChunk:
+    """One Blosc chunk, parsed.
+
+    ``shuffle`` is what decoding applies ("none", "byte" or "bit"): "none" for a memcpyed chunk
+    and for byte shuffle of one-byte types, as c-blosc decides. ``streams`` is an int64 array of
+    rows (src offset in the chunk, compressed size, dst offset in the chunk's bytes before
+    unshuffling, decoded size, stored raw). ``blocks`` is an int64 array of rows (offset, nbytes),
+    the units that unshuffling transposes.
+    """
+
+    nbytes: int
+    typesize: int
+    blocksize: int
+    shuffle: str
+    memcpyed: bool
+    compressor: str
+    streams: np.ndarray
+    blocks: np.ndarray
+
+    @property
+    def gpu(self) -> bool:
+        """Whether nvCOMP decodes it (a memcpyed chunk is only copied)."""
+        return self.memcpyed or self.compressor in NVCOMP_ALGORITHMS
+
+
+def parse(blob) -> BloscChunk:
+    """The layout of the Blosc chunk ``blob`` (bytes or a uint8 array). Raises DecodeError for a
+    chunk that is truncated, malformed or of another format version."""
+    view = memoryview(blob).cast("B") if not isinstance(blob, np.ndarray) else memoryview(blob.reshape(-1).view(np.uint8))
+    if len(view) < HEADER:
+        raise DecodeError(f"Blosc chunk of {len(view)} bytes: shorter than its 16-byte header")
+    version, _, flags, typesize = view[0], view[1], view[2], view[3]
+    nbytes, blocksize, cbytes = struct.unpack_from("<iii", view, 4)
+    if version != VERSION:
+        raise DecodeError(f"Blosc chunk of format version {version}; expected {VERSION} (c-blosc 1.x)")
+    if flags & 0x08:
+        raise DecodeError(f"Blosc chunk with reserved flag bit 3 set (flags {flags:#04x})")
+    if cbytes > len(view) or cbytes < HEADER:
+        raise DecodeError(f"Blosc chunk truncated or corrupt: its header says {cbytes} bytes, it has {len(view)}")
+    code = flags >> 5
+    if code not in COMPRESSORS:
+        raise DecodeError(f"Blosc chunk with unknown compressor code {code}")
+    compressor = COMPRESSORS[code]
+    memcpyed = bool(flags & 0x02)
+    empty = np.empty((0, len(STREAM_COLUMNS)), dtype=np.int64)
+    if nbytes < 0 or (nbytes and (blocksize <= 0 or typesize == 0)):
+        raise DecodeError(f"Blosc chunk header corrupt: nbytes {nbytes}, blocksize {blocksize}, typesize {typesize}")
+    if nbytes == 0:
+        return BloscChunk(0, typesize, blocksize, "none", memcpyed, compressor, empty, np.empty((0, 2), np.int64))
+    nblocks = -(-nbytes // blocksize)
+    sizes = np.full(nblocks, blocksize, dtype=np.int64)
+    sizes[-1] = nbytes - (nblocks - 1) * blocksize
+    blocks = np.stack([np.arange(nblocks, dtype=np.int64) * blocksize, sizes], axis=1)
+    if memcpyed:
+        if cbytes != nbytes + HEADER:
+            raise DecodeError(f"memcpyed Blosc chunk of {cbytes} bytes for {nbytes} values bytes")
+        streams = np.array([[HEADER, nbytes, 0, nbytes, 1]], dtype=np.int64)
+        return BloscChunk(nbytes, typesize, blocksize, "none", True, compressor, streams, blocks)
+    if HEADER + 4 * nblocks > cbytes:
+        raise DecodeError(f"Blosc chunk truncated: {nblocks} block starts do not fit in {cbytes} bytes")
+    mode = "byte" if flags & 0x01 and typesize > 1 else "bit" if flags & 0x04 else "none"
+    starts = np.frombuffer(view, dtype="<i4", count=nblocks, offset=HEADER).tolist()
+    split_allowed = not flags & 0x10 and typesize <= MAX_SPLITS
+    rows = []
+    for j, (start, bsize) in enumerate(zip(starts, sizes.tolist())):
+        leftover = j == nblocks - 1 and nbytes % blocksize
+        nsplits = typesize if split_allowed and bsize // typesize >= MIN_BUFFERSIZE and not leftover else 1
+        if bsize % nsplits:
+            raise DecodeError(f"Blosc block of {bsize} bytes does not split into {nsplits} streams")
+        rows += _block_streams(view, cbytes, start, j * blocksize, bsize // nsplits, nsplits)
+    streams = np.array(rows, dtype=np.int64).reshape(-1, len(STREAM_COLUMNS))
+    return BloscChunk(nbytes, typesize, blocksize, mode, False, compressor, streams, blocks)
+
+
+def _block_streams(view, cbytes: int, offset: int, dst: int, neblock: int, nsplits: int) -> list:
+    """The stream rows of one block, whose first stream's size prefix is at ``offset``."""
+    rows = []
+    for s in range(nsplits):
+        if offset < HEADER or offset + 4 > cbytes:
+            raise DecodeError(f"Blosc chunk corrupt: a stream starts at byte {offset} of {cbytes}")
+        (csize,) = struct.unpack_from("<i", view, offset)
+        offset += 4
+        if csize < 0 or offset + csize > cbytes:
+            raise DecodeError(f"Blosc chunk truncated or corrupt: a stream of {csize} bytes at byte {offset} of {cbytes}")
+        rows.append((offset, csize, dst + s * neblock, neblock, int(csize == neblock)))
+        offset += csize
+    return rows
+
+
+# --- the CPU twin ---------------------------------------------------------------------------------
+
+
+def decode_chunk_host(blob) -> np.ndarray:
+    """The chunk's decoded bytes (uint8), from :func:`parse`, each stream decoded by its
+    compressor's own library and unshuffled by the NumPy twins of the GPU kernels."""
+    chunk = parse(blob)
+    src = np.frombuffer(blob, dtype=np.uint8) if not isinstance(blob, np.ndarray) else blob.reshape(-1).view(np.uint8)
+    if chunk.compressor == "snappy" and not chunk.memcpyed:
+        raise DecodeError("Blosc chunk compressed with snappy, which no library here decodes")
+    scratch = np.empty(chunk.nbytes, dtype=np.uint8)
+    for s, csize, d, dsize, raw in chunk.streams.tolist():
+        piece = src[s:s + csize]
+        scratch[d:d + dsize] = piece if raw else _decompress(chunk.compressor, piece, dsize)
+    return unshuffle(chunk, scratch)
+
+
+def unshuffle(chunk: BloscChunk, scratch: np.ndarray) -> np.ndarray:
+    """A chunk's decoded streams (``scratch``) unshuffled block by block."""
+    if chunk.shuffle == "none":
+        return scratch
+    units = unshuffle_units(chunk, 0, 0)
+    fn = shuffle.byte_unshuffle_cpu if chunk.shuffle == "byte" else shuffle.bit_unshuffle_cpu
+    return fn(scratch, np.empty_like(scratch), units)
+
+
+def unshuffle_units(chunk: BloscChunk, src_base: int, dst_base: int) -> np.ndarray:
+    """The chunk's blocks as units of :mod:`pipeline.kernels.shuffle`, its streams decoded at
+    ``src_base`` and its values going to ``dst_base``."""
+    b = chunk.blocks
+    return np.stack([b[:, 0] + src_base, b[:, 0] + dst_base, b[:, 1], np.full(len(b), chunk.typesize, np.int64)], axis=1)
+
+
+def _decompress(compressor: str, piece: np.ndarray, size: int) -> np.ndarray:
+    if compressor == "lz4":  # a raw LZ4 block: numcodecs' LZ4 takes it after its size prefix
+        import numcodecs
+
+        out = numcodecs.LZ4().decode(struct.pack("<i", size) + piece.tobytes())
+    elif compressor == "zstd":
+        import numcodecs
+
+        out = numcodecs.Zstd().decode(piece.tobytes())
+    elif compressor == "zlib":
+        import zlib
+
+        out = zlib.decompress(piece.tobytes())
+    else:
+        out = blosclz_decompress(piece.tobytes(), size)
+    out = np.frombuffer(out, dtype=np.uint8)
+    if out.size != size:
+        raise DecodeError(f"a {compressor} stream of a Blosc chunk decoded to {out.size} bytes, not {size}")
+    return out
+
+
+def blosclz_decompress(src: bytes, size: int) -> bytes:
+    """One blosclz stream decoded (c-blosc 1.x's ``blosclz_decompress``, step by step): tokens
+    of literals (control byte < 32: that many plus one bytes follow) and matches (length in the
+    top three bits, extended by bytes while 255; distance from the low five bits and one more
+    byte, or two more beyond 8191)."""
+    out = bytearray()
+    n, ip = len(src), 1
+    if n == 0:
+        return b""
+    ctrl = src[0] & 31
+    while True:
+        if ctrl >= 32:
+            length, ofs = (ctrl >> 5) - 1, (ctrl & 31) << 8
+            if length == 6:
+                while True:
+                    if ip + 1 >= n:
+                        raise DecodeError("blosclz stream truncated in a match length")
+                    code = src[ip]
+                    ip += 1
+                    length += code
+                    if code != 255:
+                        break
+            elif ip + 1 >= n:
+                raise DecodeError("blosclz stream truncated in a match")
+            code = src[ip]
+            ip += 1
+            length += 3
+            op = len(out)
+            ref = op - ofs - code
+            if code == 255 and ofs == 31 << 8:
+                if ip + 1 >= n:
+                    raise DecodeError("blosclz stream truncated in a far match")
+                ref = op - ((src[ip] << 8) + src[ip + 1]) - BLOSCLZ_MAX_DISTANCE
+                ip += 2
+            if op + length > size or ref - 1 < 0:
+                raise DecodeError("blosclz match outside the block")
+            if ip >= n:  # as c-blosc: a stream never ends on a match
+                break
+            ctrl = src[ip]
+            ip += 1
+            ref -= 1
+            distance = op - ref
+            if distance >= length:
+                out += out[ref:ref + length]
+            else:  # overlapping: the last ``distance`` bytes repeated
+                out += (out[ref:op] * (-(-length // distance)))[:length]
+        else:
+            ctrl += 1
+            if len(out) + ctrl > size or ip + ctrl > n:
+                raise DecodeError("blosclz literal run outside the block")
+            out += src[ip:ip + ctrl]
+            ip += ctrl
+            if ip >= n:
+                break
+            ctrl = src[ip]
+            ip += 1
+    return bytes(out)
+
+
+# --- the GPU decode of a batch of chunks ----------------------------------------------------------
+
+
+def decode_frames(root: str, hosts, dev, src_offsets, dst, dst_offsets, nbytes: int) -> None:
+    """Decode Blosc chunks on this task's stream: chunk ``k`` lies at ``src_offsets[k]`` of the
+    device bytes ``dev`` (and in host memory as ``hosts[k]``, whose headers are read here) and
+    decodes to the ``nbytes`` bytes at byte ``dst_offsets[k]`` of the CuPy array ``dst``.
+
+    Every stream of every chunk decodes in one nvCOMP batch per algorithm (streams stored raw
+    are copied by one kernel launch) straight into ``dst`` for chunks without shuffle, or else
+    into a scratch buffer, from which one launch per shuffle mode unshuffles every block into
+    ``dst``. Chunks of compressors that nvCOMP does not decode are decoded on the host.
+    """
+    chunks = [parse(h) for h in hosts]
+    for c in chunks:
+        if c.nbytes != nbytes:
+            raise DecodeError(f"{root}: a Blosc chunk holds {c.nbytes} bytes, expected {nbytes}")
+    flat = dst.reshape(-1).view(np.uint8)
+    on_host = [k for k, c in enumerate(chunks) if not c.gpu]
+    if on_host:
+        _decode_on_host(root, [hosts[k] for k in on_host], [chunks[k] for k in on_host], flat,
+                        [int(dst_offsets[k]) for k in on_host], nbytes)
+    on_gpu = [k for k, c in enumerate(chunks) if c.gpu]
+    if on_gpu:
+        _decode_on_device([chunks[k] for k in on_gpu], dev, [int(src_offsets[k]) for k in on_gpu], flat,
+                          [int(dst_offsets[k]) for k in on_gpu], nbytes)
+
+
+def _decode_on_device(chunks, dev, src_offsets, flat, dst_offsets, nbytes: int) -> None:
+    import cupy as cp
+
+    from . import nvcomp
+    from .streams import current
+
+    shuffled = [k for k, c in enumerate(chunks) if c.shuffle != "none"]
+    scratch = cp.empty(max(1, len(shuffled) * nbytes), dtype=np.uint8)
+    scratch_base = {k: i * nbytes for i, k in enumerate(shuffled)}
+    current().keep.append(scratch)  # freed only once the stream is synchronized
+    streams, into_scratch, algorithm = _stream_table(chunks, src_offsets, dst_offsets, scratch_base)
+    for target, where in ((flat, ~into_scratch), (scratch, into_scratch)):
+        raw = where & (streams[:, 4] == 1)
+        if raw.any():
+            rows = streams[raw]
+            units = np.stack([rows[:, 0], rows[:, 2], rows[:, 3], np.ones(len(rows), np.int64)], axis=1)
+            shuffle.copy_units_gpu(dev, target, _device_table(units), int(rows[:, 3].max()))
+        for name, nv_name in NVCOMP_ALGORITHMS.items():
+            rows = streams[where & (streams[:, 4] == 0) & (algorithm == name)]
+            if len(rows):
+                src, size = rows[:, 0], rows[:, 1]
+                if name == "zlib":  # nvCOMP decodes the deflate stream inside the zlib wrapper
+                    src, size = src + ZLIB_HEADER, size - ZLIB_HEADER - ZLIB_TRAILER
+                nvcomp.decode_batch(nv_name, dev, src, size, target, rows[:, 2], rows[:, 3])
+    for mode, kernel in (("byte", shuffle.byte_unshuffle_gpu), ("bit", shuffle.bit_unshuffle_gpu)):
+        units = [unshuffle_units(chunks[k], scratch_base[k], dst_offsets[k]) for k in shuffled if chunks[k].shuffle == mode]
+        if units:
+            table = np.concatenate(units)
+            kernel(scratch, flat, _device_table(table), int(table[:, 2].max()))
+
+
+def _stream_table(chunks, src_offsets, dst_offsets, scratch_base):
+    """Every stream of ``chunks`` as one table (rows as :attr:`BloscChunk.streams`, offsets in
+    the device buffers), whether it decodes into the scratch buffer, and its compressor."""
+    tables, into, names = [], [], []
+    for k, c in enumerate(chunks):
+        rows = c.streams.copy()
+        rows[:, 0] += src_offsets[k]
+        rows[:, 2] += scratch_base.get(k, dst_offsets[k])
+        tables.append(rows)
+        into.append(np.full(len(rows), k in scratch_base))
+        names.append(np.full(len(rows), c.compressor))
+    return np.concatenate(tables), np.concatenate(into), np.concatenate(names)
+
+
+def _device_table(table: np.ndarray):
+    """An int64 table on the device, copied from pinned memory on this task's stream without
+    waiting (a copy from pageable memory would wait for the stream's earlier work)."""
+    import cupy as cp
+    import cupyx
+
+    from .streams import current
+
+    host = cupyx.empty_pinned(table.shape, dtype=np.int64)
+    host[...] = table
+    out = cp.empty(table.shape, dtype=np.int64)
+    out.set(host, stream=current().stream)
+    current().keep.append((host, out))
+    return out
+
+
+def _decode_on_host(root: str, hosts, chunks, flat, dst_offsets, nbytes: int) -> None:
+    """Chunks whose compressor nvCOMP does not decode: numcodecs into pinned memory, then an
+    asynchronous copy each."""
+    import cupyx
+    import numcodecs
+
+    from .streams import current
+
+    for name in sorted({c.compressor for c in chunks}):
+        _warn_once(f"{root}: Blosc chunks compressed with {name}, which nvCOMP does not decode, are decoded on the CPU")
+    staged = cupyx.empty_pinned((len(hosts), nbytes), dtype=np.uint8)
+    codec = numcodecs.Blosc()
+    stream = current().stream
+    for k, (blob, offset) in enumerate(zip(hosts, dst_offsets)):
+        try:
+            codec.decode(blob, out=staged[k])
+        except RuntimeError as e:
+            raise DecodeError(f"{root}: numcodecs could not decode a Blosc chunk ({e})") from e
+        flat[offset:offset + nbytes].set(staged[k], stream=stream)
+    current().keep.append(staged)
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
