@@ -3,6 +3,8 @@ machine, through the CPU twin of the decode), and the GPU read equal to zarr's o
 
 from __future__ import annotations
 
+import contextlib
+
 import itertools
 
 import dask
@@ -213,7 +215,10 @@ def test_gpu_reads_pin_files_and_see_them_change(tmp_path, name):
     with dask.config.set({"pipeline.gpu.pinned-files": 0}):
         np.testing.assert_array_equal(reader.open_array(store, "x").compute().get(), values)
         assert pinned.pinned_files_bytes() == 0
-    with dask.config.set({"pipeline.gpu.pinned-files": "1GB"}):
+    # files that the GPU decodes are pinned (those that the CPU decodes never cross the bus
+    # compressed): here the split sends all to the GPU
+    with dask.config.set({"pipeline.gpu.pinned-files": "1GB", "pipeline.gpu.decode-rates": {"cpu-frame": 1}}), \
+            _fresh_rates():
         for _ in range(2):  # the first read pins every file, the second copies from them
             np.testing.assert_array_equal(reader.open_array(store, "x").compute().get(), values)
             assert pinned.pin_failure() is None
@@ -224,6 +229,17 @@ def test_gpu_reads_pin_files_and_see_them_change(tmp_path, name):
         arr[...] = changed
         np.testing.assert_array_equal(reader.open_array(store, "x").compute().get(), changed)
     assert pinned.release_files() > 0 and pinned.pinned_files_bytes() == 0
+
+
+@contextlib.contextmanager
+def _fresh_rates():
+    """The decode speeds of pipeline.gpu.split read again from the settings, then restored."""
+    saved = state.decode.rates
+    state.decode.rates = None
+    try:
+        yield
+    finally:
+        state.decode.rates = saved
 
 
 @requires_gpu

@@ -45,6 +45,7 @@ MIN_BUFFERSIZE = 128
 COMPRESSORS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
 NVCOMP_ALGORITHMS = {"lz4": "LZ4", "zstd": "Zstd", "zlib": "Deflate"}  # compressor -> nvCOMP
 ZLIB_HEADER, ZLIB_TRAILER = 2, 4  # around the raw deflate stream that nvCOMP decodes
+DEFLATE_ALIGNMENT = 4  # bytes: where nvCOMP's Deflate wants each input stream to start
 STREAM_COLUMNS = ("src", "csize", "dst", "dsize", "raw")
 BLOSCLZ_MAX_DISTANCE = 8191
 
@@ -300,15 +301,33 @@ def _decode_on_device(chunks, dev, src_offsets, flat, dst_offsets, nbytes: int) 
         for name, nv_name in NVCOMP_ALGORITHMS.items():
             rows = streams[where & (streams[:, 4] == 0) & (algorithm == name)]
             if len(rows):
-                src, size = rows[:, 0], rows[:, 1]
+                src, size, source = rows[:, 0], rows[:, 1], dev
                 if name == "zlib":  # nvCOMP decodes the deflate stream inside the zlib wrapper
                     src, size = src + ZLIB_HEADER, size - ZLIB_HEADER - ZLIB_TRAILER
-                nvcomp.decode_batch(nv_name, dev, src, size, target, rows[:, 2], rows[:, 3])
+                    source, src = _aligned(dev, src, size)
+                nvcomp.decode_batch(nv_name, source, src, size, target, rows[:, 2], rows[:, 3])
     for mode, kernel in (("byte", shuffle.byte_unshuffle_gpu), ("bit", shuffle.bit_unshuffle_gpu)):
         units = [unshuffle_units(chunks[k], scratch_base[k], dst_offsets[k]) for k in shuffled if chunks[k].shuffle == mode]
         if units:
             table = np.concatenate(units)
             kernel(scratch, flat, _device_table(table), int(table[:, 2].max()))
+
+
+def _aligned(dev, src, size, alignment: int = DEFLATE_ALIGNMENT):
+    """Streams of ``dev`` at ``src`` (``size`` bytes each) gathered into a new device buffer where
+    each starts at a multiple of ``alignment``: nvCOMP's Deflate refuses input that is not 4-byte
+    aligned, and a zlib stream's deflate data start 2 bytes into it. Returns (buffer, offsets)."""
+    import cupy as cp
+
+    from .streams import current
+
+    room = -(-size // alignment) * alignment
+    offsets = np.concatenate([[0], np.cumsum(room)[:-1]]).astype(np.int64)
+    out = cp.empty(max(1, int(room.sum())), dtype=np.uint8)
+    current().keep.append(out)
+    units = np.stack([src, offsets, size, np.ones(len(src), np.int64)], axis=1).astype(np.int64)
+    shuffle.copy_units_gpu(dev, out, _device_table(units), int(size.max()))
+    return out, offsets
 
 
 def _stream_table(chunks, src_offsets, dst_offsets, scratch_base):
