@@ -29,7 +29,9 @@ declares is generated, as ``pipeline run`` would.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import os
 import statistics
 import subprocess
@@ -459,21 +461,31 @@ def _run_peer(row: Row, flow: Flow, script: str, tmp: Path, repeat: int, fresh: 
     def once():
         return _variables(ns["analysis"](ns["open_source"](flow.source.path)).compute())
 
-    if scheduler == "distributed":
-        from distributed import Client
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_quiet("pint"))
+        if scheduler == "distributed":
+            from distributed import Client
 
-        with Client():  # as the script: a LocalCluster of this machine, closed after the runs
-            row.first_seconds, row.warm_all, result = _timed(once, repeat)
-    else:
-        with _dask_threads():
-            row.first_seconds, row.warm_all, result = _timed(once, repeat)
+            stack.enter_context(Client())  # as the script: a LocalCluster of this machine, closed after the runs
+        else:
+            import dask
+
+            stack.enter_context(dask.config.set(scheduler="threads"))
+        row.first_seconds, row.warm_all, result = _timed(once, repeat)
     return result, (_stored(out_store) if fresh else None)
 
 
-def _dask_threads():
-    import dask
-
-    return dask.config.set(scheduler="threads")
+@contextlib.contextmanager
+def _quiet(name: str):
+    """The logger ``name`` at errors only: importing xclim redefines units of pint's registry,
+    which pint logs as warnings that are nothing to the user."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _run_pipeline(row: Row, backend: str, flow: Flow, flow_file: str, input, tmp: Path, repeat: int, fresh: bool):
