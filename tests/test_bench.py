@@ -15,6 +15,7 @@ import yaml
 
 from pipeline import bench, cli, ops
 from pipeline.demo import write_demo
+from pipeline.flows import load_flow, with_source
 
 from .conftest import HAS_GPU
 
@@ -144,3 +145,13 @@ def test_the_cli_in_fresh_processes_prints_the_table_and_leaves_nothing(tmp_path
     assert sorted(p.name for p in store.parent.iterdir()) == before
     assert not (tmp_path / "sink.zarr").exists() and not (tmp_path / "never.zarr").exists()
     assert list(scratch.iterdir()) == []
+
+
+def test_the_distributed_peer_script_computes_inside_a_client(store):
+    """--peer-scheduler distributed: the script computes inside a distributed Client of its own
+    (a LocalCluster; run for real only on machines with cores to spare)."""
+    flow = with_source(load_flow(FLOWS[0]), store)
+    script = bench.peer_script(flow, "distributed")
+    compile(script, "xarray_peer.py", "exec")
+    assert "    from dask.distributed import Client\n\n    with Client():" in script
+    assert "with Client" not in bench.peer_script(flow, "threads")
