@@ -47,8 +47,9 @@ import numpy as np
 import xarray as xr
 
 from . import backend as B
+from . import ops as ops_registry
 from .errors import InputError
-from .exec.compute import compute
+from .exec.compute import compute, compute_threads
 from .flows import Flow, build_flow, ensure_source, load_flow, with_source
 from .sources import is_url, store_format
 
@@ -213,8 +214,6 @@ def missing_peers(flow: Flow) -> list[str]:
 def peer_script(flow: Flow, peer_scheduler: Literal["threads", "distributed"] = "threads") -> str:
     """A standalone Python script of ``flow`` in plain xarray + dask: the peers of its steps,
     called with the flow's parameters (and the ops' defaults), on the flow's source variable."""
-    from . import ops as ops_registry
-
     peers = [PEERS[op] for op in dict.fromkeys(s.op for s in flow.steps)]
     steps, previous = [], "source"
     for step in flow.steps:
@@ -511,7 +510,9 @@ def _run_pipeline(row: Row, backend: str, flow: Flow, flow_file: str, input, tmp
         row.process_seconds = _process(argv + (["--input", str(input)] if input is not None else []))
 
     def once():
-        return _variables(compute(_host_blocks(build_flow(flow, backend).result)))
+        result = build_flow(flow, backend).result
+        # the threads that pipeline runs this graph with, not those of a graph ending on the host
+        return _variables(compute(_host_blocks(result), threads=compute_threads(result)))
 
     row.first_seconds, row.warm_all, result = _timed(once, repeat)
     return result, (_stored(out_store) if fresh else None)
@@ -538,6 +539,8 @@ def run(
     """
     if repeat < 1:
         raise InputError(f"repeat: expected at least 1 warm run, got {repeat}")
+    if not set(backends) <= {"gpu", "cpu"}:
+        raise InputError(f"backends: expected 'gpu' and/or 'cpu', got {', '.join(map(repr, backends))}")
     flow = load_flow(flow_path)
     if input is not None:
         flow = with_source(flow, input)

@@ -140,6 +140,10 @@ def test_the_cli_in_fresh_processes_prints_the_table_and_leaves_nothing(tmp_path
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {row["peer"]: row for row in report["rows"]}
     assert report["ok"] and rows["pipeline-cpu"]["process"]["agrees"]
+    if HAS_GPU:
+        assert rows["pipeline-gpu"]["process"]["agrees"] and rows["pipeline-gpu"]["in_process"]["agrees"]
+    else:
+        assert "pipeline-gpu  no GPU" in r.stdout
     assert rows["pipeline-cpu"]["process_seconds"] > 0 and rows["xarray+dask"]["process_seconds"] > 0
     assert "groupby(f\"{dim}.{freq}\").mean(dim)" in report["script"]
     assert sorted(p.name for p in store.parent.iterdir()) == before
