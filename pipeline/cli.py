@@ -185,6 +185,24 @@ def cmd_convert(args) -> int:
     return EXIT_OK
 
 
+def cmd_bench(args) -> int:
+    from .bench import run
+    from .errors import InputError
+    from .exec.report import check_report_path, write_report
+
+    if args.json:
+        try:  # before anything runs
+            check_report_path(args.json)
+        except InputError as e:
+            raise InputError(str(e).replace("--report", "--json", 1)) from None
+    result = run(args.flow, input=args.input, repeat=args.repeat, fresh_process=not args.no_fresh,
+                 peer_scheduler=args.peer_scheduler)
+    print(result.table())
+    if args.json:
+        write_report(result.as_dict(), args.json)
+    return EXIT_OK if result.ok else EXIT_FAILURE
+
+
 def cmd_verify(args) -> int:
     from .sinks.zarr import verify
 
@@ -257,6 +275,19 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_convert)
+
+    b = sub.add_parser("bench", help="time a flow on pipeline's backends beside the same analysis in xarray + dask",
+                       parents=[common], description="Run FLOW on the GPU (where one is visible) and the CPU, and "
+                       "the same steps in plain xarray + dask; print their times, pipeline's speed-up and whether "
+                       "the results agree (exit 1 where they do not).")
+    b.add_argument("flow", help="flow file (YAML)")
+    b.add_argument("--input", help="read the source from this store instead of the flow's source.path")
+    b.add_argument("--repeat", type=int, default=3, help="warm runs in one process, after the first (default 3)")
+    b.add_argument("--no-fresh", action="store_true", help="skip the fresh-process runs (the 'process' column)")
+    b.add_argument("--peer-scheduler", choices=("threads", "distributed"), default="threads",
+                   help="where the xarray + dask peer computes: dask's threads (default) or a LocalCluster")
+    b.add_argument("--json", help="write the results, and the xarray + dask script, here as JSON")
+    b.set_defaults(func=cmd_bench)
 
     f = sub.add_parser("verify", help="check a store pipeline wrote against the digests in its manifest")
     f.add_argument("store")
