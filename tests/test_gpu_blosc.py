@@ -306,10 +306,10 @@ def test_gpu_kernels_equal_their_numpy_twins():
     import cupy as cp
 
     rng = np.random.default_rng(5)
-    src = rng.integers(0, 256, 200_000, dtype=np.uint8)
+    src = rng.integers(0, 256, 400_000, dtype=np.uint8)
     units, d = [], 0
     for k, (n, t) in enumerate([(4096, 4), (4093, 4), (1000, 3), (8 * 17 * 5 + 3, 17), (24, 8), (16, 1), (5, 8), (65536, 8), (777, 2)]):
-        units.append([k * 20_000 + 3, d, n, t])  # odd source offsets: unaligned loads
+        units.append([k * 40_000 + 3, d, n, t])  # odd source offsets: unaligned loads
         d += n + (k % 3)  # and destinations of any alignment
     units = np.array(units, dtype=np.int64)
     for gpu_fn, cpu_fn in ((shuffle.byte_unshuffle_gpu, shuffle.byte_unshuffle_cpu),
