@@ -76,7 +76,7 @@ def cmd_validate(args) -> int:
 def _validate_one(path: str) -> str:
     from pathlib import Path
 
-    from .flows import build_flow, check_sink, load_flow
+    from .flows import check_data, check_sink, load_flow
 
     flow = load_flow(path)
     check_sink(flow)  # a sink that would destroy data (the source itself, a store pipeline did not write)
@@ -84,8 +84,7 @@ def _validate_one(path: str) -> str:
     src = flow.source
     if not Path(src.path).exists() and "://" not in src.path and src.demo is not None:
         return f"{line}\n  source {src.path} does not exist yet (a demo is generated when the flow runs): data checks skipped"
-    built = build_flow(flow, "cpu")  # opens the source's metadata, builds the graph, computes nothing
-    sizes = ", ".join(f"{d}: {n}" for d, n in built.source.sizes.items())
+    sizes = ", ".join(f"{d}: {n}" for d, n in check_data(flow).items())  # the source's metadata only
     return f"{line}\n  checked against {src.path}: {src.variable} ({sizes})"
 
 

@@ -37,11 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import backend as B
 from . import config
-from .exec import memory
 from . import ops as ops_registry
 from .errors import FlowError, InputError
-from .sinks.zarr import check_target, directory_bytes, write_zarr
-from .sources import open_dataset
 from .exec.report import (
     attribute, check_report_path, combined, gbps, path_fingerprint, sha256_bytes, task_timer, versions, who,
     write_report,
@@ -293,13 +290,54 @@ def ensure_source(flow: Flow) -> bool:
     return True
 
 
-def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
-    """Open the source and chain the steps into one graph. Computes nothing."""
-    target = B.resolve(backend or flow.backend)
-    src, f = flow.source, flow._file
+def _check_source_path(flow: Flow) -> None:
+    src = flow.source
     if not Path(src.path).exists() and "://" not in src.path:
         hint = " (add a 'demo' entry to the source to generate it)" if src.demo is None else ""
-        raise FlowError(f"{f}: source.path: {src.path}: no such file or directory{hint}")
+        raise FlowError(f"{flow._file}: source.path: {src.path}: no such file or directory{hint}")
+
+
+def check_data(flow: Flow) -> dict[str, int]:
+    """Check a flow against its source's metadata, as building its graph would, without building
+    it (nor importing dask.array): the variable, then each step's dimensions, sizes, coordinates
+    and units from its input's metadata (:mod:`pipeline.ops.shapes`). Returns the variable's
+    sizes; FlowError naming the key otherwise."""
+    from .ops import shapes
+
+    _check_source_path(flow)
+    src, f = flow.source, flow._file
+    engine = "zarr" if Path(src.path).is_dir() or "://" in src.path else None
+    try:
+        ds = xr.open_dataset(src.path, engine=engine, chunks=None, decode_cf=True, mask_and_scale=True)
+    except (OSError, ValueError) as e:
+        raise FlowError(f"{f}: source.path: {src.path}: cannot be opened: {e}") from None
+    with ds:
+        if src.variable not in ds.data_vars:
+            raise FlowError(f"{f}: source.variable: {src.path}: no variable {src.variable!r} "
+                            f"(variables: {', '.join(map(str, ds.data_vars))})")
+        results = {"source": shapes.meta_of(ds, src.variable)}
+    x = results["source"]
+    for i, step in enumerate(flow.steps):
+        op = ops_registry.get(step.op)
+        x_in = x if step.input is None else results[step.input]
+        if x_in is None:  # an earlier op without checks from metadata: its result is unknown
+            results[step.label] = x = None
+            continue
+        try:
+            x = shapes.check(op, x_in, op.params(**step.params).model_dump())
+        except InputError as e:
+            raise FlowError(f"{f}: steps[{i}] ({step.op}): {e}") from None
+        results[step.label] = x
+    return dict(results["source"].sizes)
+
+
+def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
+    """Open the source and chain the steps into one graph. Computes nothing."""
+    from .sources import open_dataset
+
+    target = B.resolve(backend or flow.backend)
+    src, f = flow.source, flow._file
+    _check_source_path(flow)
     try:
         ds = open_dataset(src.path, backend=target, chunks=src.chunks, variables=[src.variable])
     except InputError as e:
@@ -397,6 +435,8 @@ def _timing(t: dict) -> dict:
 def check_sink(flow: Flow, output: str | Path | None = None) -> None:
     """Refuse, before anything runs, a sink that would destroy data: one that is, contains or lies
     inside the source, or (mode overwrite) an existing path that is not a store pipeline wrote."""
+    from .sinks.zarr import check_target
+
     check_target(output or flow.sink.path, mode=flow.sink.mode, protect=(flow.source.path,))
 
 
@@ -453,6 +493,9 @@ def run_flow(
 
 def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume) -> dict:
     """The body of :func:`run_flow`: what it adds to the report ``rep`` (which holds who runs what)."""
+    from .exec import memory
+    from .sinks.zarr import directory_bytes, write_zarr
+
     target = B.resolve(backend or flow.backend)  # a backend that is not there is refused before any write
     sink_path = output or flow.sink.path
     check_sink(flow, sink_path)
