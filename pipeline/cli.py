@@ -37,6 +37,7 @@ def cmd_run(args) -> int:
 
     if args.report:
         check_report_path(args.report)  # before a cluster starts or anything is written
+    _one_shot_pinning()
     flow = load_flow(args.flow)  # validate before any cluster starts
     if args.input is not None:
         flow = with_source(flow, args.input)
@@ -57,6 +58,16 @@ def cmd_run(args) -> int:
     if args.report:
         print(f"report: {args.report}")
     return EXIT_OK
+
+
+def _one_shot_pinning() -> None:
+    """A run of one flow pins a chunk file in the page cache only when it reads it again
+    (``pipeline.gpu.pin-files: auto`` becomes ``reread``): pinning costs about one read and ends
+    with the process."""
+    import dask.config
+
+    if dask.config.get("pipeline.gpu.pin-files", "auto") == "auto":
+        dask.config.set({"pipeline.gpu.pin-files": "reread"})
 
 
 def cmd_validate(args) -> int:
