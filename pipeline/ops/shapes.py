@@ -147,7 +147,8 @@ def _saturation_vapor_pressure(x, method):
 
 def _groups(x: Meta, freq: str, dim: str) -> pd.Index:
     index = _dates(x, dim)
-    return pd.Index(np.unique(np.asarray(getattr(index, freq), dtype=np.int64)), name=freq)
+    attr = "day_of_year" if freq == "dayofyear" and isinstance(index, pd.DatetimeIndex) else freq  # cftime: dayofyear
+    return pd.Index(np.unique(np.asarray(getattr(index, attr), dtype=np.int64)), name=freq)
 
 
 def _climatology(x, freq, dim):
