@@ -26,7 +26,7 @@ ALLOWED = {
     "_version": set(),
     "deferred": set(),
     "backend": {"errors", "config", "state", "deferred"},
-    "kernels": {"backend", "errors"},
+    "kernels": {"backend", "errors", "config"},
     "gpu": {"backend", *FOUNDATION},
     "reduce": {"backend", "kernels", *FOUNDATION},
     "exec": {"backend", "kernels", "gpu", "reduce", *FOUNDATION},
