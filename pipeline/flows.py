@@ -37,11 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import backend as B
 from . import config
-from .exec import memory
 from . import ops as ops_registry
 from .errors import FlowError, InputError
-from .sinks.zarr import check_target, directory_bytes, write_zarr
-from .sources import open_dataset
 from .exec.report import (
     attribute, check_report_path, combined, gbps, path_fingerprint, sha256_bytes, task_timer, versions, who,
     write_report,
@@ -268,6 +265,7 @@ class BuiltFlow:
     result: xr.DataArray | xr.Dataset
     parts: dict[str, set[str]] = field(default_factory=dict)
     source_attrs: dict = field(default_factory=dict)  # the source store's global attributes
+    open_seconds: float = 0.0  # opening the source (its metadata; nothing is read)
 
 
 def with_source(flow: Flow, path: str | Path) -> Flow:
@@ -293,18 +291,61 @@ def ensure_source(flow: Flow) -> bool:
     return True
 
 
-def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
-    """Open the source and chain the steps into one graph. Computes nothing."""
-    target = B.resolve(backend or flow.backend)
-    src, f = flow.source, flow._file
+def _check_source_path(flow: Flow) -> None:
+    src = flow.source
     if not Path(src.path).exists() and "://" not in src.path:
         hint = " (add a 'demo' entry to the source to generate it)" if src.demo is None else ""
-        raise FlowError(f"{f}: source.path: {src.path}: no such file or directory{hint}")
+        raise FlowError(f"{flow._file}: source.path: {src.path}: no such file or directory{hint}")
+
+
+def check_data(flow: Flow) -> dict[str, int]:
+    """Check a flow against its source's metadata, as building its graph would, without building
+    it (nor importing dask.array): the variable, then each step's dimensions, sizes, coordinates
+    and units from its input's metadata (:mod:`pipeline.ops.shapes`). Returns the variable's
+    sizes; FlowError naming the key otherwise."""
+    from .ops import shapes
+
+    _check_source_path(flow)
+    src, f = flow.source, flow._file
+    engine = "zarr" if Path(src.path).is_dir() or "://" in src.path else None
+    try:
+        ds = xr.open_dataset(src.path, engine=engine, chunks=None, decode_cf=True, mask_and_scale=True)
+    except (OSError, ValueError) as e:
+        raise FlowError(f"{f}: source.path: {src.path}: cannot be opened: {e}") from None
+    with ds:
+        if src.variable not in ds.data_vars:
+            raise FlowError(f"{f}: source.variable: {src.path}: no variable {src.variable!r} "
+                            f"(variables: {', '.join(map(str, ds.data_vars))})")
+        results = {"source": shapes.meta_of(ds, src.variable)}
+    x = results["source"]
+    for i, step in enumerate(flow.steps):
+        op = ops_registry.get(step.op)
+        x_in = x if step.input is None else results[step.input]
+        if x_in is None:  # an earlier op without checks from metadata: its result is unknown
+            results[step.label] = x = None
+            continue
+        try:
+            x = shapes.check(op, x_in, op.params(**step.params).model_dump())
+        except InputError as e:
+            raise FlowError(f"{f}: steps[{i}] ({step.op}): {e}") from None
+        results[step.label] = x
+    return dict(results["source"].sizes)
+
+
+def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
+    """Open the source and chain the steps into one graph. Computes nothing."""
+    from .sources import open_dataset
+
+    target = B.resolve(backend or flow.backend)
+    src, f = flow.source, flow._file
+    _check_source_path(flow)
+    t_open = time.perf_counter()
     try:
         ds = open_dataset(src.path, backend=target, chunks=src.chunks, variables=[src.variable])
     except InputError as e:
         key = "source.variable" if "no variable" in str(e) else "source.path"
         raise FlowError(f"{f}: {key}: {e}") from None
+    t_open = time.perf_counter() - t_open
     results = {"source": ds[src.variable]}
     parts = {"read": _layers(results["source"])}
     seen = set(parts["read"])
@@ -330,7 +371,7 @@ def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
             raise FlowError(f"{f}: {key}: the result is named {name!r}, which is also one of its coordinates "
                             f"({', '.join(map(str, x.coords))}); set sink.name (or the step's name) to another name")
         result = x.rename(name)
-    return BuiltFlow(flow, target, results["source"], result, parts, dict(ds.attrs))
+    return BuiltFlow(flow, target, results["source"], result, parts, dict(ds.attrs), t_open)
 
 
 def arrays_read(source: xr.DataArray) -> list[str]:
@@ -397,6 +438,8 @@ def _timing(t: dict) -> dict:
 def check_sink(flow: Flow, output: str | Path | None = None) -> None:
     """Refuse, before anything runs, a sink that would destroy data: one that is, contains or lies
     inside the source, or (mode overwrite) an existing path that is not a store pipeline wrote."""
+    from .sinks.zarr import check_target
+
     check_target(output or flow.sink.path, mode=flow.sink.mode, protect=(flow.source.path,))
 
 
@@ -411,6 +454,7 @@ def run_flow(
     progress: bool = False,
     command: str | None = None,
     resume: bool = False,
+    import_seconds: float | None = None,
 ) -> dict:
     """Run a flow: generate a missing demo source, build the graph, write the sink, report.
 
@@ -420,7 +464,9 @@ def run_flow(
     whole, and written for a failed run too, with its error and exit status). ``command`` is the
     command line recorded in the report and the output's history (default: this process's).
     ``resume`` continues from the partial output a killed or interrupted run of the same flow on
-    the same source left, computing only the missing chunks.
+    the same source left, computing only the missing chunks. ``import_seconds``, the time from the
+    process's start to the command (the ``pipeline`` command gives it), goes into the report's
+    ``startup`` section.
     """
     if report:
         check_report_path(report)
@@ -436,7 +482,8 @@ def run_flow(
     if command is not None:
         rep["command"] = command
     try:
-        rep |= _run(flow, rep, backend=backend, output=output, client=client, progress=progress, resume=resume)
+        rep |= _run(flow, rep, backend=backend, output=output, client=client, progress=progress, resume=resume,
+                    import_seconds=import_seconds)
     except BaseException as e:
         rep |= {"status": "failed", "exit_status": 2 if isinstance(e, InputError) else 1,
                 "error": f"{type(e).__name__}: {e}"}
@@ -451,9 +498,17 @@ def run_flow(
     return rep
 
 
-def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume) -> dict:
+def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume, import_seconds) -> dict:
     """The body of :func:`run_flow`: what it adds to the report ``rep`` (which holds who runs what)."""
+    from .exec import memory
+    from .kernels.launch import compile_seconds
+    from .sinks.zarr import directory_bytes, write_zarr
+
+    compiled_before = compile_seconds()
+    t_backend = time.perf_counter()
     target = B.resolve(backend or flow.backend)  # a backend that is not there is refused before any write
+    _initialize(target)
+    t_backend = time.perf_counter() - t_backend
     sink_path = output or flow.sink.path
     check_sink(flow, sink_path)
     t0 = time.perf_counter()
@@ -462,7 +517,9 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume) ->
     if generated:
         log.info("generated the demo source %s in %.1f s", flow.source.path, t_source,
                  extra={"source": flow.source.path, "seconds": round(t_source, 3)})
+    t_build = time.perf_counter()
     built = build_flow(flow, target)
+    t_build = time.perf_counter() - t_build
     sink_path = output or flow.sink.path
     rep |= _audit(flow, arrays_read(built.source))
     results = built.result.data_vars.values() if isinstance(built.result, xr.Dataset) else [built.result]
@@ -510,6 +567,8 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume) ->
         "sink": {"path": str(sink_path), "bytes_stored": directory_bytes(sink_path), "nbytes": int(built.result.nbytes),
                  "variables": list(map(str, out.data_vars)), "attrs": out.attrs, "digests": written.digests,
                  "chunks_written": written.chunks_written, "chunks_kept": written.chunks_kept},
+        "startup": _startup(import_seconds, built.open_seconds, t_build - built.open_seconds, t_backend,
+                            compile_seconds() - compiled_before, times.wall),
         "bytes_read": nbytes_read,
         "bytes_read_stored": stored_read,
         "wall_seconds": round(times.wall, 4),
@@ -530,6 +589,23 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume) ->
                     "steps": {s["name"]: {k: s[k] for k in ("task_seconds", "tasks", "fused_into") if k in s}
                               for s in steps}})
     return done
+
+
+def _initialize(backend: str) -> None:
+    """Create the CUDA context now on the GPU (the first use of the device does), so that the
+    report counts it apart from the first task that would otherwise pay for it."""
+    if backend == "gpu":
+        B.module("gpu").cuda.Device().synchronize()
+
+
+def _startup(imports, open_source, build_graph, backend, compile_kernels, compute) -> dict:
+    """The report's ``startup`` section: seconds before the data flow (importing pipeline and its
+    libraries, from the process's start; opening the source; building the graph; initialising the
+    backend, the CUDA context on the GPU), the seconds of compute, and of those the seconds spent
+    compiling kernels (or loading them from the disk caches)."""
+    out = {"import_seconds": imports, "open_source_seconds": open_source, "build_graph_seconds": build_graph,
+           "backend_init_seconds": backend, "compile_seconds": compile_kernels, "compute_seconds": compute}
+    return {k: None if v is None else round(max(v, 0.0), 4) for k, v in out.items()}
 
 
 def step_times(steps: list[dict]) -> str:

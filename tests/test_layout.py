@@ -17,15 +17,16 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "pipeline"
 
 # what each part of the package may import from the rest of it (besides itself)
-FOUNDATION = {"errors", "config", "state", "log", "_version"}
+FOUNDATION = {"errors", "config", "state", "log", "_version", "deferred"}
 ALLOWED = {
     "errors": set(),
     "config": set(),
     "state": set(),
     "log": set(),
     "_version": set(),
-    "backend": {"errors", "config", "state"},
-    "kernels": {"backend", "errors"},
+    "deferred": set(),
+    "backend": {"errors", "config", "state", "deferred"},
+    "kernels": {"backend", "errors", "config"},
     "gpu": {"backend", "kernels", *FOUNDATION},
     "reduce": {"backend", "kernels", *FOUNDATION},
     "exec": {"backend", "kernels", "gpu", "reduce", *FOUNDATION},

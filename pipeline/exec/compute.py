@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import warnings
 
-import dask.array as da
 import xarray as xr
 
 from .. import backend as B
 from .. import config
+from ..deferred import module as _deferred
+
+da = _deferred("dask.array")  # imported when the first graph is built
 
 
 def _arrays_of(obj):

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import itertools
 
-import dask.array as da
 import numpy as np
 
 from .. import backend as B
 from .. import config, state
+from ..deferred import module as _deferred
 from ..gpu import pinned
+
+da = _deferred("dask.array")  # imported when the first graph is built
 
 
 def hold_budget(backend: str) -> int:

@@ -130,6 +130,15 @@ def release() -> int:
 REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly: the device only reads the mapping
 IDLE = 60.0  # seconds after its last read that a pinned file may make room for another
 
+# When a file is pinned (``pipeline.gpu.pin-files``). Pinning costs about one read and is undone at
+# the process's exit, so it pays only where the process reads the file again: "first-read" pins a
+# file the first time it is read (a notebook, a warm benchmark or a worker reads the same store
+# again), "reread" only when it is read a second time (a one-shot run reads a file again only when
+# its plan makes several passes over the input). "auto", the default, is "reread" in `pipeline run`
+# (the command sets it) and "first-read" in any other process.
+POLICIES = ("auto", "first-read", "reread")
+_read_once: set[tuple] = set()  # the files read once so far, under "reread" (under state.pinned.lock)
+
 
 def _register(ptr: int, nbytes: int) -> None:
     import cupy as cp
@@ -223,6 +232,30 @@ def lookup(path: str, st: os.stat_result) -> PinnedFile | None:
     return None
 
 
+def pin_policy() -> str:
+    """``pipeline.gpu.pin-files``: when a file read is pinned (see :data:`POLICIES`)."""
+    from .. import config
+    from ..errors import InputError
+
+    policy = config.get("gpu.pin-files", "auto")
+    if policy not in POLICIES:
+        raise InputError(f"pipeline.gpu.pin-files: expected one of {', '.join(POLICIES)}, got {policy!r}")
+    return "first-read" if policy == "auto" else policy
+
+
+def read_before(path: str, st: os.stat_result) -> bool:
+    """Whether the policy lets this read pin the file: always under "first-read"; under "reread"
+    from its second read in this process on (each read is counted here)."""
+    if pin_policy() == "first-read":
+        return True
+    seen = (path, file_key(st))
+    with state.pinned.lock:
+        if seen in _read_once:
+            return True
+        _read_once.add(seen)
+    return False
+
+
 def may_pin(nbytes: int) -> bool:
     """Whether a file of ``nbytes`` would be pinned now (room under the limit, no failure)."""
     unused: list[PinnedFile] = []
@@ -258,11 +291,14 @@ def _changed(f: PinnedFile) -> bool:
 def pin_file(path: str, st: os.stat_result) -> PinnedFile | None:
     """The file at ``path`` (whose ``os.stat`` is ``st``), pinned, or None where it is not: the
     limit is reached, the file is empty, or pinning a mapping failed here once (then it is never
-    tried again in this process, and the reason is kept in :func:`pin_failure`). Lent until
+    tried again in this process, and the reason is kept in :func:`pin_failure`), or the policy waits
+    for a second read (:func:`read_before`). Lent until
     :func:`unpin_file`."""
     f = lookup(path, st)
     if f is not None:
         return f
+    if not read_before(path, st):
+        return None
     unused: list[PinnedFile] = []
     limit = pinned_files_limit()
     with state.pinned.lock:

@@ -13,13 +13,21 @@
   threads run it in parallel); :func:`numba_cuda` imports ``numba.cuda`` and
   :func:`launch_numba` launches a Numba CUDA kernel on CuPy's current stream.
 
+Every kernel is compiled on its first call, never at import, and once per machine: Numba's CPU
+kernels are cached on disk (``cache=True``), as CuPy caches compiled CUDA C, both under
+``pipeline.cache-dir`` (:func:`use_cache_dir`) unless ``NUMBA_CACHE_DIR`` or ``CUPY_CACHE_DIR``
+say otherwise. :func:`compile_seconds` counts the time spent compiling, for run reports.
+
 Nothing here imports CuPy or Numba at module level.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import string
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +89,74 @@ def reduced_from_2d(values, moved_shape, axis: int, xp):
     return xp.expand_dims(values.reshape(moved_shape[1:]), axis)
 
 
+# --- where compiled kernels are kept, and the time spent compiling -------------------------------
+
+_compiling = threading.local()
+_compile_total = [0.0]
+_compile_lock = threading.Lock()
+
+
+def cache_dir() -> str:
+    """``pipeline.cache-dir``, or the user's cache folder (``$XDG_CACHE_HOME/pipeline``,
+    ``~/.cache/pipeline``)."""
+    from .. import config
+
+    configured = config.get("cache-dir")
+    if configured:
+        return os.path.expanduser(str(configured))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pipeline")
+
+
+@functools.cache
+def use_cache_dir() -> str:
+    """Point Numba's and CuPy's kernel caches into :func:`cache_dir` (``numba``, ``cupy``), where
+    ``NUMBA_CACHE_DIR`` and ``CUPY_CACHE_DIR`` are not set; returns the folder. Numba reads its
+    setting at import (dask.array may import it first), so its config is set too."""
+    root = cache_dir()
+    for var, sub in (("NUMBA_CACHE_DIR", "numba"), ("CUPY_CACHE_DIR", "cupy")):
+        if not os.environ.get(var):
+            os.environ[var] = os.path.join(root, sub)
+    import numba
+    from numba.core import event
+
+    if not numba.config.CACHE_DIR:
+        numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
+    class Compiles(event.Listener):
+        """Numba's compile events (a load from its cache included), counted by :class:`compiling`."""
+
+        def on_start(self, ev):
+            compiling().__enter__()
+
+        def on_end(self, ev):
+            compiling().__exit__(None, None, None)
+
+    event.register("numba:compile", Compiles())
+    return root
+
+
+class compiling:
+    """Counts the seconds inside it towards :func:`compile_seconds` (nested uses count once)."""
+
+    def __enter__(self):
+        depth = getattr(_compiling, "depth", 0)
+        _compiling.depth = depth + 1
+        if depth == 0:
+            _compiling.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        _compiling.depth -= 1
+        if _compiling.depth == 0:
+            with _compile_lock:
+                _compile_total[0] += time.perf_counter() - _compiling.start
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent compiling kernels (or loading them from the caches)."""
+    with _compile_lock:
+        return _compile_total[0]
+
+
 # --- CUDA C: .cu files, filled in and compiled by CuPy ----------------------------------------------
 
 
@@ -104,10 +180,14 @@ FMAD_CXX17 = ("--fmad=false", "-std=c++17")
 @functools.cache
 def raw_kernel(filename: str, kernel: str, options: tuple[str, ...], /, **params):
     """The kernel named ``kernel`` in ``cuda/<filename>`` filled in with ``params``, compiled by
-    CuPy with ``options`` (once per combination)."""
+    CuPy with ``options`` (once per combination; CuPy keeps the binary in its disk cache)."""
     import cupy
 
-    return cupy.RawKernel(cuda_source(filename, **params), kernel, options=options)
+    use_cache_dir()
+    with compiling():
+        compiled = cupy.RawKernel(cuda_source(filename, **params), kernel, options=options)
+        compiled.compile()  # now, not at its first launch: counted here
+    return compiled
 
 
 # --- streaming kernels: one C expression per element, four loads in flight --------------------------
@@ -151,7 +231,11 @@ class Spec:
 def _streaming_kernel(spec: Spec, in_dtype, out_dtype):
     import cupy
 
-    return cupy.RawKernel(spec.source(in_dtype, out_dtype), spec.name, options=FMAD_CXX17)
+    use_cache_dir()
+    with compiling():
+        compiled = cupy.RawKernel(spec.source(in_dtype, out_dtype), spec.name, options=FMAD_CXX17)
+        compiled.compile()
+    return compiled
 
 
 def stream(spec: Spec, x, out, *args):
@@ -173,10 +257,42 @@ def stream(spec: Spec, x, out, *args):
 
 
 def cpu_jit(fn):
-    """``fn`` compiled for the CPU by Numba, releasing the GIL (Dask runs blocks on threads)."""
+    """``fn`` compiled for the CPU by Numba on its first call, releasing the GIL (Dask runs blocks
+    on threads), and kept in Numba's disk cache: a later process loads it instead of compiling."""
     import numba
 
-    return numba.njit(nogil=True)(fn)
+    use_cache_dir()
+    dispatcher = numba.njit(nogil=True)(fn)
+    dispatcher._cache = _closure_cache()(fn)  # what cache=True sets, with a key stable across processes
+    return dispatcher
+
+
+@functools.cache
+def _closure_cache():
+    """Numba's cache of a function, keyed by its code and closure as ``cache=True`` keys it, except
+    that a compiled function in the closure (the per-point loop that a kernel calls) counts by its
+    own code and closure: Numba would pickle it with an identity new in every process, so a kernel
+    defined in a factory would never be found in the cache by a later process."""
+    import hashlib
+
+    from numba.core.caching import FunctionCache
+    from numba.core.serialize import dumps
+
+    def stable(value):
+        py_func = getattr(value, "py_func", None)
+        if py_func is None:
+            return dumps(value)
+        cells = tuple(stable(c.cell_contents) for c in py_func.__closure__ or ())
+        return py_func.__qualname__.encode() + py_func.__code__.co_code + b"".join(cells)
+
+    class ClosureCache(FunctionCache):
+        def _index_key(self, sig, codegen):
+            fn = self._py_func
+            cells = b"".join(stable(c.cell_contents) for c in fn.__closure__ or ())
+            digest = lambda b: hashlib.sha256(b).hexdigest()  # noqa: E731
+            return (sig, codegen.magic_tuple(), (digest(fn.__code__.co_code), digest(cells)))
+
+    return ClosureCache
 
 
 def numba_cuda():

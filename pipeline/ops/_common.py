@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import dask.array as da
 import numpy as np
 import xarray as xr
 
 from ..backend import backend_of, meta
+from ..deferred import module as _deferred
 from ..errors import InputError
+
+da = _deferred("dask.array")  # imported when the first graph is built
 
 
 def _as_dask(x: xr.DataArray) -> tuple[da.Array, bool]:

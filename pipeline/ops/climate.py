@@ -8,12 +8,12 @@ blueprints of :mod:`pipeline.reduce.aggregation`; here are the axis bookkeeping 
 
 from __future__ import annotations
 
-import dask.array as da
 import numpy as np
 import xarray as xr
 from pydantic import StrictBool
 
 from ..backend import backend_of, meta, to_backend, to_numpy
+from ..deferred import module as _deferred
 from ..errors import InputError
 from ..exec import spill
 from ..reduce import aggregation as agg
@@ -22,6 +22,8 @@ from ._common import _as_dask, _axis, _finish, _is_int, float_dtype  # noqa: F40
 from .metadata import Produces, cell_names, input_name
 from .params import Count, Dim, Dims, MinPeriods, Weights
 from .registry import register
+
+da = _deferred("dask.array")  # imported when the first graph is built
 
 
 # --- standardized anomaly ------------------------------------------------------------------------

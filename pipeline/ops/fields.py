@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import dask
-import dask.array as da
-from dask.array.core import normalize_chunks
 import numpy as np
 import xarray as xr
 from pydantic import Field
 
 from ..backend import backend_of, memory_budget, meta, to_backend, to_numpy
+from ..deferred import module as _deferred
 from ..errors import InputError
 from ..exec import spill
 from ..reduce import aggregation as agg
@@ -25,6 +24,8 @@ from ._common import _as_dask, _axis, _finish, _is_int, float_dtype
 from .metadata import Produces, cell_names, input_name as _name
 from .params import Count, Degree, Dim, Quantiles
 from .registry import register
+
+da = _deferred("dask.array")  # imported when the first graph is built
 
 
 # --- coarsen -------------------------------------------------------------------------------------
@@ -292,7 +293,7 @@ def quantile(x: xr.DataArray, q: Quantiles, dim: Dim = "time") -> xr.DataArray:
     out_of_core = len(data.chunks[axis]) > 1 and data.nbytes > budget / 2
     # out of core, slabs of the grid cut along one axis only (the outermost): a chunk is a slab
     cut = next((i for i in range(x.ndim) if i != axis), None) if out_of_core else None
-    chunks = normalize_chunks(
+    chunks = da.core.normalize_chunks(
         tuple(-1 if i == axis or cut not in (None, i) else "auto" for i in range(x.ndim)),
         data.shape,
         limit=min(QUANTILE_CHUNK_BYTES, budget // QUANTILE_BUDGET_SHARE) if out_of_core else QUANTILE_CHUNK_BYTES,

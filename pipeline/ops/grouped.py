@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-import dask.array as da
 import numpy as np
 import pandas as pd
 import xarray as xr
 from pydantic import StrictBool
 
 from ..backend import backend_of, meta, xp_of
+from ..deferred import module as _deferred
 from ..errors import InputError
 from ..exec import spill
 from ..kernels.launch import from_2d, to_2d
@@ -27,6 +27,8 @@ from ._common import _as_dask, _axis, _finish, float_dtype
 from .metadata import Produces, group_name, input_name as _name, is_daily, on_daily, period, steps_units
 from .params import TO_KELVIN, Dim, Frequency, Threshold, check_threshold, parse_quantity
 from .registry import register
+
+da = _deferred("dask.array")  # imported when the first graph is built
 
 Freq = Literal["month", "dayofyear"]
 

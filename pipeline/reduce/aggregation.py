@@ -36,14 +36,16 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-import dask.array as da
 import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from ..backend import backend_of, meta as backend_meta, xp_of
+from ..deferred import module as _deferred
 from ..kernels.launch import from_2d, to_2d
 from .declare import declare
+
+da = _deferred("dask.array")  # imported when the first graph is built
 
 Partial = Mapping[str, object]
 ACC = np.float64  # accumulator type of every float partial

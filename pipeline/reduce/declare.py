@@ -20,7 +20,9 @@ A layer without a declaration is an array of its own, sized from dask's annotati
 
 from __future__ import annotations
 
-import dask.array as da
+from ..deferred import module as _deferred
+
+da = _deferred("dask.array")  # imported when the first graph is built
 
 DECLARED = "pipeline-memory"
 

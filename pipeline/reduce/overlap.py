@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-import dask.array as da
 
 from ..backend import xp_of
+from ..deferred import module as _deferred
 from .declare import declare
+
+da = _deferred("dask.array")  # imported when the first graph is built
 
 # a thread running a moving-window op holds this many blocks more than other ops' threads (pipeline.exec.memory's
 # BLOCKS_PER_THREAD): measured under a 4 GB GPU limit, the rolling maximum peaked at 3.68 GiB with three

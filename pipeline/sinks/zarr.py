@@ -30,14 +30,16 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 import dask
-import dask.array as da
 import numpy as np
 import xarray as xr
 
 from .. import backend as B
+from ..deferred import module as _deferred
 from ..errors import InputError, chunk_error
 from ..exec.compute import compute, compute_threads
 from ..sources import is_url
+
+da = _deferred("dask.array")  # imported when the first graph is built
 
 MANIFEST = ".pipeline.json"
 DIGEST_RULE = (

@@ -14,15 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-import dask.array as da
 import numpy as np
 import xarray as xr
 
 from .. import backend as B
+from ..deferred import module as _deferred
 from ..errors import InputError
 from ..reduce.declare import declare
 from . import cf, netcdf, reads, zarr
 from .cf import decode
+
+da = _deferred("dask.array")  # imported when the first graph is built
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,15 @@ from __future__ import annotations
 import warnings
 from typing import Mapping
 
-import dask.array as da
 import numpy as np
 
 from .. import backend as B
 from .. import kernels
+from ..deferred import module as _deferred
 from ..errors import InputError
 from ..kernels.elementwise import CFPlan
+
+da = _deferred("dask.array")  # imported when the first graph is built
 
 FILL_ATTRS = ("missing_value", "_FillValue")  # in xarray's order
 PACKING_ATTRS = ("scale_factor", "add_offset", *FILL_ATTRS, "_Unsigned")

@@ -1,0 +1,182 @@
+"""Fixed costs: what a command imports, kernels compiled once per machine and only when used, when
+page-cache files are pinned, and the startup section of a run's report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dask.config
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+HEAVY = ("dask.array", "distributed", "numba", "cupy")
+
+
+def _env(**extra):
+    return {**os.environ, "DASK_PIPELINE__BACKEND": "cpu", **extra}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from pipeline.demo import write_demo
+
+    root = tmp_path_factory.mktemp("startup")
+    write_demo(root / "data" / "demo.zarr", "1MB", seed=3)
+    return root
+
+
+def test_validate_with_data_imports_no_array_library(demo):
+    """`pipeline validate` checks every shipped flow against the data without importing dask.array,
+    distributed, Numba or CuPy."""
+    flows = sorted(str(p) for p in (REPO / "flows").glob("*.yaml"))
+    probe = ("import atexit, sys; atexit.register(lambda: print('LOADED', sorted({m.split('.')[0] if m.split('.')[0] != 'dask' "
+             f"else m for m in sys.modules if m == 'dask.array' or m.split('.')[0] in {HEAVY!r}}}), file=sys.stderr)); "
+             f"sys.argv = ['pipeline', 'validate', *{flows!r}]; import runpy; runpy.run_module('pipeline', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", probe], cwd=demo, capture_output=True, text=True, env=_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("checked against data/demo.zarr") == len(flows), r.stdout
+    assert r.stderr.split("LOADED", 1)[1].strip() == "[]", r.stderr
+
+
+STEPS = [
+    ("standardized_anomaly", {"dim": "time"}),
+    ("weighted_mean", {"dims": ["lat", "lon"], "weights": "coslat"}),
+    ("rolling_mean", {"window": 3}),
+    ("coarsen_mean", {"factors": {"lat": 2, "lon": 3}}),
+    ("detrend", {"deg": 1}),
+    ("quantile", {"q": 0.9}),
+    ("quantile", {"q": [0.1, 0.5]}),
+    ("saturation_vapor_pressure", {}),
+    ("climatology", {"freq": "month"}),
+    ("anomaly", {"freq": "dayofyear"}),
+    ("resample_mean", {"freq": "MS"}),
+    ("count_above", {"threshold": "25 degC", "freq": "YS"}),
+    ("max_spell_length", {"threshold": 290.0, "freq": "YS"}),
+]
+
+
+@pytest.mark.parametrize("op_name,params", STEPS, ids=[f"{o}-{i}" for i, (o, _) in enumerate(STEPS)])
+def test_metadata_checks_give_the_result_the_op_builds(demo, op_name, params):
+    """Each op's result, as validate derives it from metadata, has the dimensions and sizes of the
+    result the op's graph has."""
+    import xarray as xr
+
+    from pipeline import ops
+    from pipeline.ops import shapes
+
+    op = ops.get(op_name)
+    full = op.params(**params).model_dump()
+    with xr.open_dataset(demo / "data" / "demo.zarr", engine="zarr", chunks=None) as ds:
+        meta = shapes.check(op, shapes.meta_of(ds, "tas"), full)
+    built = op.func(xr.open_zarr(demo / "data" / "demo.zarr")["tas"], **full)
+    assert meta.dims == tuple(built.dims)
+    assert meta.sizes == dict(built.sizes)
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [{"op": "climatology", "params": {"freq": "month"}}, {"op": "quantile", "params": {"q": 0.5}}],
+        [{"op": "standardized_anomaly"}, {"op": "count_above", "params": {"threshold": "25 degC"}}],
+        [{"op": "coarsen_mean", "params": {"factors": {"lat": 500}}}],
+        [{"op": "weighted_mean", "params": {"dims": "time"}}, {"op": "detrend", "params": {"deg": 1}}],
+    ],
+)
+def test_validate_refuses_what_graph_building_refuses(demo, tmp_path, steps):
+    """A data error in any step of a chain is found from metadata with the message that building
+    the graph gives."""
+    from pipeline.errors import FlowError
+    from pipeline.flows import build_flow, check_data, load_flow
+
+    flow_file = tmp_path / "f.yaml"
+    flow_file.write_text(yaml.safe_dump({"name": "f", "source": {"path": str(demo / "data" / "demo.zarr"), "variable": "tas"},
+                                         "steps": steps, "sink": {"path": str(tmp_path / "out.zarr")}}))
+    flow = load_flow(flow_file)
+    with pytest.raises(FlowError) as built:
+        build_flow(flow, "cpu")
+    with pytest.raises(FlowError) as checked:
+        check_data(flow)
+    assert str(checked.value) == str(built.value)
+
+
+_KERNEL_RUN = """
+import sys, numpy as np, xarray as xr
+from pipeline import ops
+from pipeline.kernels import launch
+x = xr.DataArray(np.random.default_rng(0).random((40, 6, 5)).astype("float32"), dims=("time", "lat", "lon"),
+                 name="tas").chunk({"time": 20})
+ops.rolling_mean(x, window=4).compute()
+print(launch.compile_seconds())
+"""
+
+
+def test_numba_kernels_compile_once_per_machine_and_only_when_used(tmp_path):
+    """A second process loads the compiled kernels from pipeline.cache-dir instead of compiling them,
+    and a flow of one op compiles none of the other ops' kernels."""
+    env = _env(DASK_PIPELINE__CACHE_DIR=str(tmp_path / "cache"), NUMBA_DEBUG_CACHE="1")
+    env.pop("NUMBA_CACHE_DIR", None)
+    runs = [subprocess.run([sys.executable, "-c", _KERNEL_RUN], capture_output=True, text=True, env=env, timeout=300)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    first, second = (float(r.stdout.split()[-1]) for r in runs)
+    assert first > 0 and second == 0.0, (first, second)
+    assert "data saved" in runs[0].stdout and "data loaded" in runs[1].stdout
+    assert "data saved" not in runs[1].stdout, runs[1].stdout
+    cached = [p.name for p in (tmp_path / "cache" / "numba").rglob("*.nbi")]
+    assert cached and all(name.startswith("rolling.") for name in cached), cached
+
+
+def test_pinning_waits_for_a_second_read_in_a_one_shot_run(tmp_path):
+    """Under ``reread`` a file is pinned from its second read on (a new file or changed contents
+    count as a first read); under ``first-read`` and ``auto`` outside the CLI, at once."""
+    from pipeline.errors import InputError
+    from pipeline.gpu import pinned
+
+    f = tmp_path / "c.0"
+    f.write_bytes(b"x" * 100)
+    with dask.config.set({"pipeline.gpu.pin-files": "reread"}):
+        assert not pinned.read_before(str(f), os.stat(f))
+        assert pinned.pin_file(str(f), os.stat(f)) is None  # the policy answers before any CUDA call
+        assert pinned.read_before(str(f), os.stat(f))
+        f.write_bytes(b"y" * 200)
+        assert not pinned.read_before(str(f), os.stat(f))
+    for policy in ("first-read", "auto"):
+        with dask.config.set({"pipeline.gpu.pin-files": policy}):
+            assert pinned.read_before(str(tmp_path / "other"), os.stat(f))
+    with dask.config.set({"pipeline.gpu.pin-files": "sometimes"}), pytest.raises(InputError, match="pin-files"):
+        pinned.pin_policy()
+
+
+def test_the_run_command_pins_only_files_read_again():
+    from pipeline import cli
+
+    with dask.config.set({"pipeline.gpu.pin-files": "auto"}):
+        cli._one_shot_pinning()
+        assert dask.config.get("pipeline.gpu.pin-files") == "reread"
+    with dask.config.set({"pipeline.gpu.pin-files": "first-read"}):
+        cli._one_shot_pinning()
+        assert dask.config.get("pipeline.gpu.pin-files") == "first-read"
+
+
+def test_report_has_the_startup_costs(demo, tmp_path):
+    report = tmp_path / "report.json"
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "pipeline", "run", str(REPO / "flows" / "climate_anomaly.yaml"),
+                        "--output", str(tmp_path / "out.zarr"), "--report", str(report), "--no-progress"],
+                       cwd=demo, capture_output=True, text=True, env=_env(), timeout=300)
+    wall = time.perf_counter() - t
+    assert r.returncode == 0, r.stderr
+    startup = json.loads(report.read_text())["startup"]
+    keys = ("import_seconds", "open_source_seconds", "build_graph_seconds", "backend_init_seconds", "compute_seconds")
+    assert set(startup) == {*keys, "compile_seconds"}
+    assert all(isinstance(startup[k], float) and startup[k] >= 0 for k in startup), startup
+    assert startup["import_seconds"] > 0 and startup["compute_seconds"] > 0
+    assert startup["compile_seconds"] <= startup["compute_seconds"] + startup["build_graph_seconds"]
+    assert sum(startup[k] for k in keys) <= wall, (startup, wall)
