@@ -15,6 +15,8 @@ process holds between computations, each under its own lock:
 - ``device``: the most bytes CuPy's pool has held since the last reset (:mod:`pipeline.backend`).
 - ``nvcomp``: whether nvCOMP's bindings take decompression configs, learnt at the first decode
   (:mod:`pipeline.gpu.nvcomp`).
+- ``encode``: the threads that compress the frames of the shards ``pipeline convert`` writes
+  (:mod:`pipeline.sinks.convert`), started on first use.
 
 Tests that need a clean slate replace a part with a fresh instance (``monkeypatch.setattr(
 state.pinned, "files", OrderedDict())``).
@@ -66,9 +68,16 @@ class NvcompState:
     configs_supported: bool = True
 
 
+@dataclass
+class EncodeState:
+    pool: object | None = None  # concurrent.futures.ThreadPoolExecutor
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 io = IOState()
 streams = StreamState()
 pinned = PinnedState()
 held = HeldState()
 device = DeviceState()
 nvcomp = NvcompState()
+encode = EncodeState()
