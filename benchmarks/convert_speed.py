@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,12 @@ from pathlib import Path
 import numpy as np
 
 PATHS = ("api", "cli", "zarr")
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and its finished children: on a shared host, what a path costs
+    whatever the other loads."""
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def _field(block, block_info=None):
@@ -79,33 +86,38 @@ def _drop(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def time_api(src: Path, dst: Path) -> float:
+def time_api(src: Path, dst: Path, level: int | None) -> float:
     from pipeline.sinks.convert import convert
 
     t = time.perf_counter()
-    convert(src, dst)
+    convert(src, dst, **({} if level is None else {"level": level}))
     return time.perf_counter() - t
 
 
-def time_cli(src: Path, dst: Path) -> float:
+def time_cli(src: Path, dst: Path, level: int | None) -> float:
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pipeline", "convert", str(src), str(dst), "--no-progress"], check=True, capture_output=True)
+    extra = [] if level is None else ["--level", str(level)]
+    # run from the store's directory: ``-m`` puts the working directory first on the path, where
+    # a checkout would shadow the pipeline that PYTHONPATH names
+    subprocess.run([sys.executable, "-m", "pipeline", "convert", str(src), str(dst), "--no-progress", *extra],
+                   check=True, capture_output=True, cwd=src.parent)
     return time.perf_counter() - t
 
 
-def time_zarr(src: Path, dst: Path) -> float:
+def time_zarr(src: Path, dst: Path, level: int | None) -> float:
     """The same layout written by xarray and zarr's sharding codec alone."""
     import xarray as xr
+    from zarr.codecs import ZstdCodec
 
     from pipeline.sinks.convert import inner_chunk
 
     t = time.perf_counter()
-    ds = xr.open_zarr(src, decode_cf=False)
+    ds = xr.open_zarr(src, decode_cf=False, consolidated=False)
     var = ds["tas"]
     shard = tuple(c[0] for c in var.data.chunks)
     for v in ds.variables.values():
         v.encoding = {}
-    enc = {"tas": {"shards": shard, "chunks": inner_chunk(shard, 4, 1 << 20)}}
+    enc = {"tas": {"shards": shard, "chunks": inner_chunk(shard, 4, 1 << 20), "compressors": [ZstdCodec(level=level or 0)]}}
     ds.to_zarr(dst, mode="w", zarr_format=3, consolidated=False, encoding=enc)
     return time.perf_counter() - t
 
@@ -117,24 +129,28 @@ def main(argv=None) -> dict:
     p.add_argument("--workdir", default="data/bench")
     p.add_argument("--paths", default=",".join(PATHS), help=f"some of {','.join(PATHS)}")
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--level", type=int, default=None, help="zstd level (default: convert's; zarr's 0 for the zarr path)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     shape = tuple(int(n) for n in args.shape.split(","))
-    work = Path(args.workdir)
+    work = Path(args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     src = build_store(work / f"tas_{'x'.join(map(str, shape))}_t{args.time_chunk}_default.zarr", shape, args.time_chunk)
     nbytes = int(np.prod(shape)) * 4
     timers = {"api": time_api, "cli": time_cli, "zarr": time_zarr}
-    out = {"shape": shape, "time_chunk": args.time_chunk, "bytes": nbytes, "cpus": os.cpu_count(), "paths": {}}
+    out = {"shape": shape, "time_chunk": args.time_chunk, "level": args.level, "bytes": nbytes, "cpus": os.cpu_count(), "paths": {}}
     for name in args.paths.split(","):
         dst = work / f"convert_speed_{name}.zarr"
-        seconds = []
+        seconds, cpu = [], []
         for _ in range(args.repeat):
             _drop(dst)
-            seconds.append(timers[name](src, dst))
+            c = _cpu_seconds()
+            seconds.append(timers[name](src, dst, args.level))
+            cpu.append(_cpu_seconds() - c)
         best = min(seconds)
-        out["paths"][name] = {"seconds": seconds, "gb_per_s": nbytes / best / 1e9, "equal": _same(src, dst)}
-        print(f"{name:5s} {best:7.2f} s  {nbytes / best / 1e9:6.2f} GB/s  equal={out['paths'][name]['equal']}", flush=True)
+        out["paths"][name] = {"seconds": seconds, "cpu_seconds": cpu, "gb_per_s": nbytes / best / 1e9, "equal": _same(src, dst)}
+        print(f"{name:5s} {best:7.2f} s  {nbytes / best / 1e9:6.2f} GB/s  ({', '.join(f'{s:.2f}' for s in seconds)} s; "
+              f"CPU {min(cpu) / (nbytes / 1e9):.1f} s/GB)  equal={out['paths'][name]['equal']}", flush=True)
         _drop(dst)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -175,3 +175,17 @@ def test_convert_command_and_verify(tmp_path):
 def test_bad_level_is_an_input_error(tmp_path):
     with pytest.raises(InputError, match="level"):
         C.convert(tmp_path / "missing.zarr", tmp_path / "out.zarr", level=23)
+
+
+def test_benchmark_smoke(tmp_path):
+    """benchmarks/convert_speed.py at a tiny size, so that it cannot rot."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "convert_speed.py"
+    spec = importlib.util.spec_from_file_location("convert_speed", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(["--shape", "10,6,8", "--time-chunk", "4", "--workdir", str(tmp_path), "--paths", "api,zarr", "--json", str(tmp_path / "r.json")])
+    assert set(out["paths"]) == {"api", "zarr"} and all(r["equal"] and r["gb_per_s"] > 0 for r in out["paths"].values())
+    assert (tmp_path / "r.json").exists()
