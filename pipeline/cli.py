@@ -254,7 +254,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--chunks", help="shard shape as DIM=SIZE,... (default: the source's chunks)")
     c.add_argument("--compression", choices=("zstd", "none"), default="zstd",
                    help="zstd frames that nvCOMP decodes (default), or none: one uncompressed chunk per block")
-    c.add_argument("--level", type=int, default=1, help="zstd level of the frames, -7 to 22 (default 1: twice as fast as 3)")
+    c.add_argument("--level", type=int, default=2, help="zstd level of the frames, -7 to 22 (default 2: twice as fast as 3)")
     c.add_argument("--overwrite", action="store_true")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_convert)
