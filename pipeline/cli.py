@@ -197,7 +197,7 @@ def cmd_convert(args) -> int:
             raise InputError(f"--chunks: expected DIM=SIZE[,DIM=SIZE...], got {args.chunks!r}") from None
     t = time.perf_counter()
     path = convert(
-        args.src, args.dst, inner_bytes=args.inner_chunk, chunks=chunks, compression=args.compression,
+        args.src, args.dst, inner_bytes=args.inner_chunk, chunks=chunks, compression=args.compression, level=args.level,
         mode="overwrite" if args.overwrite else "fail", progress=_progress(args),
     )
     print(f"wrote {path} ({directory_bytes(path) / 1e9:.3f} GB stored) in {time.perf_counter() - t:.1f} s")
@@ -291,6 +291,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--chunks", help="shard shape as DIM=SIZE,... (default: the source's chunks)")
     c.add_argument("--compression", choices=("zstd", "none"), default="zstd",
                    help="zstd frames that nvCOMP decodes (default), or none: one uncompressed chunk per block")
+    c.add_argument("--level", type=int, default=2, help="zstd level of the frames, -7 to 22 (default 2: twice as fast as 3)")
     c.add_argument("--overwrite", action="store_true")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_convert)

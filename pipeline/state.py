@@ -17,6 +17,8 @@ process holds between computations, each under its own lock:
   once, by which each block's files are split between them (:mod:`pipeline.gpu.split`).
 - ``nvcomp``: whether nvCOMP's bindings take decompression configs, learnt at the first decode
   (:mod:`pipeline.gpu.nvcomp`).
+- ``encode``: the threads that compress the frames of the shards ``pipeline convert`` writes
+  (:mod:`pipeline.sinks.convert`), started on first use.
 
 Tests that need a clean slate replace a part with a fresh instance (``monkeypatch.setattr(
 state.pinned, "files", OrderedDict())``).
@@ -75,6 +77,12 @@ class NvcompState:
     configs_supported: bool = True
 
 
+@dataclass
+class EncodeState:
+    pool: object | None = None  # concurrent.futures.ThreadPoolExecutor
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 io = IOState()
 streams = StreamState()
 pinned = PinnedState()
@@ -82,3 +90,4 @@ held = HeldState()
 device = DeviceState()
 nvcomp = NvcompState()
 decode = DecodeState()
+encode = EncodeState()
