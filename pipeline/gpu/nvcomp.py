@@ -89,6 +89,64 @@ def _decode(codec, configs: dict, srcs, outs, count: int, size: int) -> None:
     codec.decode(srcs, out=outs)
 
 
+def decode_batch(algorithm: str, src, src_offsets, src_sizes, dst, dst_offsets, dst_sizes) -> None:
+    """Decode raw ``algorithm`` streams of ``src`` (device bytes) into ``dst``, stream ``k`` into
+    ``dst_sizes[k]`` bytes at ``dst_offsets[k]``, in one nvCOMP batch on this thread's stream.
+
+    The output sizes are known (each stream is one whole chunk), so the decode is queued with a
+    config built from them, kept per codec and sizes, and no size is read back; bindings or
+    algorithms that build no such config decode without one."""
+    if not len(src_offsets):
+        return
+    stream = _stream()
+    srcs = _batch(src, src_offsets, src_sizes, stream)
+    outs = _batch(dst.reshape(-1).view("u1"), dst_offsets, dst_sizes, stream)
+    codec, configs = _codec_of(algorithm)
+    sizes = [int(s) for s in dst_sizes]
+    key = (len(sizes), sizes[0]) if len(set(sizes)) == 1 else tuple(sizes)
+    try:
+        config = _sized_config(codec, configs, key, sizes)
+        if config is None:
+            codec.decode(srcs, out=outs)
+        else:
+            codec.decode(srcs, out=outs, decompression_config=config)
+    except (RuntimeError, ValueError) as e:
+        raise DecodeError(str(e)) from e
+    current().keep.append((srcs, outs))  # read by the decode until the stream is synchronized
+
+
+def _codec_of(algorithm: str):
+    """(codec, its decompression configs) of ``algorithm`` bound to this thread's stream: zstd's
+    is the context's own codec; other algorithms' are kept beside it, made on first use."""
+    if algorithm == "Zstd":
+        return _codec(), current().configs
+    ctx = current()
+    if not hasattr(ctx, "codecs"):
+        ctx.codecs = {}
+    if algorithm not in ctx.codecs:
+        nv = _nvcomp()
+        codec = nv.Codec(algorithm=algorithm, bitstream_kind=nv.BitstreamKind.RAW, cuda_stream=ctx.stream.ptr)
+        ctx.codecs[algorithm] = (codec, {})
+    return ctx.codecs[algorithm]
+
+
+def _sized_config(codec, configs: dict, key, sizes: list[int]):
+    """The decompression config for streams that decode to ``sizes``, or None where the codec
+    builds none (remembered in ``configs``)."""
+    if configs.get("unsupported") or not state.nvcomp.configs_supported:
+        return None
+    config = configs.get(key)
+    if config is None:
+        try:
+            config = codec.decompression_config(codec.compression_config(sizes))
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            configs["unsupported"] = True
+            return None
+        if len(configs) >= 64:
+            configs.clear()
+        configs[key] = config
+    return config
+
 
 def _copy_frames(src, src_offsets, sizes, dst, dst_offsets):
     """Uncompressed frames: plain device copies."""

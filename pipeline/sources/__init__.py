@@ -42,7 +42,7 @@ class Format:
 
 
 ZARR = Format(zarr.detect, zarr.open_store, zarr._shard_chunks, zarr.device_array)
-FORMATS: dict[str, Format] = {"zarr3": ZARR, "zarr2": ZARR, "netcdf": Format(netcdf.detect, netcdf.open_store)}
+FORMATS: dict[str, Format] = {"zarr3": ZARR, "zarr2": ZARR, "netcdf": Format(netcdf.detect, netcdf.open_store, netcdf.block_chunks, netcdf.device_array)}
 
 
 def is_url(path) -> bool:
