@@ -359,3 +359,20 @@ def test_gpu_corrupt_chunk_names_the_variable(tmp_path):
     arr = hdf5.device_array(path, "x", chunks=CHUNKS)
     with pytest.warns(RuntimeWarning, match="could not be decoded on the GPU"), pytest.raises(InputError, match="'x'"):
         arr.compute()
+
+
+def test_benchmark_smoke(tmp_path):
+    """benchmarks/netcdf_decode.py at a tiny size: its file is written as asked and read back."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("netcdf_decode", Path(__file__).parent.parent / "benchmarks" / "netcdf_decode.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(["--steps", "5", "--ny", "6", "--nx", "8", "--chunk-steps", "2", "--repeat", "1", "--threads", "2",
+                      "--workdir", str(tmp_path), "--json", str(tmp_path / "r.json")])
+    (result,) = out["files"]
+    lay = hdf5.layout(result["file"], "tas")
+    assert lay.chunk == (2, 6, 8) and lay.filters == ("shuffle", "deflate") and lay.shape == (5, 6, 8)
+    assert all(row["median_s"] > 0 for row in result["rows"].values())
+    assert (tmp_path / "r.json").exists()
