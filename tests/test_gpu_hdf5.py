@@ -169,10 +169,9 @@ def test_chunk_stored_without_deflate(tmp_path):
 
 def _staged(lay, plan):
     staging = np.empty(max(1, plan.total), dtype=np.uint8)
-    with open(lay.path, "rb") as f:
-        for offset, n, at in plan.runs:
-            f.seek(offset)
-            staging[at:at + n] = np.frombuffer(f.read(n), np.uint8)
+    for run in plan.runs:
+        for offset, segments in run.pieces():
+            hdf5.read_segments(lay.path, offset, segments, staging)
     return staging
 
 
@@ -200,13 +199,31 @@ def test_contiguous_dataset(tmp_path):
     np.testing.assert_array_equal(hdf5.read_block_host(empty, (slice(0, 3), slice(0, 2))), np.full((3, 2), -1.5, "f4"))
 
 
-def test_reads_coalesce_adjacent_chunks():
-    runs, staged = hdf5._runs(np.array([100, 0, 60, 10_000_000]), np.array([40, 60, 40, 8]))
-    assert runs == [(0, 140, 0), (10_000_000, 8, 140)]
-    assert staged.tolist() == [100, 0, 60, 140]
-    # a small gap is read with the chunks around it; staging keeps file positions within a run
-    runs, staged = hdf5._runs(np.array([0, 1000]), np.array([100, 50]))
-    assert runs == [(0, 1050, 0)] and staged.tolist() == [0, 1000]
+def test_reads_coalesce_adjacent_chunks(tmp_path, monkeypatch):
+    """Chunks next to each other in the file (or a small gap apart) are read by one scatter read;
+    each lands where its deflate data (after a 2-byte zlib header) start aligned for nvCOMP."""
+    offsets, sizes, heads = np.array([100, 0, 60, 10_000_000]), np.array([40, 60, 40, 8]), np.array([2, 2, 2, 0])
+    runs, staged = hdf5._runs(offsets, sizes, heads)
+    assert [(r.offset, r.nbytes) for r in runs] == [(0, 140), (10_000_000, 8)]
+    assert ((staged + heads) % hdf5.ALIGN == 0).all()
+    order = np.argsort(staged)
+    assert (staged[order][1:] >= (staged + sizes)[order][:-1]).all()  # no overlap
+    runs, _ = hdf5._runs(np.array([0, 1000]), np.array([100, 50]), np.array([0, 0]))
+    assert [(r.offset, r.nbytes) for r in runs] == [(0, 1050)] and runs[0].segments[1] == (900, -1)
+    # the scatter read puts every chunk's bytes in its place, in pieces of PIECE bytes at most
+    blob = np.random.default_rng(1).integers(0, 256, 2000, dtype=np.uint8)
+    (tmp_path / "f").write_bytes(blob.tobytes())
+    monkeypatch.setattr(hdf5, "PIECE", 64)
+    offsets, sizes = np.array([0, 150, 300, 1700]), np.array([150, 150, 1000, 300])
+    runs, staged = hdf5._runs(offsets, sizes, np.array([2, 0, 2, 2]))
+    buffer = np.zeros(runs[-1].end, dtype=np.uint8)
+    for run in runs:
+        pieces = run.pieces()
+        assert all(sum(n for n, _ in segs) <= 64 for _, segs in pieces)
+        for offset, segs in pieces:
+            hdf5.read_segments(str(tmp_path / "f"), offset, segs, buffer)
+    for o, n, at in zip(offsets, sizes, staged):
+        np.testing.assert_array_equal(buffer[at:at + n], blob[o:o + n])
 
 
 @pytest.mark.parametrize("kind", ["lzf", "scaleoffset", "big-endian", "string", "compound", "shuffle-after-deflate"])

@@ -52,13 +52,18 @@ from ..errors import DecodeError, UnsupportedLayout, chunk_error
 from . import pinned
 from .iopool import io_pool
 from .nvcomp import decode_batch, nvcomp_available
-from .reader import NVCOMP_MAX_FRAME, PIECE, _pread_piece, _warn_once, aligned
+from .reader import NVCOMP_MAX_FRAME, PIECE, _warn_once, aligned
 from .streams import context
 
 # HDF5's filter identifiers (H5Zpublic.h) and the write order this path decodes: any subsequence
 FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32"}
 ORDER = ("shuffle", "deflate", "fletcher32")
 GAP = 64 << 10  # chunks this close in the file are read together, the bytes between them too
+# nvCOMP refuses a stream whose input or output is not aligned (Deflate: 4 bytes for the input):
+# each chunk is read to a place where its deflate data, after zlib's 2-byte header, starts aligned,
+# and decodes to an aligned place
+ALIGN = 16
+IOV_MAX = 512  # buffers a read scatters into, at most
 UNSHUFFLE_BYTES = 64 << 20  # the temporary through which shuffled chunks are transposed in place
 
 
@@ -309,7 +314,11 @@ class BlockPlan:
     @property
     def total(self) -> int:
         """Bytes of the staging buffer."""
-        return sum(n for _, n, _ in self.runs)
+        return self.runs[-1].end if self.runs else 0
+
+    def scratch_bytes(self, lay: H5Layout) -> int:
+        """Bytes of the scratch buffer (none where chunks decode straight into the block)."""
+        return 0 if self.direct else len(self.present) * _aligned(lay.chunk_nbytes)
 
 
 def plan_block(lay: H5Layout, region: tuple[slice, ...]) -> BlockPlan:
@@ -324,29 +333,74 @@ def plan_block(lay: H5Layout, region: tuple[slice, ...]) -> BlockPlan:
               for coord in itertools.product(*(range(f, f + k) for f, k in zip(first, counts)))]
     present = np.flatnonzero(offsets >= 0)
     stored = lay.sizes[grid].ravel()[present]
-    runs, staged = _runs(offsets[present], stored)
-    direct = all(_whole_and_contiguous(places[k], lay.chunk, shape) for k in present.tolist())
-    if direct:
-        strides = [math.prod(shape[a + 1:]) * lay.dtype.itemsize for a in range(len(shape))]
-        dst = np.array([sum(p.start * s for p, s in zip(places[k], strides)) for k in present.tolist()], dtype=np.int64)
-    else:
-        dst = np.arange(len(present), dtype=np.int64) * lay.chunk_nbytes
-    return BlockPlan(shape, places, present, staged, stored, lay.masks[grid].ravel()[present], dst, runs, direct)
+    masks = lay.masks[grid].ravel()[present]
+    heads = np.array([2 * lay.active("deflate", m) for m in masks.tolist()], dtype=np.int64)
+    runs, staged = _runs(offsets[present], stored, heads)
+    strides = [math.prod(shape[a + 1:]) * lay.dtype.itemsize for a in range(len(shape))]
+    dst = np.array([sum(p.start * s for p, s in zip(places[k], strides)) for k in present.tolist()], dtype=np.int64)
+    direct = all(_whole_and_contiguous(places[k], lay.chunk, shape) for k in present.tolist()) and not (dst % ALIGN).any()
+    if not direct:
+        dst = np.arange(len(present), dtype=np.int64) * _aligned(lay.chunk_nbytes)
+    return BlockPlan(shape, places, present, staged, stored, masks, dst, runs, direct)
 
 
-def _runs(offsets: np.ndarray, sizes: np.ndarray):
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class Run:
+    """One read of adjacent chunks: ``nbytes`` of the file from ``offset``, scattered as
+    ``segments`` (bytes, staging offset; -1 for the bytes between chunks, thrown away) into
+    ``[start, end)`` of the staging buffer."""
+
+    offset: int
+    nbytes: int
+    segments: tuple
+    start: int
+    end: int
+
+    def pieces(self) -> list[tuple[int, list]]:
+        """(file offset, segments) of reads of at most ``PIECE`` bytes and ``IOV_MAX`` buffers
+        each, which the I/O threads run in parallel."""
+        pieces, current, size, at = [], [], 0, self.offset
+        for n, pos in self.segments:
+            done = 0
+            while done < n:
+                take = min(n - done, PIECE - size)
+                current.append((take, pos + done if pos >= 0 else -1))
+                size, done = size + take, done + take
+                if size == PIECE or len(current) == IOV_MAX:
+                    pieces.append((at, current))
+                    at, current, size = at + size, [], 0
+        if current:
+            pieces.append((at, current))
+        return pieces
+
+
+def _runs(offsets: np.ndarray, sizes: np.ndarray, heads: np.ndarray):
     """Reads covering the chunks at ``offsets`` (``sizes`` bytes each), chunks up to ``GAP`` apart
-    in one read: [(file offset, bytes, staging offset)], and each chunk's staging offset."""
+    in one :class:`Run`, and each chunk's staging offset: chunks follow each other in file order,
+    each placed so that its byte ``heads[k]`` (where its deflate data start) is aligned."""
     staged = np.empty(len(offsets), dtype=np.int64)
-    runs: list[list[int]] = []
+    runs: list[Run] = []
+    segments: list = []
+    first = end = pos = 0
     for k in np.argsort(offsets, kind="stable").tolist():
-        o, n = int(offsets[k]), int(sizes[k])
-        if runs and o <= runs[-1][0] + runs[-1][1] + GAP:
-            runs[-1][1] = max(runs[-1][1], o + n - runs[-1][0])
+        o, n, h = int(offsets[k]), int(sizes[k]), int(heads[k])
+        at = _aligned(pos + h) - h
+        if segments and end <= o <= end + GAP:
+            if o > end:
+                segments.append((o - end, -1))
         else:
-            runs.append([o, n, runs[-1][2] + runs[-1][1] if runs else 0])
-        staged[k] = runs[-1][2] + o - runs[-1][0]
-    return [tuple(r) for r in runs], staged
+            if segments:
+                runs.append(Run(first, end - first, tuple(segments), segments[0][1], pos))
+            first, segments = o, []
+        segments.append((n, at))
+        staged[k], end, pos = at, o + n, at + n
+    if segments:
+        runs.append(Run(first, end - first, tuple(segments), segments[0][1], pos))
+    return runs, staged
 
 
 def _whole_and_contiguous(place: tuple[slice, ...], chunk: tuple[int, ...], shape: tuple[int, ...]) -> bool:
@@ -452,7 +506,8 @@ def finish(lay: H5Layout, plan: BlockPlan, ops: StreamOps, out, dst, tmp) -> Non
     if not plan.direct:
         for j, k in enumerate(plan.present.tolist()):
             place = plan.places[k]
-            chunk = dst[j * nb:(j + 1) * nb].view(lay.dtype).reshape(lay.chunk)
+            at = int(plan.dst[j])
+            chunk = dst[at:at + nb].view(lay.dtype).reshape(lay.chunk)
             out[place] = chunk[tuple(slice(0, p.stop - p.start) for p in place)]
     present = set(plan.present.tolist())
     for k, place in enumerate(plan.places):
@@ -477,12 +532,13 @@ def read_block_host(lay: H5Layout, region: tuple[slice, ...]) -> np.ndarray:
     CuPy, and zlib inflating the same raw deflate streams that nvCOMP is given."""
     plan = plan_block(lay, region)
     staging = np.empty(max(1, plan.total), dtype=np.uint8)
-    for offset, n, at in plan.runs:
-        _pread_piece(lay.path, memoryview(staging)[at:at + n], offset)
+    for run in plan.runs:
+        for offset, segments in run.pieces():
+            read_segments(lay.path, offset, segments, staging)
     ops = stream_ops(lay, plan, staging)
     out = np.empty(plan.shape, dtype=lay.dtype)
     nb = lay.chunk_nbytes
-    dst = out.reshape(-1).view(np.uint8) if plan.direct else np.empty(max(1, len(plan.present) * nb), dtype=np.uint8)
+    dst = out.reshape(-1).view(np.uint8) if plan.direct else np.empty(max(1, plan.scratch_bytes(lay)), dtype=np.uint8)
     for s, n, d in ops.inflate:
         dst[d:d + nb] = _inflate_raw(staging[s + 2:s + n - 4], nb, lay.path)
     for s, n, d in merged(ops.copy):
@@ -511,14 +567,34 @@ def read_block(lay: H5Layout, region: tuple[slice, ...]):
             pinned.give(buf)
 
 
-def _submit_runs(path: str, runs: list, buffer: np.ndarray) -> list[list[Future]]:
-    """Start the block's reads in the I/O pool, in pieces of at most ``PIECE`` bytes, all in one
-    place in the pool's order: for each run, its pieces' jobs."""
+def _submit_runs(path: str, runs: list[Run], buffer: np.ndarray) -> list[list[Future]]:
+    """Start the block's reads in the I/O pool, all in one place in the pool's order: for each
+    run, its pieces' jobs."""
     pool = io_pool()
     ticket = pool.ticket()
-    mv = memoryview(buffer)
-    return [[pool.submit(_pread_piece, path, mv[at + p:at + min(p + PIECE, n)], offset + p, ticket=ticket)
-             for p in range(0, n, PIECE)] for offset, n, at in runs]
+    return [[pool.submit(read_segments, path, offset, segments, buffer, ticket=ticket) for offset, segments in run.pieces()]
+            for run in runs]
+
+
+def read_segments(path: str, offset: int, segments: list, buffer: np.ndarray) -> None:
+    """One ``preadv`` from ``offset`` of ``path``, scattered into ``buffer`` as ``segments`` say
+    (bytes, offset in ``buffer``; -1: bytes between chunks, read into a throwaway buffer)."""
+    mv, junk = memoryview(buffer), None
+    views = []
+    for n, pos in segments:
+        if pos < 0:
+            junk = junk if junk is not None and len(junk) >= n else memoryview(bytearray(max(n, GAP)))
+            views.append(junk[:n])
+        else:
+            views.append(mv[pos:pos + n])
+    want = sum(n for n, _ in segments)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = os.preadv(fd, views, offset)
+    finally:
+        os.close(fd)
+    if got != want:
+        raise OSError(f"{path}: short read at {offset} ({got} of {want} bytes)")
 
 
 def _move_and_decode(lay: H5Layout, plan: BlockPlan, staging: np.ndarray, jobs, hold: list):
@@ -531,7 +607,7 @@ def _move_and_decode(lay: H5Layout, plan: BlockPlan, staging: np.ndarray, jobs, 
         job.result()
     nb = lay.chunk_nbytes
     out = cp.empty(plan.shape, dtype=lay.dtype)
-    dst = out.reshape(-1).view(np.uint8) if plan.direct else cp.empty(max(1, len(plan.present) * nb), dtype=np.uint8)
+    dst = out.reshape(-1).view(np.uint8) if plan.direct else cp.empty(max(1, plan.scratch_bytes(lay)), dtype=np.uint8)
     dev = None if lay.host_inflate else cp.empty(max(1, plan.total), dtype=np.uint8)
     tmp = unshuffle_temp(cp, lay, plan)
     ready = cp.cuda.Stream.null.record()
@@ -539,11 +615,11 @@ def _move_and_decode(lay: H5Layout, plan: BlockPlan, staging: np.ndarray, jobs, 
         stream = ctx.stream
         stream.wait_event(ready)
         # each read crosses the bus as soon as it is in, while the block's later reads proceed
-        for (_, n, at), waits in zip(plan.runs, jobs):
+        for run, waits in zip(plan.runs, jobs):
             for job in waits:
                 job.result()
             if dev is not None:
-                dev[at:at + n].set(staging[at:at + n], stream=stream)
+                dev[run.start:run.end].set(staging[run.start:run.end], stream=stream)
         ops = stream_ops(lay, plan, staging)
         if dev is not None:
             _decode_on_device(lay, ops, dev, dst)
@@ -582,18 +658,19 @@ def _decode_on_host(lay: H5Layout, ops: StreamOps, staging: np.ndarray, dst, str
     its destination as soon as it is ready; chunks stored as they are cross from the staging
     buffer. The pinned buffer goes into ``hold``, given back once the copies are done."""
     nb = lay.chunk_nbytes
-    decoded = pinned.take(max(1, len(ops.inflate) * nb))
+    step = _aligned(nb)
+    decoded = pinned.take(max(1, len(ops.inflate) * step))
     hold.append(decoded)
     pool = io_pool()
     ticket = pool.ticket()
-    jobs = [pool.submit(_inflate_into, staging[s:s + n], decoded.bytes[j * nb:(j + 1) * nb], lay.path, ticket=ticket)
+    jobs = [pool.submit(_inflate_into, staging[s:s + n], decoded.bytes[j * step:j * step + nb], lay.path, ticket=ticket)
             for j, (s, n, _) in enumerate(ops.inflate)]
     try:
         for s, n, d in merged(ops.copy):
             dst[d:d + n].set(staging[s:s + n], stream=stream)
         for j, ((_, _, d), job) in enumerate(zip(ops.inflate, jobs)):
             job.result()
-            dst[d:d + nb].set(decoded.bytes[j * nb:(j + 1) * nb], stream=stream)
+            dst[d:d + nb].set(decoded.bytes[j * step:j * step + nb], stream=stream)
     finally:
         futures_wait(jobs)
 
