@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import zlib
 
 import h5py
 import numpy as np
@@ -267,6 +268,32 @@ def test_corrupt_chunks_raise_decode_error(tmp_path):
         hdf5.read_block_host(hdf5.layout(path, "x"), (slice(0, 2), slice(0, 4), slice(0, 5)))
     with pytest.raises(DecodeError, match="zlib"):
         hdf5.check_zlib_header(b"\x78\x9d", "x")  # check bits wrong
+
+
+@pytest.mark.parametrize("name", ["gzip1-shuffle-f4", "gzip6-shuffle-i2"])
+def test_adler32_of_the_inflated_bytes(tmp_path, name):
+    """The checksum that nvCOMP does not check, computed over a block's inflated chunks (before
+    their shuffle is undone) as zlib computes it; a damaged trailer is refused."""
+    path = write_h5py(tmp_path / "f.h5", name, holes=False)
+    lay = hdf5.layout(path, "x")
+    for region in block_regions(lay, 2):
+        plan = hdf5.plan_block(lay, region)
+        staging = _staged(lay, plan)
+        ops = hdf5.stream_ops(lay, plan, staging)
+        dst = np.zeros(max(1, plan.scratch_bytes(lay)) if not plan.direct else int(np.prod(plan.shape)) * lay.dtype.itemsize, np.uint8)
+        for s, n, d in ops.inflate:
+            dst[d:d + lay.chunk_nbytes] = np.frombuffer(zlib.decompress(staging[s:s + n].tobytes()), np.uint8)
+        want = [zlib.adler32(dst[d:d + lay.chunk_nbytes].tobytes()) for _, _, d in ops.inflate]
+        assert hdf5.adler32_of(np, lay, plan, ops, dst).tolist() == want == hdf5.adler32_expected(lay, ops, staging).tolist()
+    offset, size = int(lay.offsets[0, 0, 0]), int(lay.sizes[0, 0, 0])
+    with open(path, "r+b") as f:  # the trailer damaged: the data inflate, their checksum does not match
+        f.seek(offset + size - 1)
+        last = f.read(1)
+        f.seek(offset + size - 1)
+        f.write(bytes([last[0] ^ 1]))
+    hdf5._layout_at.cache_clear()
+    with pytest.raises(DecodeError, match="adler32"):
+        hdf5.read_block_host(hdf5.layout(path, "x"), (slice(0, 2), slice(0, 4), slice(0, 5)))
 
 
 def test_layout_follows_a_rewritten_file(tmp_path):

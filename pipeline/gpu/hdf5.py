@@ -13,7 +13,9 @@ decodes them on the device. One Dask task reads one block of whole chunks:
 3. the zlib wrapper of every stream is checked on the host (and the fletcher32 checksum, where
    the dataset has one), and one nvCOMP Deflate batch inflates every stream of the block straight
    into its place in the output (into a scratch buffer where chunks are cut by the array's edge or
-   do not lie contiguously in the block);
+   do not lie contiguously in the block); nvCOMP checks no checksum, so each stream's adler32 is
+   computed on the device from what it inflated to and compared at the end of the block, as zlib
+   would (a damaged stream otherwise decodes to wrong values without an error);
 4. the shuffle filter is undone on the same stream, a transpose copy per run of chunks through a
    bounded temporary: byte ``j`` of element ``i`` of a chunk of ``n`` elements was stored at
    ``j * n + i``;
@@ -515,6 +517,57 @@ def finish(lay: H5Layout, plan: BlockPlan, ops: StreamOps, out, dst, tmp) -> Non
             out[place] = lay.fill_value
 
 
+def adler32_expected(lay: H5Layout, ops: StreamOps, staging) -> np.ndarray:
+    """The adler32 that trails each deflated chunk's zlib stream, in the order of ``ops.inflate``."""
+    return np.array([int.from_bytes(bytes(staging[s + n - 4:s + n]), "big") for s, n, _ in ops.inflate], dtype=np.int64)
+
+
+def adler32_of(xp, lay: H5Layout, plan: BlockPlan, ops: StreamOps, dst, weights=None):
+    """The adler32 of each inflated chunk in ``dst`` (before its shuffle is undone), in the order of
+    ``ops.inflate``, computed where ``dst`` lies: nvCOMP inflates raw deflate data and checks no
+    checksum, so a damaged stream would otherwise decode to wrong values without an error.
+
+    adler32 of n bytes d_i is A = 1 + sum(d_i), B = n + sum((n - i) d_i), both mod 65521; each run
+    of chunks that follow each other in ``dst`` takes two reductions (``weights``: n, n - 1, .. 1,
+    made here where not given)."""
+    nb = lay.chunk_nbytes
+    step = nb if plan.direct else _aligned(nb)
+    order = sorted(range(len(ops.inflate)), key=lambda j: ops.inflate[j][2])
+    sums = xp.empty((2, len(order)), dtype=np.int64)
+    weights = xp.arange(nb, 0, -1, dtype=np.int64) if weights is None else weights
+    at = 0
+    for start, count in _consecutive([ops.inflate[j][2] for j in order], step):
+        rows = xp.lib.stride_tricks.as_strided(dst[start:], shape=(count, nb), strides=(step, 1))
+        sums[0, at:at + count] = rows.sum(axis=1, dtype=np.int64)
+        sums[1, at:at + count] = _weighted_sums(xp, rows, weights)
+        at += count
+    adler = (((sums[1] + nb) % 65521) << 16) | ((sums[0] + 1) % 65521)
+    out = xp.empty(len(order), dtype=np.int64)
+    out[xp.asarray(np.array(order, dtype=np.int64))] = adler
+    return out
+
+
+def _weighted_sums(xp, rows, weights):
+    """sum(weights * row) of each row, in int64, without a temporary of the rows' size on the device."""
+    if xp is np:
+        return (rows.astype(np.int64) * weights).sum(axis=1)
+    return _weighted_sum_kernel()(rows, weights, axis=1)
+
+
+@functools.cache
+def _weighted_sum_kernel():
+    import cupy as cp
+
+    return cp.ReductionKernel("uint8 d, int64 w", "int64 s", "w * d", "a + b", "s = a", "0", "pipeline_weighted_sum")
+
+
+def check_adler32(computed, expected: np.ndarray, where: str) -> None:
+    """DecodeError where a chunk's inflated bytes do not have the adler32 its stream ends with."""
+    bad = np.flatnonzero(np.asarray(computed) != expected)
+    if len(bad):
+        raise DecodeError(f"{where}: adler32 checksum mismatch in {len(bad)} chunk(s) of a block")
+
+
 def _inflate_raw(payload, nbytes: int, where: str) -> np.ndarray:
     """A raw deflate stream (a zlib stream without its header and checksum), as nvCOMP takes it."""
     d = zlib.decompressobj(-15)
@@ -543,6 +596,8 @@ def read_block_host(lay: H5Layout, region: tuple[slice, ...]) -> np.ndarray:
         dst[d:d + nb] = _inflate_raw(staging[s + 2:s + n - 4], nb, lay.path)
     for s, n, d in merged(ops.copy):
         dst[d:d + n] = staging[s:s + n]
+    if ops.inflate:
+        check_adler32(adler32_of(np, lay, plan, ops, dst), adler32_expected(lay, ops, staging), f"{lay.path}: {lay.name!r}")
     finish(lay, plan, ops, out, dst, unshuffle_temp(np, lay, plan))
     return out
 
@@ -610,6 +665,7 @@ def _move_and_decode(lay: H5Layout, plan: BlockPlan, staging: np.ndarray, jobs, 
     dst = out.reshape(-1).view(np.uint8) if plan.direct else cp.empty(max(1, plan.scratch_bytes(lay)), dtype=np.uint8)
     dev = None if lay.host_inflate else cp.empty(max(1, plan.total), dtype=np.uint8)
     tmp = unshuffle_temp(cp, lay, plan)
+    weights = cp.arange(nb, 0, -1, dtype=np.int64) if dev is not None and "deflate" in lay.filters else None
     ready = cp.cuda.Stream.null.record()
     with context() as ctx, ctx.stream:
         stream = ctx.stream
@@ -621,11 +677,16 @@ def _move_and_decode(lay: H5Layout, plan: BlockPlan, staging: np.ndarray, jobs, 
             if dev is not None:
                 dev[run.start:run.end].set(staging[run.start:run.end], stream=stream)
         ops = stream_ops(lay, plan, staging)
+        adler = None
         if dev is not None:
             _decode_on_device(lay, ops, dev, dst)
-        else:
+            if ops.inflate:
+                adler = adler32_of(cp, lay, plan, ops, dst, weights)
+        else:  # zlib checks each stream's adler32 itself
             _decode_on_host(lay, ops, staging, dst, stream, hold)
         finish(lay, plan, ops, out, dst, tmp)
+        if adler is not None:  # read back once the block is done: the task waits for it then anyway
+            check_adler32(cp.asnumpy(adler, stream=stream), adler32_expected(lay, ops, staging), f"{lay.path}: {lay.name!r}")
     return out
 
 
