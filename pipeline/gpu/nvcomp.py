@@ -89,8 +89,9 @@ def decode_batch(algorithm: str, src, src_offsets, src_sizes, dst, dst_offsets, 
     srcs = _batch(src, src_offsets, src_sizes, stream)
     outs = _batch(dst.reshape(-1).view("u1"), dst_offsets, dst_sizes, stream)
     sizes = [int(s) for s in dst_sizes]
+    key = (algorithm, len(sizes), sizes[0]) if len(set(sizes)) == 1 else (algorithm, tuple(sizes))
     try:
-        _decode_sized(_codec_for(algorithm), current().configs, srcs, outs, (algorithm, tuple(sizes)), sizes)
+        _decode_sized(_codec_for(algorithm), current().configs, srcs, outs, key, sizes)
     except (RuntimeError, ValueError) as e:
         raise DecodeError(f"nvCOMP {algorithm}: {e}") from e
     current().keep.append((srcs, outs))  # read by the decode still running, as in _decode_frames
@@ -102,18 +103,18 @@ def _decode_sized(codec, configs: dict, srcs, outs, key, sizes: list[int]) -> No
     compression settings may not admit streams this large) leaves the decode to read the sizes
     itself."""
     if state.nvcomp.configs_supported:
-        try:
-            config = configs.get(key)
-            if config is None:
-                if len(configs) >= 64:
-                    configs.clear()
-                config = configs[key] = codec.decompression_config(codec.compression_config(sizes))
-        except (AttributeError, TypeError):  # bindings without decompression configs
-            state.nvcomp.configs_supported = False
-        except (RuntimeError, ValueError):
-            pass
-        else:
-            codec.decode(srcs, out=outs, decompression_config=config)
+        if key not in configs:
+            if len(configs) >= 64:
+                configs.clear()
+            try:
+                configs[key] = codec.decompression_config(codec.compression_config(sizes))
+            except (AttributeError, TypeError):  # bindings without decompression configs
+                state.nvcomp.configs_supported = False
+                configs[key] = None
+            except (RuntimeError, ValueError):  # remembered: not asked again for these sizes
+                configs[key] = None
+        if configs[key] is not None:
+            codec.decode(srcs, out=outs, decompression_config=configs[key])
             return
     codec.decode(srcs, out=outs)
 
@@ -128,21 +129,7 @@ def _decode(codec, configs: dict, srcs, outs, count: int, size: int) -> None:
     one whole inner chunk): a config built from them, kept per codec and batch length, makes the
     decode asynchronous. Measured on the H200 machine, 6.1 GB in blocks of one shard: 0.30 s
     instead of 0.34 s (benchmarks/RESULTS.md)."""
-    if state.nvcomp.configs_supported:
-        key = (count, size)
-        try:
-            config = configs.get(key)
-            if config is None:
-                if len(configs) >= 64:
-                    configs.clear()
-                config = configs[key] = codec.decompression_config(codec.compression_config([size] * count))
-        except (AttributeError, TypeError):  # bindings without decompression configs
-            state.nvcomp.configs_supported = False
-        else:
-            codec.decode(srcs, out=outs, decompression_config=config)
-            return
-    codec.decode(srcs, out=outs)
-
+    _decode_sized(codec, configs, srcs, outs, (count, size), [size] * count)
 
 
 def _copy_frames(src, src_offsets, sizes, dst, dst_offsets):

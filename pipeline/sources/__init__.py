@@ -44,7 +44,7 @@ class Format:
 
 
 ZARR = Format(zarr.detect, zarr.open_store, zarr._shard_chunks, zarr.device_array)
-FORMATS: dict[str, Format] = {"zarr3": ZARR, "zarr2": ZARR, "netcdf": Format(netcdf.detect, netcdf.open_store)}
+FORMATS: dict[str, Format] = {"zarr3": ZARR, "zarr2": ZARR, "netcdf": Format(netcdf.detect, netcdf.open_store, device_array=netcdf.device_array)}
 
 
 def is_url(path) -> bool:
@@ -164,7 +164,7 @@ def blocks_along_first(raw: xr.Dataset, stored: Mapping, target_bytes: int) -> d
     for var in raw.data_vars.values():
         if var.ndim == 0:
             continue
-        preferred = var.encoding.get("preferred_chunks", {})
+        preferred = var.encoding.get("preferred_chunks") or {var.dims[0]: 1}  # contiguous: a step a chunk
         shape = [stored.get(d, preferred.get(d, n)) for d, n in zip(var.dims, var.shape)]
         for dim, size in zip(var.dims, shape):
             chunks[dim] = max(chunks.get(dim, 0), size)
