@@ -16,6 +16,7 @@ import xarray as xr
 from pipeline import backend as B
 from pipeline.errors import DecodeError, InputError, UnsupportedLayout
 from pipeline.gpu import hdf5
+from pipeline.sources import open_dataset
 
 from .conftest import requires_gpu
 
