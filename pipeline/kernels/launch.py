@@ -10,7 +10,7 @@
   templates (``streaming_flat.cu``, ``streaming_column.cu``) that keep four loads in flight per
   thread;
 - Numba: :func:`cpu_jit` compiles a loop for the CPU (``numba.njit(nogil=True)``, so Dask's
-  threads run it in parallel); :func:`numba_cuda` imports ``numba.cuda`` and
+  threads run it in parallel), :func:`cpu_loop` a top-level one, cached on disk; :func:`numba_cuda` imports ``numba.cuda`` and
   :func:`launch_numba` launches a Numba CUDA kernel on CuPy's current stream.
 
 Nothing here imports CuPy or Numba at module level.
@@ -177,6 +177,17 @@ def cpu_jit(fn):
     import numba
 
     return numba.njit(nogil=True)(fn)
+
+
+@functools.cache
+def cpu_loop(fn):
+    """``fn``, a loop defined at a module's top level, compiled for the CPU by Numba once per
+    process: releasing the GIL, with NumPy's float semantics (a division by zero gives inf or NaN,
+    as the array formulas and the GPU do, rather than raising), and cached on disk, so that a new
+    process loads it instead of compiling it again."""
+    import numba
+
+    return numba.njit(nogil=True, cache=True, error_model="numpy")(fn)
 
 
 def numba_cuda():
