@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import string
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,7 +180,24 @@ def cpu_jit(fn):
     return numba.njit(nogil=True)(fn)
 
 
-@functools.cache
+def once(factory):
+    """``functools.cache`` whose first call per arguments runs once however many threads ask at
+    the same time. Dask's threads ask for a CPU kernel together at the start of a run; with a bare
+    cache each built its own Numba dispatcher and compiled it again (a compilation holds the GIL,
+    so they queue): the first run of the rolling mean on 16 threads took 21.3 s, the next 2.4 s."""
+    cached = functools.cache(factory)
+    lock = threading.Lock()
+
+    @functools.wraps(factory)
+    def get(*args, **kwargs):
+        with lock:
+            return cached(*args, **kwargs)
+
+    get.cache_clear = cached.cache_clear
+    return get
+
+
+@once
 def cpu_loop(fn):
     """``fn``, a loop defined at a module's top level, compiled for the CPU by Numba once per
     process: releasing the GIL, with NumPy's float semantics (a division by zero gives inf or NaN,

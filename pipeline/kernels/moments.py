@@ -13,7 +13,6 @@ it is in ``benchmarks/kernels_previous.py``.)
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 
@@ -136,7 +135,7 @@ def moments_raw(x2d, *, tile: int | None = None, threads: int = THREADS, unroll:
     return merge_tiles(parts, cupy)
 
 
-@functools.cache
+@launch.once
 def _twin_columns():
     column = make_moments_column(launch.cpu_jit)
 
