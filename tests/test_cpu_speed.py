@@ -114,7 +114,8 @@ def test_a_run_on_threads_imports_no_distributed(tmp_path):
         "compute(pipeline.ops.standardized_anomaly(x).data)\n"
         "print('distributed' in sys.modules)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False"
 
@@ -176,3 +177,18 @@ def test_weighted_loop_agrees_with_the_formula():
         for k in want:
             assert got[k].shape == want[k].shape
             np.testing.assert_allclose(got[k], want[k], rtol=1e-12)
+
+
+def test_the_peer_benchmark_runs_and_agrees(tmp_path):
+    """benchmarks/cpu_peer.py, tiny: both sides in their own processes, results compared."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "rows.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, str(root / "benchmarks" / "cpu_peer.py"), "--shape", "40,9,16", "--time-chunk", "10",
+                    "--repeat", "1", "--workdir", str(tmp_path), "--json", str(out)], env=env, check=True, capture_output=True)
+    (row,) = json.loads(out.read_text())
+    assert row["agree"] and row["rel_err"] < 1e-5
+    assert row["pipeline"]["plan_threads"] >= 1 and row["pipeline"]["tasks"] <= row["dask"]["tasks"]
