@@ -428,3 +428,35 @@ def test_benchmark_smoke(tmp_path):
     assert lay.chunk == (2, 6, 8) and lay.filters == ("shuffle", "deflate") and lay.shape == (5, 6, 8)
     assert all(row["median_s"] > 0 for row in result["rows"].values())
     assert (tmp_path / "r.json").exists()
+
+
+# --- adler32 sums (pipeline.kernels.checksum) ---------------------------------------------------
+
+
+def test_adler_sums_give_zlibs_adler32():
+    import zlib
+
+    from pipeline.kernels import checksum
+
+    rng = np.random.default_rng(3)
+    for n in (1, 7, 5552, 70_000):
+        rows = rng.integers(0, 256, (3, n), dtype=np.uint8)
+        rows[1] = 255  # the largest sums
+        got = checksum.adler32(checksum.adler_sums_cpu(rows), n)
+        assert got.tolist() == [zlib.adler32(r.tobytes()) for r in rows]
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_gpu_adler_sums_equal_their_twin():
+    import cupy as cp
+
+    from pipeline.kernels import checksum
+
+    rng = np.random.default_rng(4)
+    for n, step, count in ((1, 1, 3), (1000, 1003, 5), (3 << 20, 3 << 20, 2)):  # 3 MB rows pass the in-loop modulo
+        buf = rng.integers(0, 256, step * count + 7, dtype=np.uint8)
+        buf[7:7 + n] = 255
+        rows = np.lib.stride_tricks.as_strided(buf[7:], shape=(count, n), strides=(step, 1))
+        got = checksum.adler_sums_gpu(cp.asarray(buf), 7, step, n, count).get()
+        np.testing.assert_array_equal(got, checksum.adler_sums_cpu(rows))

@@ -51,6 +51,7 @@ import numpy as np
 from .. import config
 from ..backend import use_device_memory_limit
 from ..errors import DecodeError, UnsupportedLayout, chunk_error
+from ..kernels import checksum
 from . import pinned
 from .iopool import io_pool
 from .nvcomp import decode_batch, nvcomp_available
@@ -527,43 +528,27 @@ def adler32_expected(lay: H5Layout, ops: StreamOps, staging) -> np.ndarray:
     return np.array([int.from_bytes(bytes(staging[s + n - 4:s + n]), "big") for s, n, _ in ops.inflate], dtype=np.int64)
 
 
-def adler32_of(xp, lay: H5Layout, plan: BlockPlan, ops: StreamOps, dst, weights=None):
+def adler32_of(xp, lay: H5Layout, plan: BlockPlan, ops: StreamOps, dst):
     """The adler32 of each inflated chunk in ``dst`` (before its shuffle is undone), in the order of
-    ``ops.inflate``, computed where ``dst`` lies: nvCOMP inflates raw deflate data and checks no
-    checksum, so a damaged stream would otherwise decode to wrong values without an error.
-
-    adler32 of n bytes d_i is A = 1 + sum(d_i), B = n + sum((n - i) d_i), both mod 65521; each run
-    of chunks that follow each other in ``dst`` takes two reductions (``weights``: n, n - 1, .. 1,
-    made here where not given)."""
+    ``ops.inflate``, computed where ``dst`` lies (:mod:`pipeline.kernels.checksum`): nvCOMP inflates
+    raw deflate data and checks no checksum, so a damaged stream would otherwise decode to wrong
+    values without an error. Each run of chunks that follow each other in ``dst`` takes one
+    launch."""
     nb = lay.chunk_nbytes
     step = nb if plan.direct else _aligned(nb)
     order = sorted(range(len(ops.inflate)), key=lambda j: ops.inflate[j][2])
     sums = xp.empty((2, len(order)), dtype=np.int64)
-    weights = xp.arange(nb, 0, -1, dtype=np.int64) if weights is None else weights
     at = 0
     for start, count in _consecutive([ops.inflate[j][2] for j in order], step):
-        rows = xp.lib.stride_tricks.as_strided(dst[start:], shape=(count, nb), strides=(step, 1))
-        sums[0, at:at + count] = rows.sum(axis=1, dtype=np.int64)
-        sums[1, at:at + count] = _weighted_sums(xp, rows, weights)
+        if xp is np:
+            rows = np.lib.stride_tricks.as_strided(dst[start:], shape=(count, nb), strides=(step, 1))
+            sums[:, at:at + count] = checksum.adler_sums_cpu(rows)
+        else:
+            sums[:, at:at + count] = checksum.adler_sums_gpu(dst, start, step, nb, count)
         at += count
-    adler = (((sums[1] + nb) % 65521) << 16) | ((sums[0] + 1) % 65521)
     out = xp.empty(len(order), dtype=np.int64)
-    out[xp.asarray(np.array(order, dtype=np.int64))] = adler
+    out[xp.asarray(np.array(order, dtype=np.int64))] = checksum.adler32(sums, nb)
     return out
-
-
-def _weighted_sums(xp, rows, weights):
-    """sum(weights * row) of each row, in int64, without a temporary of the rows' size on the device."""
-    if xp is np:
-        return (rows.astype(np.int64) * weights).sum(axis=1)
-    return _weighted_sum_kernel()(rows, weights, axis=1)
-
-
-@functools.cache
-def _weighted_sum_kernel():
-    import cupy as cp
-
-    return cp.ReductionKernel("uint8 d, int64 w", "int64 s", "w * d", "a + b", "s = a", "0", "pipeline_weighted_sum")
 
 
 def check_adler32(computed, expected: np.ndarray, where: str) -> None:
@@ -665,12 +650,10 @@ def _move_and_decode(lay: H5Layout, plan: BlockPlan, staging: np.ndarray, jobs, 
     # arena, as every task's arrays are, which this block's stream then waits for
     for job in jobs[0] if jobs else []:
         job.result()
-    nb = lay.chunk_nbytes
     out = cp.empty(plan.shape, dtype=lay.dtype)
     dst = out.reshape(-1).view(np.uint8) if plan.direct else cp.empty(max(1, plan.scratch_bytes(lay)), dtype=np.uint8)
     dev = None if lay.host_inflate else cp.empty(max(1, plan.total), dtype=np.uint8)
     tmp = unshuffle_temp(cp, lay, plan)
-    weights = cp.arange(nb, 0, -1, dtype=np.int64) if dev is not None and "deflate" in lay.filters else None
     ready = cp.cuda.Stream.null.record()
     with context() as ctx, ctx.stream:
         stream = ctx.stream
@@ -686,7 +669,7 @@ def _move_and_decode(lay: H5Layout, plan: BlockPlan, staging: np.ndarray, jobs, 
         if dev is not None:
             _decode_on_device(lay, ops, dev, dst)
             if ops.inflate:
-                adler = adler32_of(cp, lay, plan, ops, dst, weights)
+                adler = adler32_of(cp, lay, plan, ops, dst)
         else:  # zlib checks each stream's adler32 itself
             _decode_on_host(lay, ops, staging, dst, stream, hold)
         finish(lay, plan, ops, out, dst, tmp)

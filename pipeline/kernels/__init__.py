@@ -12,12 +12,14 @@ nothing here imports CuPy or ``numba.cuda`` at module level.
 How kernels are written (the idioms that remain, and why):
 
 - CPU, array formulas (NumPy): where NumPy's vectorized reductions and expressions are already
-  fast and need no compilation (elementwise, moments, weighted sums, coarsening, quantiles,
-  trends). Some are written against the array module of their input (``xp_of``) and serve as the
+  fast and need no compilation (CF decoding, coarsening, quantiles, trends), and for the layouts
+  the loops below do not take. Some are written against the array module of their input (``xp_of``) and serve as the
   GPU's fallback for layouts its kernels do not take, or as the twins the tests check GPU
   kernels against.
-- CPU, per-point loops compiled by Numba (``launch.cpu_jit``): where a formula would make many
-  passes or cannot be vectorized (rolling means, the group kernels), and as the twins of the CUDA
+- CPU, per-point loops compiled by Numba (``launch.cpu_jit``, ``launch.cpu_loop``): where a
+  formula would make many passes or cannot be vectorized (moments, weighted sums and standardize,
+  whose formulas' temporaries cost page faults that stopped 16 threads from scaling; rolling
+  means, the group kernels), and as the twins of the CUDA
   C kernels, each thread's loop step for step, so that CPU and GPU agree bit for bit.
 - GPU, CUDA C in ``cuda/*.cu``, compiled by CuPy's ``RawKernel`` (``launch.raw_kernel``): the hot
   kernels, where control over loads in flight, shared memory and the order of additions reaches

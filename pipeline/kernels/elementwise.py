@@ -47,10 +47,44 @@ STANDARDIZE = Spec(
 )
 
 
+def _standardize_loop(x, mean, std, out):
+    """out = (x - mean) / std in float64, cast to ``out``'s type, over an (outer, steps, points)
+    array with one mean and std per (outer, point): the formula's operations, element by element.
+    Compiled by :func:`launch.cpu_loop`."""
+    outer, nt, npts = x.shape
+    for o in range(outer):
+        for t in range(nt):
+            for p in range(npts):
+                out[o, t, p] = (float(x[o, t, p]) - mean[o, p]) / std[o, p]
+
+
+def _stats_axis(x, mean, std) -> int | None:
+    """The one axis along which ``mean`` and ``std`` (float64, C-contiguous) hold one value for
+    ``x``'s values, where the loop applies to a C-contiguous float ``x``; else None."""
+    if x.dtype.kind != "f" or not x.flags.c_contiguous or x.size == 0 or x.ndim == 0:
+        return None
+    shapes = {getattr(mean, "shape", None), getattr(std, "shape", None)}
+    for a in range(x.ndim):
+        if shapes == {x.shape[:a] + (1,) + x.shape[a + 1 :]}:
+            return a
+    return None
+
+
 @temporaries(4.5)
 def standardize_cpu(x, mean, std, out_dtype):
-    """(x - mean) / std in float64, written in ``out_dtype``, slab by slab."""
-    return map_slabs(_standardize_formula, x, mean, std, out_dtype)
+    """(x - mean) / std in float64, written in ``out_dtype``: with statistics along one axis of a
+    C-contiguous float block, one pass of :func:`_standardize_loop` (Numba, releasing the GIL),
+    bit for bit the formula's result with no temporaries; otherwise the formula slab by slab."""
+    from .moments import three_axes
+
+    a = _stats_axis(x, mean, std)
+    if a is None:
+        return map_slabs(_standardize_formula, x, mean, std, out_dtype)
+    outer, steps, inner = three_axes(x.shape, a)
+    z = np.empty(x.shape, dtype=out_dtype)
+    stats = (np.ascontiguousarray(v, dtype=np.float64).reshape(outer, inner) for v in (mean, std))
+    launch.cpu_loop(_standardize_loop)(x.reshape(outer, steps, inner), *stats, z.reshape(outer, steps, inner))
+    return z
 
 
 def _standardize_formula(x, mean, std, out_dtype):

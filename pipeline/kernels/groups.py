@@ -268,7 +268,7 @@ def make_group_spells_twin(jit):
 # --- the CPU kernels: the twins, and the runs loop, over all points ---------------------------------
 
 
-@functools.cache
+@launch.once
 def _sum_cpu():
     column = make_group_sum_twin(launch.cpu_jit)
 
@@ -280,7 +280,7 @@ def _sum_cpu():
     return columns
 
 
-@functools.cache
+@launch.once
 def _spells_cpu():
     column = make_group_spells_twin(launch.cpu_jit)
 
@@ -292,7 +292,7 @@ def _spells_cpu():
     return columns
 
 
-@functools.cache
+@launch.once
 def _runs_cpu():
     column = launch.cpu_jit(_group_runs_column)
 

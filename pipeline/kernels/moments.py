@@ -2,8 +2,8 @@
 
 On the GPU each thread walks a few grid points' steps (the CUDA C kernel ``cuda/moments.cu``),
 so a block of data is read once (CuPy's NaN-skipping reductions would read it once per statistic
-and once more for the deviations). On the CPU the two-pass NumPy formula is used: NumPy's
-reductions are vectorized along the points and need no compilation.
+and once more for the deviations). On the CPU the same per-point loop runs, compiled by Numba, over
+a tile of points at a time (:func:`moments_cpu`); the two-pass NumPy formula serves several axes.
 
 The kernel's twin (:func:`moments_twin`) is the per-point loop :func:`make_moments_column`,
 compiled for the CPU by Numba: within a tile of steps both do the same float64 operations in the
@@ -13,7 +13,6 @@ it is in ``benchmarks/kernels_previous.py``.)
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 
@@ -136,7 +135,7 @@ def moments_raw(x2d, *, tile: int | None = None, threads: int = THREADS, unroll:
     return merge_tiles(parts, cupy)
 
 
-@functools.cache
+@launch.once
 def _twin_columns():
     column = make_moments_column(launch.cpu_jit)
 
@@ -160,12 +159,83 @@ def moments_twin(x2d, *, tile: int):
     return merge_tiles(parts, np)
 
 
+# points a thread's loop keeps accumulators for at a time: four float64 values each, 64 kB, within
+# the core's L2 cache, while each step's run of points is read from memory once
+POINT_TILE = 2048
+
+
+def _moments_loop(x, n, mean, m2, tile):
+    """The per-point loop of :func:`make_moments_column` over an (outer, steps, points) array, the
+    steps walked in order for a tile of points at a time (each step's points are contiguous):
+    per point the same float64 operations in the same order as the column loop, so the results
+    are bit for bit :func:`moments_twin`'s with one tile. Compiled by :func:`launch.cpu_loop`."""
+    outer, nt, npts = x.shape
+    count = np.zeros(tile, np.int64)
+    shift = np.zeros(tile)
+    s1 = np.zeros(tile)
+    s2 = np.zeros(tile)
+    for o in range(outer):
+        for p0 in range(0, npts, tile):
+            width = min(npts - p0, tile)
+            for q in range(width):
+                count[q] = 0
+                shift[q] = 0.0
+                s1[q] = 0.0
+                s2[q] = 0.0
+            for t in range(nt):
+                for q in range(width):
+                    v = float(x[o, t, p0 + q])
+                    if v == v:
+                        if count[q] == 0:
+                            shift[q] = v
+                        d = v - shift[q]
+                        count[q] += 1
+                        s1[q] += d
+                        s2[q] += d * d
+            for q in range(width):
+                c = count[q]
+                n[o, p0 + q] = c
+                if c > 0:
+                    mean[o, p0 + q] = shift[q] + s1[q] / c
+                    m2[o, p0 + q] = max(s2[q] - s1[q] * s1[q] / c, 0.0)
+                else:
+                    mean[o, p0 + q] = 0.0
+                    m2[o, p0 + q] = 0.0
+
+
+def three_axes(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    """(outer, along, inner): the shape of a C-ordered block of ``shape`` seen around ``axis``,
+    a view of it with no copy."""
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1 :], dtype=np.int64))
+    return outer, shape[axis], inner
+
+
 @temporaries(5)
 def moments_cpu(block, axis) -> dict:
     """{n, mean, m2} of a block over ``axis`` (an int or a tuple, kept with length 1), float64,
-    NaN-skipping: count, mean, and the sum of squared deviations from the block's own mean (the
-    two-pass formula inside a block). Array formulas, on the array module of ``block``, slab by
-    slab along an axis not reduced (:func:`pipeline.kernels.slabs.map_slabs`)."""
+    NaN-skipping: count, mean, and the sum of squared deviations from the mean.
+
+    Along one axis of a C-contiguous float block, the per-point loop (:func:`_moments_loop`,
+    compiled by Numba, releasing the GIL): one read of the block and no temporaries. The array
+    formulas of :func:`moments_formula` made ten passes over float64 temporaries (slab by slab),
+    and on 16 threads the page faults of allocating them scaled 4x where NumPy's own reductions
+    scaled 11x (docs/performance.md). Over several axes, the formulas."""
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    if len(axes) != 1 or block.dtype.kind != "f" or not block.flags.c_contiguous or block.size == 0:
+        return moments_formula(block, axes)
+    a = axes[0] % block.ndim
+    shape = block.shape[:a] + (1,) + block.shape[a + 1 :]
+    outer, steps, inner = three_axes(block.shape, a)
+    out = {k: np.empty(shape) for k in ("n", "mean", "m2")}
+    launch.cpu_loop(_moments_loop)(block.reshape(outer, steps, inner), *(v.reshape(outer, inner) for v in out.values()), POINT_TILE)
+    return out
+
+
+def moments_formula(block, axis) -> dict:
+    """{n, mean, m2} by array formulas, on the array module of ``block``, slab by slab along an
+    axis not reduced (:func:`pipeline.kernels.slabs.map_slabs`): the two-pass formula inside a
+    block, any axes."""
     axis = (axis,) if isinstance(axis, int) else tuple(axis)
     return map_slabs(_moments_formula, block, axis, whole=axis)
 
@@ -186,12 +256,12 @@ def _moments_formula(block, axis: tuple[int, ...]) -> dict:
 
 def moments_gpu(block, axis) -> dict:
     """{n, mean, m2} of a CuPy block over ``axis`` (kept with length 1), float64: the CUDA C
-    kernel over one axis (the array formulas of :func:`moments_cpu` over several)."""
+    kernel over one axis (the array formulas of :func:`moments_formula` over several)."""
     import cupy
 
     if not isinstance(axis, int):
         if len(axis) != 1:
-            return moments_cpu(block, axis)
+            return moments_formula(block, axis)
         axis = axis[0]
     x2, moved = launch.to_2d(block, axis, cupy)
     n, mean, m2 = moments_raw(x2)

@@ -20,7 +20,6 @@ previous GPU kernel, :func:`make_rolling_column` under ``numba.cuda``, is in
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -213,12 +212,12 @@ def make_rolling_ring(jit):
     return rolling
 
 
-@functools.cache
+@launch.once
 def _twin_kernel():
     return make_rolling_ring(launch.cpu_jit)
 
 
-@functools.cache
+@launch.once
 def _cpu_kernel():
     column = make_rolling_column(launch.cpu_jit)
 

@@ -439,7 +439,7 @@ def detrend_tile(x2d, u1d, out2d, deg: int, *, points: int | None = None, cluste
 # --- the same algorithm on the CPU: the twin of the CUDA C kernel -------------------------------------
 
 
-@functools.cache
+@launch.once
 def _twin(deg: int, groups: int, cluster: int):
     m, n = deg + 1, 2 * deg + 1
     _, solve, _ = make_trend_columns(launch.cpu_jit, deg)

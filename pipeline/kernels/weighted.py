@@ -99,11 +99,76 @@ def weighted_rows_gpu(x2d, w1d):
 ACC = np.float64
 
 
+def _weighted_loop(x, w, wx, ws):
+    """sum(w * x) and sum(w) over the valid values of each row of an (rows, a, b) array, with
+    weights ``w`` of shape (a, b) (often a view with zero strides: cos(lat) along b): one read of
+    the row, four independent sums a field (the additions of one sum wait for each other), added
+    pairwise at the end. Compiled by :func:`launch.cpu_loop`."""
+    rows, na, nb = x.shape
+    for r in range(rows):
+        a0 = a1 = a2 = a3 = 0.0
+        b0 = b1 = b2 = b3 = 0.0
+        for i in range(na):
+            j = 0
+            while j + 4 <= nb:
+                v0, v1, v2, v3 = float(x[r, i, j]), float(x[r, i, j + 1]), float(x[r, i, j + 2]), float(x[r, i, j + 3])
+                w0, w1, w2, w3 = float(w[i, j]), float(w[i, j + 1]), float(w[i, j + 2]), float(w[i, j + 3])
+                if v0 == v0:
+                    a0 += v0 * w0
+                    b0 += w0
+                if v1 == v1:
+                    a1 += v1 * w1
+                    b1 += w1
+                if v2 == v2:
+                    a2 += v2 * w2
+                    b2 += w2
+                if v3 == v3:
+                    a3 += v3 * w3
+                    b3 += w3
+                j += 4
+            while j < nb:
+                v0, w0 = float(x[r, i, j]), float(w[i, j])
+                if v0 == v0:
+                    a0 += v0 * w0
+                    b0 += w0
+                j += 1
+        wx[r] = (a0 + a1) + (a2 + a3)
+        ws[r] = (b0 + b1) + (b2 + b3)
+
+
+def _trailing_weights(x, w, axis):
+    """The weights of ``x``'s rows as an (a, b) array where the loop applies (``axis`` the trailing
+    axes of a C-contiguous float block, weights that vary only along them), else None."""
+    lead = x.ndim - len(axis)
+    if (tuple(axis) != tuple(range(lead, x.ndim)) or lead == 0 or x.dtype.kind != "f" or not x.flags.c_contiguous
+            or x.size == 0 or getattr(w, "shape", None) != x.shape or any(st != 0 for st in w.strides[:lead])):
+        return None
+    return w[(0,) * lead].reshape(int(np.prod(x.shape[lead:-1])), x.shape[-1])
+
+
 @temporaries(5)
 def weighted_sums_cpu(x, w, axis) -> dict:
     """Partial of a weighted mean over ``axis`` (kept with length 1): sum(w * x) and sum(w) over
-    the valid values of ``x``, float64. Array formulas, on the array module of ``x``, slab by
+    the valid values of ``x``, float64.
+
+    Over the trailing axes of a C-contiguous float block, with weights that vary only along them
+    (cos(lat)), the loop :func:`_weighted_loop`, compiled by Numba, releasing the GIL: one read of
+    the block and no temporaries. Otherwise array formulas, on the array module of ``x``, slab by
     slab along an axis not reduced (:func:`pipeline.kernels.slabs.map_slabs`)."""
+    w2 = _trailing_weights(x, w, axis)
+    if w2 is None:
+        return weighted_formula(x, w, axis)
+    lead = x.ndim - len(axis)
+    rows = int(np.prod(x.shape[:lead]))
+    shape = (*x.shape[:lead], *(1,) * len(axis))
+    out = {"wx": np.empty(shape), "w": np.empty(shape)}
+    launch.cpu_loop(_weighted_loop)(x.reshape(rows, *w2.shape), w2, out["wx"].reshape(-1), out["w"].reshape(-1))
+    return out
+
+
+def weighted_formula(x, w, axis) -> dict:
+    """The partial by array formulas, on the array module of ``x``, slab by slab along an axis not
+    reduced (:func:`pipeline.kernels.slabs.map_slabs`): any axes, any weights."""
     return map_slabs(_weighted_formula, x, w, axis, whole=axis)
 
 
