@@ -774,7 +774,12 @@ class H5StagedSource:
         try:
             host = staging.bytes[:nbytes].view(self.dtype).reshape(shape)
             try:
-                _open_h5(self.path)[self.name].read_direct(host, source_sel=region)
+                import h5py
+
+                # opened for this read only: a file kept open would stop anyone from rewriting
+                # it in place (HDF5 refuses to truncate a file open in the same process)
+                with h5py.File(self.path, "r") as f:
+                    f[self.name].read_direct(host, source_sel=region)
             except Exception as e:  # a chunk h5py cannot decode: an InputError that names it
                 raise chunk_error(self.path, self.name, region, e) from None
             out = cp.empty(shape, dtype=self.dtype)
@@ -790,18 +795,6 @@ class H5StagedSource:
         return ("pipeline.gpu.hdf5.H5StagedSource", self.path, self.name, file_stamp(self.path))
 
 
-def _open_h5(path: str):
-    """The file at ``path`` opened by h5py, once for each version of it."""
-    return _open_h5_at(path, file_stamp(path))
-
-
-@functools.lru_cache(maxsize=16)
-def _open_h5_at(path: str, stamp: tuple):
-    import h5py
-
-    return h5py.File(path, "r")
-
-
 def device_array(path: str | os.PathLike, name: str, chunks=None, *, nvcomp: bool | None = None):
     """A Dask array of CuPy chunks for dataset ``name`` of the HDF5 (NetCDF4) file at ``path``.
 
@@ -813,10 +806,13 @@ def device_array(path: str | os.PathLike, name: str, chunks=None, *, nvcomp: boo
     import cupy as cp
     import dask.array as da
 
+    import h5py
+
     path = os.fspath(path)
-    dset = _open_h5(path)[name]
-    shape, dtype = tuple(dset.shape), np.dtype(dset.dtype).newbyteorder("=")
-    chunks = da.core.normalize_chunks(chunks if chunks is not None else (dset.chunks or shape), shape, dtype=dtype)
+    with h5py.File(path, "r") as f:
+        dset = f[name]
+        shape, dtype, stored = tuple(dset.shape), np.dtype(dset.dtype).newbyteorder("="), dset.chunks
+    chunks = da.core.normalize_chunks(chunks if chunks is not None else (stored or shape), shape, dtype=dtype)
     source = None
     if config.get("gpu.nvcomp", False) if nvcomp is None else nvcomp:
         try:
