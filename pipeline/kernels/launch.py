@@ -192,8 +192,10 @@ def cuda_source(filename: str, /, **params) -> str:
 
 # --fmad=false: no fused multiply-add, so a * b + c rounds twice as NumPy does, and the kernels
 # agree bit for bit with their CPU twins (the kernels are memory-bound: FMA buys no speed).
-FMAD = ("--fmad=false",)
-FMAD_CXX17 = ("--fmad=false", "-std=c++17")
+# --ftz=false: subnormal values kept, as NumPy keeps them (a CF add_offset of 1.7e-40 was
+# flushed to zero on the GPU).
+FMAD = ("--fmad=false", "--ftz=false")
+FMAD_CXX17 = ("--fmad=false", "--ftz=false", "-std=c++17")
 
 
 @once
