@@ -55,7 +55,7 @@ from ..kernels import checksum
 from . import pinned
 from .iopool import io_pool
 from .nvcomp import decode_batch, nvcomp_available
-from .reader import PIECE, _warn_once, aligned, staged
+from .reader import PIECE, _warn_once, aligned
 
 # A deflate stream inflates on few of the GPU's units, as a zstd frame does: chunks larger than this
 # are inflated by the I/O threads. The cut comes from zstd's measurements (a frame of hundreds of
@@ -764,20 +764,32 @@ class H5StagedSource:
     dtype: np.dtype
 
     def __getitem__(self, region):
+        import cupy as cp
+
+        use_device_memory_limit()
         region = tuple(region)
-
-        def read(host):
-            import h5py
-
+        shape = tuple(s.stop - s.start for s in region)
+        nbytes = math.prod(shape) * self.dtype.itemsize
+        staging = pinned.take(nbytes)
+        try:
+            host = staging.bytes[:nbytes].view(self.dtype).reshape(shape)
             try:
+                import h5py
+
                 # opened for this read only: a file kept open would stop anyone from rewriting
                 # it in place (HDF5 refuses to truncate a file open in the same process)
                 with h5py.File(self.path, "r") as f:
                     f[self.name].read_direct(host, source_sel=region)
             except Exception as e:  # a chunk h5py cannot decode: an InputError that names it
                 raise chunk_error(self.path, self.name, region, e) from None
-
-        return staged(tuple(s.stop - s.start for s in region), self.dtype, read)
+            out = cp.empty(shape, dtype=self.dtype)
+            ready = cp.cuda.Stream.null.record()  # as in read_block
+            with context() as ctx:  # its exit synchronizes the copy
+                ctx.stream.wait_event(ready)
+                out.set(host, stream=ctx.stream)
+            return out
+        finally:
+            pinned.give(staging)
 
     def __dask_tokenize__(self):
         return ("pipeline.gpu.hdf5.H5StagedSource", self.path, self.name, file_stamp(self.path))

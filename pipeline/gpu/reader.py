@@ -683,39 +683,29 @@ class StagedSource:
     dtype: np.dtype
 
     def __getitem__(self, region):
+        import cupy as cp
         from zarr.core.buffer.cpu import NDBuffer
 
+        use_device_memory_limit()
         arr = _open_zarr_array(self.root)
-
-        def read(host):
+        shape = tuple(s.stop - s.start for s in region)
+        nbytes = math.prod(shape) * self.dtype.itemsize
+        staging = pinned.take(nbytes)
+        try:
+            host = staging.bytes[:nbytes].view(self.dtype).reshape(shape)
             try:
                 arr.get_basic_selection(region, out=NDBuffer.from_numpy_array(host))
             except Exception as e:  # a chunk zarr cannot decode: an InputError that names it
                 root = Path(self.root)
                 raise chunk_error(root.parent, root.name, tuple(region), e, arr) from None
-
-        return staged(tuple(s.stop - s.start for s in region), self.dtype, read)
-
-
-def staged(shape: tuple[int, ...], dtype: np.dtype, read) -> object:
-    """A CuPy array of ``shape`` filled on the host by ``read(host)`` (a NumPy view of pinned
-    memory) and copied to the device asynchronously, on a stream of this task."""
-    import cupy as cp
-
-    use_device_memory_limit()
-    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-    staging = pinned.take(nbytes)
-    try:
-        host = staging.bytes[:nbytes].view(dtype).reshape(shape)
-        read(host)
-        out = cp.empty(shape, dtype=dtype)
-        ready = cp.cuda.Stream.null.record()  # as in read_block
-        with context() as ctx:  # its exit synchronizes the copy
-            ctx.stream.wait_event(ready)
-            out.set(host, stream=ctx.stream)
-        return out
-    finally:
-        pinned.give(staging)
+            out = cp.empty(shape, dtype=self.dtype)
+            ready = cp.cuda.Stream.null.record()  # as in read_block
+            with context() as ctx:  # its exit synchronizes the copy
+                ctx.stream.wait_event(ready)
+                out.set(host, stream=ctx.stream)
+            return out
+        finally:
+            pinned.give(staging)
 
 
 def _metadata_stamp(root: str | os.PathLike) -> tuple[int, int, int]:
