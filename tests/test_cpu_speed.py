@@ -192,3 +192,28 @@ def test_the_peer_benchmark_runs_and_agrees(tmp_path):
     (row,) = json.loads(out.read_text())
     assert row["agree"] and row["rel_err"] < 1e-5
     assert row["pipeline"]["plan_threads"] >= 1 and row["pipeline"]["tasks"] <= row["dask"]["tasks"]
+
+
+def test_cpu_blocks_group_small_chunks_and_keep_every_core_busy(tmp_path):
+    """A store of one time step a chunk (ERA5-style Zarr v2 Blosc, NetCDF4) is read on the CPU in
+    blocks of many chunks, at least two a thread, with values equal to xarray's."""
+    import dask
+    import numcodecs
+    import xarray as xr
+
+    import pipeline
+
+    values = np.random.default_rng(2).standard_normal((40, 6, 8)).astype(np.float32)
+    ds = xr.Dataset({"tas": (("time", "lat", "lon"), values)}).chunk({"time": 1})
+    ds.to_zarr(tmp_path / "v2.zarr", zarr_format=2,
+               encoding={"tas": {"compressors": [numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE)], "chunks": (1, 6, 8)}})
+    ds.to_netcdf(tmp_path / "f.nc", engine="h5netcdf", encoding={"tas": {"zlib": True, "shuffle": True, "chunksizes": (1, 6, 8)}})
+    for store in (tmp_path / "v2.zarr", tmp_path / "f.nc"):
+        with dask.config.set(num_workers=4):
+            got = pipeline.open_dataset(store, backend="cpu")["tas"]
+            assert got.data.chunks[0] == (5,) * 8  # 40 chunks, at least 8 blocks
+            np.testing.assert_array_equal(got.values, values)
+        with dask.config.set({"num_workers": 2, "pipeline.cpu.block-size": 6 * 8 * 4 * 3}):
+            assert pipeline.open_dataset(store, backend="cpu")["tas"].data.chunks[0][0] == 3  # the size caps it
+        with dask.config.set({"pipeline.cpu.block-size": None}):
+            assert pipeline.open_dataset(store, backend="cpu")["tas"].data.chunks[0] == (1,) * 40

@@ -74,19 +74,32 @@ class Plan:
 
 
 def block_target(backend: str) -> int:
-    """Bytes that the blocks read from a sharded store aim for on ``backend`` (0: one shard a
+    """Bytes that blocks of whole stored chunks aim for on ``backend`` (0: one stored chunk a
     block): ``pipeline.gpu.block-size`` on the GPU, less where ``pipeline.gpu.threads`` threads of
-    such blocks would not fit the device budget."""
-    if backend != "gpu":
-        return 0
+    such blocks would not fit the device budget; ``pipeline.cpu.block-size`` on the CPU."""
     from dask.utils import parse_bytes
 
+    if backend != "gpu":
+        size = config.get("cpu.block-size", None)
+        return parse_bytes(size) if size else 0
     size = config.get("gpu.block-size", None)
     if not size:
         return 0
     threads = int(config.get("gpu.threads", 8))
     # before any op is known: as many blocks a thread as the ops that hold the most
     return min(parse_bytes(size), int(B.memory_budget("gpu") // (threads * (BLOCKS_PER_THREAD + HALO_BLOCKS))))
+
+
+def min_blocks(backend: str) -> int:
+    """Blocks along the first dimension that grouping stored chunks must leave on ``backend``: on
+    the CPU two a thread, so that grouping small chunks never idles a core (on the GPU, blocks as
+    large as the target decode fastest)."""
+    if backend == "gpu":
+        return 0
+    import dask
+    from dask.system import CPU_COUNT
+
+    return 2 * int(dask.config.get("num_workers", None) or CPU_COUNT)
 
 
 def largest_block(*arrays: da.Array) -> int:

@@ -112,9 +112,9 @@ def open_dataset(
     _check_chunks(path, chunks, raw.sizes)
     stored = fmt.shard_chunks(path) if fmt.shard_chunks is not None and local else {}
     if chunks is None and local:
-        from ..exec.memory import block_target
+        from ..exec.memory import block_target, min_blocks
 
-        chunks = blocks_along_first(raw, stored, block_target(target))
+        chunks = blocks_along_first(raw, stored, block_target(target), min_blocks(target))
     elif isinstance(chunks, Mapping):
         # dimensions left out take one block per shard, not xarray's choice (the inner chunks)
         chunks = {**stored, **chunks}
@@ -148,15 +148,19 @@ def open_dataset(
     return ds
 
 
-def blocks_along_first(raw: xr.Dataset, stored: Mapping, target_bytes: int) -> dict:
+def blocks_along_first(raw: xr.Dataset, stored: Mapping, target_bytes: int, min_blocks: int = 0) -> dict:
     """Dask chunks of whole stored chunks (``stored``: the shards of a sharded store; else each
     variable's own chunks), as many along each variable's first dimension as fit in
-    ``target_bytes`` (0: one stored chunk a block; ``stored`` itself).
+    ``target_bytes`` (0: one stored chunk a block; ``stored`` itself), leaving at least
+    ``min_blocks`` blocks where the variable has that many chunks.
 
     On the GPU, a block's chunks decode in one batch, and nvCOMP's speed comes from the frames in
     a batch: a store of one time step a chunk (4 MB for a 721 x 1440 grid) decodes as fast as one
     of large chunks only when many go to one block. Measured on the H200 machine, 6.1 GB in blocks
-    of 1, 2, 3 and 5 shards of 303 MB took 0.30, 0.23, 0.21 and 0.19 s (benchmarks/RESULTS.md)."""
+    of 1, 2, 3 and 5 shards of 303 MB took 0.30, 0.23, 0.21 and 0.19 s (benchmarks/RESULTS.md). On
+    the CPU, a task per 4 MB chunk costs more than reading it: on 2 cores, 365 steps of 181 x 360
+    in one-step chunks took 1.36 s (Zarr v2 Blosc) and 2.77 s (NetCDF4 zlib) one chunk a block,
+    0.23 s and 0.46 s in grouped blocks."""
     if not target_bytes:
         return dict(stored)
     chunks: dict = {}
@@ -169,7 +173,8 @@ def blocks_along_first(raw: xr.Dataset, stored: Mapping, target_bytes: int) -> d
         for dim, size in zip(var.dims, shape):
             chunks[dim] = max(chunks.get(dim, 0), size)
         nbytes = math.prod(shape) * var.dtype.itemsize
-        fits = max(1, min(target_bytes // max(1, nbytes), math.ceil(var.shape[0] / shape[0])))
+        count = math.ceil(var.shape[0] / shape[0])  # stored chunks along the first dimension
+        fits = max(1, min(target_bytes // max(1, nbytes), count, count // min_blocks if min_blocks else count))
         grow[var.dims[0]] = min(grow.get(var.dims[0], fits), fits)
     for dim, k in grow.items():
         chunks[dim] *= k
