@@ -195,8 +195,9 @@ def test_the_peer_benchmark_runs_and_agrees(tmp_path):
 
 
 def test_cpu_blocks_group_small_chunks_and_keep_every_core_busy(tmp_path):
-    """A store of one time step a chunk (ERA5-style Zarr v2 Blosc, NetCDF4) is read on the CPU in
-    blocks of many chunks, at least two a thread, with values equal to xarray's."""
+    """With pipeline.cpu.block-size, a store of one time step a chunk (ERA5-style Zarr v2 Blosc,
+    NetCDF4) is read on the CPU in blocks of many chunks, at least two a thread, with values equal
+    to xarray's; by default, one chunk a block."""
     import dask
     import numcodecs
     import xarray as xr
@@ -209,11 +210,10 @@ def test_cpu_blocks_group_small_chunks_and_keep_every_core_busy(tmp_path):
                encoding={"tas": {"compressors": [numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE)], "chunks": (1, 6, 8)}})
     ds.to_netcdf(tmp_path / "f.nc", engine="h5netcdf", encoding={"tas": {"zlib": True, "shuffle": True, "chunksizes": (1, 6, 8)}})
     for store in (tmp_path / "v2.zarr", tmp_path / "f.nc"):
-        with dask.config.set(num_workers=4):
+        with dask.config.set({"num_workers": 4, "pipeline.cpu.block-size": "64MB"}):
             got = pipeline.open_dataset(store, backend="cpu")["tas"]
             assert got.data.chunks[0] == (5,) * 8  # 40 chunks, at least 8 blocks
             np.testing.assert_array_equal(got.values, values)
         with dask.config.set({"num_workers": 2, "pipeline.cpu.block-size": 6 * 8 * 4 * 3}):
             assert pipeline.open_dataset(store, backend="cpu")["tas"].data.chunks[0][0] == 3  # the size caps it
-        with dask.config.set({"pipeline.cpu.block-size": None}):
-            assert pipeline.open_dataset(store, backend="cpu")["tas"].data.chunks[0] == (1,) * 40
+        assert pipeline.open_dataset(store, backend="cpu")["tas"].data.chunks[0] == (1,) * 40
