@@ -35,6 +35,7 @@ class Op:
     params: type[BaseModel]
     kernels: dict[str, tuple[str, ...]] = field(default_factory=dict)  # backend -> names of its kernels
     produces: Produces | None = None  # the attributes of its results
+    dataset: bool = False  # takes and returns an xarray.Dataset (the genomics ops, as sgkit's), not a DataArray
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -124,12 +125,14 @@ def register(
     kernels: tuple[str, ...] | dict[str, tuple[str, ...]],
     produces: Produces | None = None,
     description: str | None = None,
+    dataset: bool = False,
 ):
     """Decorator: register an op under its function's name.
 
     ``kernels`` names the kernels the op runs (:data:`pipeline.kernels.FAMILIES`), the same on
     every backend, or per backend where they differ (``{"cpu": (...), "gpu": (...)}``).
-    ``produces`` says what its result is (its CF attributes).
+    ``produces`` says what its result is (its CF attributes). ``dataset``: the op takes an
+    ``xarray.Dataset`` and returns one, as sgkit's functions do (:mod:`pipeline.ops.genomics`).
     """
     from .. import kernels as _kernels
 
@@ -143,7 +146,7 @@ def register(
         doc = inspect.getdoc(func) or ""
         desc = description or doc.split("\n\n")[0].replace("\n", " ")
         public = _annotated(func, produces) if produces is not None else func
-        op = Op(func.__name__, public, desc, _params_model(func), dict(kernels), produces)
+        op = Op(func.__name__, public, desc, _params_model(func), dict(kernels), produces, dataset)
         if op.name in _REGISTRY:
             raise ValueError(f"op {op.name!r} is registered twice")
         _REGISTRY[op.name] = op

@@ -1,0 +1,71 @@
+"""What every genomics op does around its graph: find its variables, check them, pick the
+backend, and merge its results as sgkit does."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import xarray as xr
+
+from ...backend import backend_of
+from ...deferred import module as _deferred
+from ...errors import InputError
+
+da = _deferred("dask.array")  # imported when the first graph is built
+
+
+def variable(ds: xr.Dataset, name: str, dims: tuple[str, ...] | None = None, kind: str | None = None, *, op: str) -> xr.DataArray:
+    """``ds[name]``, checked: InputError naming the op, the variable and what was expected where
+    it is missing, has other dimensions, or another kind of values (``kind``: NumPy kind letters,
+    "i" for integers, "iu", "f", "b"...)."""
+    if not isinstance(ds, xr.Dataset):
+        raise InputError(f"{op}: expected an xarray.Dataset, got {type(ds).__name__}")
+    if name not in ds.variables:
+        raise InputError(
+            f"{op}: the dataset has no variable {name!r} "
+            f"(its variables: {', '.join(map(str, ds.data_vars)) or 'none'})"
+        )
+    x = ds[name]
+    if dims is not None and tuple(x.dims) != tuple(dims):
+        raise InputError(f"{op}: variable {name!r} has dimensions {tuple(map(str, x.dims))}, expected {tuple(dims)}")
+    if kind is not None and x.dtype.kind not in kind:
+        raise InputError(f"{op}: variable {name!r} has values of type {x.dtype}, expected {_kinds(kind)}")
+    return x
+
+
+def _kinds(kind: str) -> str:
+    names = {"i": "signed integers", "u": "unsigned integers", "f": "floats", "b": "booleans"}
+    return " or ".join(names.get(k, k) for k in kind)
+
+
+def backend_of_dataset(x: xr.DataArray) -> str:
+    """The backend ("cpu" or "gpu") of a variable's data (its Dask ``_meta``, or the array)."""
+    return backend_of(x.data)
+
+
+def as_dask(x: xr.DataArray, chunks=None) -> "da.Array":
+    """``x``'s data as a Dask array (an in-memory array becomes one block, or ``chunks``)."""
+    if isinstance(x.data, da.Array):
+        return x.data if chunks is None else x.data.rechunk(chunks)
+    return da.from_array(x.data, chunks=-1 if chunks is None else chunks, asarray=False)
+
+
+def merge(ds: xr.Dataset, new: xr.Dataset, merge: bool = True) -> xr.Dataset:
+    """sgkit's ``conditional_merge_datasets``: the input with ``new``'s variables (replacing any of
+    the same name) when ``merge``, else ``new`` alone."""
+    if not merge:
+        return new
+    return ds.drop_vars([v for v in new.variables if v in ds.variables and v not in ds.dims], errors="ignore").merge(new)
+
+
+def ensure_variables(ds: xr.Dataset, names: Iterable[str], compute) -> xr.Dataset:
+    """``ds`` with the variables ``names``, computed by ``compute(ds)`` (another op) where any is
+    missing: sgkit's ``define_variable_if_absent``."""
+    names = list(names)
+    if all(n in ds.variables for n in names):
+        return ds
+    return compute(ds)
+
+
+__all__ = ["as_dask", "backend_of_dataset", "ensure_variables", "merge", "variable"]
