@@ -105,7 +105,7 @@ def _validate_one(path: str) -> str:
     if not Path(src.path).exists() and "://" not in src.path and src.demo is not None:
         return f"{line}\n  source {src.path} does not exist yet (a demo is generated when the flow runs): data checks skipped"
     sizes = ", ".join(f"{d}: {n}" for d, n in check_data(flow).items())  # the source's metadata only
-    return f"{line}\n  checked against {src.path}: {src.variable} ({sizes})"
+    return f"{line}\n  checked against {src.path}: {src.label} ({sizes})"
 
 
 def cmd_ops(args) -> int:
