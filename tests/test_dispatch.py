@@ -56,7 +56,8 @@ CASES = {
 
 
 def test_every_op_has_its_cases():
-    assert sorted(CASES) == pipeline.ops.names()
+    # the genomics ops (of Datasets) are run against their declared kernels by their own tests
+    assert sorted(CASES) == [op.name for op in pipeline.ops.all_ops() if not op.dataset]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
