@@ -5,11 +5,15 @@ diversity and divergence, sums over windows of variants, Fst and Tajima's D.
   cohort of each sample -> counts (variants, cohorts, alleles), uint64, in one pass over the
   block. Negative alleles (missing, -1, or fill, -2) and samples of a negative cohort are not
   counted; neither are allele numbers past the alleles dimension (sgkit's loop would write past
-  its row). On the CPU a Numba loop (:func:`cohort_allele_count_cpu`); on the GPU its twin under
-  Numba CUDA (:func:`cohort_kernel`, below), counting into shared memory. A Dask task gets the
-  samples of one sample chunk: counts over several chunks of samples add up.
+  its row). On the CPU Numba loops that compile to SIMD comparisons where the samples' layout
+  allows (:func:`cohort_allele_count_cpu`); on the GPU a Numba CUDA kernel counting into shared
+  memory (:func:`cohort_kernel`, below). Counts are integers, the same whatever the order of the
+  additions, so these CPU loops are not the GPU kernel's loop step for step; the tests hold the
+  kernel (in Numba's CUDA simulator) equal to them. A Dask task gets the samples of one sample
+  chunk: counts over several chunks of samples add up.
 - ``cohort_sum``: per-sample allele counts (variants, samples, alleles) summed by cohort, for a
-  dataset that already holds ``call_allele_count`` (sgkit then uses it): an array formula.
+  dataset that already holds ``call_allele_count`` (sgkit then uses it): one array formula,
+  slab by slab on the CPU.
 - ``diversity_terms``, ``divergence_terms``: sgkit's per-variant diversity (variants, cohorts)
   and divergence (variants, cohorts, cohorts) from cohort allele counts, as array formulas on the
   array module of their input (a product of small matrices per variant for the divergence). The
@@ -35,6 +39,7 @@ import numpy as np
 
 from ..backend import xp_of
 from . import launch
+from .slabs import map_slabs, temporaries
 
 # numba.cuda, set on first GPU use by cohort_kernel / window_kernel: a global of the module that
 # defines the @cuda.jit kernels, as Numba's CUDA simulator requires (see launch.numba_cuda)
@@ -255,16 +260,29 @@ def cohort_allele_count_gpu(g, cohort, n_cohorts: int, n_alleles: int):
     return run_cohort_kernel(g, cohort, n_cohorts, n_alleles, out)
 
 
-def cohort_sum(ac, cohort, n_cohorts: int):
+@temporaries(8)
+def cohort_sum_cpu(ac, cohort, n_cohorts: int):
     """Per-sample allele counts ``ac`` (variants, samples, alleles) summed over the samples of
     each cohort -> (variants, ``n_cohorts``, alleles), uint64; negative cohorts are left out.
-    One matrix product with the samples' cohort indicators, in float64 (exact for counts below
-    2**53)."""
+    A matrix product of each allele's counts with the samples' cohort indicators, in float64
+    (exact for counts below 2**53), slab by slab of variants: the float64 copy of one allele's
+    counts is the largest temporary (8 slabs of uint8 counts)."""
+    return map_slabs(_cohort_sum, ac, cohort, int(n_cohorts), whole=(1, 2))
+
+
+def cohort_sum_gpu(ac, cohort, n_cohorts: int):
+    """:func:`cohort_sum_cpu` on a CuPy block: the same formula on the whole block."""
+    return _cohort_sum(ac, cohort, int(n_cohorts))
+
+
+def _cohort_sum(ac, cohort, n_cohorts: int):
     xp = xp_of(ac)
     cohort = xp.asarray(cohort)
-    member = (cohort[:, None] == xp.arange(int(n_cohorts))[None, :]).astype(np.float64)  # (samples, cohorts)
-    counts = xp.matmul(xp.swapaxes(ac.astype(np.float64), 1, 2), member)  # (variants, alleles, cohorts)
-    return xp.ascontiguousarray(xp.swapaxes(counts, 1, 2)).astype(COUNT)
+    member = (cohort[:, None] == xp.arange(n_cohorts)[None, :]).astype(np.float64)  # (samples, cohorts)
+    out = xp.empty((ac.shape[0], n_cohorts, ac.shape[2]), dtype=COUNT)
+    for a in range(ac.shape[2]):
+        out[:, :, a] = xp.matmul(ac[:, :, a].astype(np.float64), member)
+    return out
 
 
 # --- per-variant terms --------------------------------------------------------------------------

@@ -85,6 +85,8 @@ def window_sums(x: "da.Array", starts, stops, *, kernel: Callable, name: str = "
     dsk_p = {}
     for m in range(nb):
         a, b = int(bounds[m]), int(bounds[m + 1])
+        if a == b:
+            continue
         # the windows that start before the block's end and may stop after its start
         lo, hi = int(np.searchsorted(reach, a, side="right")), int(np.searchsorted(starts, b, side="left"))
         idx = lo + np.flatnonzero((stops[lo:hi] > a) & nonempty[lo:hi])

@@ -64,7 +64,8 @@ def _new(name: str, dims: tuple[str, ...], data) -> xr.Dataset:
     return xr.Dataset({name: (dims, data, {"comment": COMMENTS[name]})})
 
 
-def _if_absent(ds: xr.Dataset, default: str, name: str, compute: Callable[[xr.Dataset], xr.Dataset], op: str) -> xr.Dataset:
+def _if_absent(ds: xr.Dataset, default: str, name: str, compute: Callable[[xr.Dataset], xr.Dataset],
+               op: str) -> xr.Dataset:
     """sgkit's ``define_variable_if_absent``: ``ds``, with ``default`` computed (and merged) where
     it is missing; a variable of another name must be there."""
     if name in ds:
@@ -112,11 +113,13 @@ def _cohorts(ds: xr.Dataset, sample_cohort: str, op: str) -> tuple[np.ndarray, i
 
 def _n_alleles(ds: xr.Dataset, op: str) -> int:
     if "alleles" not in ds.sizes:
-        raise InputError(f"{op}: the dataset has no alleles dimension (variant_allele, of dimensions (variants, alleles), gives it)")
+        raise InputError(f"{op}: the dataset has no alleles dimension "
+                         "(variant_allele, of dimensions (variants, alleles), gives it)")
     return int(ds.sizes["alleles"])
 
 
-def _genotype_counts(ds: xr.Dataset, cohort: np.ndarray, n_cohorts: int, kernel, op: str, call_genotype: str = "call_genotype"):
+def _genotype_counts(ds: xr.Dataset, cohort: np.ndarray, n_cohorts: int, kernel, op: str,
+                     call_genotype: str = "call_genotype") -> "da.Array":
     g = variable(ds, call_genotype, ("variants", "samples", "ploidy"), "i", op=op)
     n_alleles = _n_alleles(ds, op)
     return _by_cohort(as_dask(g), cohort, _count_block, n_cohorts, n_alleles, kernel=kernel, n_alleles=n_alleles)
@@ -213,7 +216,8 @@ def divergence(ds: xr.Dataset, *, cohort_allele_count: str = "cohort_allele_coun
     d = ac.map_blocks(op.kernel("divergence_terms", backend), chunks=(ac.chunks[0], (c,), (c,)), dtype=F8,
                       meta=backend_meta(backend, F8, 3))
     if has_windows(ds):
-        new = _new("stat_divergence", ("windows", "cohorts_0", "cohorts_1"), _windowed(ds, d, op.kernel("window_sum", backend)))
+        d = _windowed(ds, d, op.kernel("window_sum", backend))
+        new = _new("stat_divergence", ("windows", "cohorts_0", "cohorts_1"), d)
     else:
         new = _new("stat_divergence", ("variants", "cohorts_0", "cohorts_1"), d)
     return _merge(ds, new, merge)
@@ -243,7 +247,8 @@ def Fst(
                          "expected (windows or variants, cohorts_0, cohorts_1)")
     dd = _whole(d, (1, 2))
     backend = backend_of(dd)
-    f = dd.map_blocks(op.kernel("fst", backend), estimator=estimator or "Hudson", dtype=F8, meta=backend_meta(backend, F8, 3))
+    f = dd.map_blocks(op.kernel("fst", backend), estimator=estimator or "Hudson", dtype=F8,
+                      meta=backend_meta(backend, F8, 3))
     # sgkit names the first dimension "windows" whether or not the divergence is windowed
     return _merge(ds, _new("stat_Fst", ("windows", "cohorts_0", "cohorts_1"), f), merge)
 
@@ -266,13 +271,15 @@ def Tajimas_D(
     deviation; float64, inf or NaN where that deviation is 0."""
     name = "Tajimas_D"
     op = Tajimas_D.op
-    ds = _if_absent(ds, "variant_allele_count", variant_allele_count, lambda d: _count_variant_alleles(d, op.kernel), name)
+    ds = _if_absent(ds, "variant_allele_count", variant_allele_count,
+                    lambda d: _count_variant_alleles(d, op.kernel), name)
     ds = _if_absent(ds, "stat_diversity", stat_diversity, diversity, name)
     ac = _whole(variable(ds, variant_allele_count, ("variants", "alleles"), "iu", op=name), (1,))
     div = variable(ds, stat_diversity, kind="f", op=name)
     rows = "windows" if has_windows(ds) else "variants"
     if tuple(div.dims) != (rows, "cohorts"):
-        raise InputError(f"{name}: variable {stat_diversity!r} has dimensions {tuple(map(str, div.dims))}, expected {(rows, 'cohorts')}")
+        raise InputError(f"{name}: variable {stat_diversity!r} has dimensions {tuple(map(str, div.dims))}, "
+                         f"expected {(rows, 'cohorts')}")
     backend = backend_of(ac)
     S = ac.map_blocks(op.kernel("segregating_sites", backend), drop_axis=1, dtype=F8, meta=backend_meta(backend, F8, 1))
     if rows == "windows":

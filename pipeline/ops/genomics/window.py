@@ -164,7 +164,10 @@ def window_by_genome(ds: xr.Dataset, *, merge: bool = True) -> xr.Dataset:
     if not isinstance(ds, xr.Dataset) or "variants" not in ds.sizes:
         raise InputError("window_by_genome: the dataset has no variants dimension")
     new = xr.Dataset(
-        {name: ("windows", np.array([v], dtype=np.int64), {"comment": COMMENTS[name]}) for name, v in (("window_start", 0), ("window_stop", ds.sizes["variants"]))}
+        {
+            name: ("windows", np.array([v], dtype=np.int64), {"comment": COMMENTS[name]})
+            for name, v in (("window_start", 0), ("window_stop", ds.sizes["variants"]))
+        }
     )
     return _merge(ds, new, merge)
 
