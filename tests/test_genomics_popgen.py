@@ -167,6 +167,24 @@ def test_windowed_statistics(kind, how, wname, chunks):
     check(kind, how, wname, stats(ds, FIX.SMALL if wname == "locus" else FIX.WINDOWED))
 
 
+def test_tajimas_d_reads_the_genotypes_once():
+    """With neither count in the dataset, the cohort and variant allele counts come from one read
+    of each genotype block (samples in no cohort counted apart); with the cohort counts there,
+    the variant counts are counted alone. Both give sgkit's values."""
+    ds = data("bi", "some", 37, 25)
+    with kernels.recording() as calls:
+        t = sg.Tajimas_D(ds)
+        d, vac, cac = dask.compute(t["stat_Tajimas_D"].data, t["variant_allele_count"].data, t["cohort_allele_count"].data)
+    assert calls[("cohort_allele_count", "cpu")] == ds["call_genotype"].data.npartitions
+    np.testing.assert_allclose(d, REF["bi_some_none_tajd"], rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(cac, REF["bi_some_none_cac"])
+    g = ds["call_genotype"].values
+    np.testing.assert_array_equal(vac, np.stack([(g == a).sum(axis=(1, 2)) for a in range(2)], axis=-1))
+    apart = sg.Tajimas_D(sg.count_cohort_alleles(ds))
+    np.testing.assert_array_equal(apart["variant_allele_count"].values, vac)
+    np.testing.assert_allclose(apart["stat_Tajimas_D"].values, REF["bi_some_none_tajd"], rtol=RTOL, atol=ATOL)
+
+
 def test_a_dataset_with_per_sample_counts_is_summed_by_cohort():
     """sgkit sums call_allele_count by cohort where the dataset holds it: the cohort_sum kernel."""
     ds = data("multi", "some", 37, 25)

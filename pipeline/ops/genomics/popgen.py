@@ -17,7 +17,9 @@ than two calls at a variant) make their windows NaN, as sgkit's sums do.
 As sgkit, an op computes the variables it needs where the dataset lacks them (``diversity`` the
 cohort allele counts, ``Fst`` the divergence, ``Tajimas_D`` the variant allele counts and the
 diversity) and keeps them in its result when merging; a variable given under another name than
-the default must be in the dataset. The mathematics is in :mod:`pipeline.kernels.popgen`.
+the default must be in the dataset. ``Tajimas_D`` on a dataset with neither count gets both the
+cohort and the variant allele counts from one read of the genotypes (the samples of no cohort
+counted as one cohort more). The mathematics is in :mod:`pipeline.kernels.popgen`.
 
 Where sgkit is surprising, these ops do as it does:
 
@@ -168,6 +170,19 @@ def _count_variant_alleles(ds: xr.Dataset, kernel_of) -> xr.Dataset:
     return _merge(ds, _new("variant_allele_count", ("variants", "alleles"), counts[:, 0]), True)
 
 
+def _cohort_and_variant_counts(ds: xr.Dataset, kernel_of) -> xr.Dataset:
+    """``cohort_allele_count`` and ``variant_allele_count`` from one pass over the genotypes,
+    merged: the samples of no cohort counted as one cohort more, which the variant counts add in
+    and the cohort counts leave out."""
+    cohort, n_cohorts = _cohorts(ds, "sample_cohort", "Tajimas_D")
+    g = variable(ds, "call_genotype", ("variants", "samples", "ploidy"), "i", op="Tajimas_D")
+    extended = np.where((cohort >= 0) & (cohort < n_cohorts), cohort, n_cohorts)
+    counts = _genotype_counts(ds, extended, n_cohorts + 1, kernel_of("cohort_allele_count", backend_of(g)), "Tajimas_D")
+    new = xr.merge([_new("cohort_allele_count", ("variants", "cohorts", "alleles"), counts[:, :n_cohorts]),
+                    _new("variant_allele_count", ("variants", "alleles"), counts.sum(axis=1, dtype=COUNT))])
+    return _merge(ds, new, True)
+
+
 # --- statistics -----------------------------------------------------------------------------------
 
 
@@ -271,6 +286,9 @@ def Tajimas_D(
     deviation; float64, inf or NaN where that deviation is 0."""
     name = "Tajimas_D"
     op = Tajimas_D.op
+    absent = ("variant_allele_count", "cohort_allele_count", "call_allele_count", "stat_diversity")
+    if variant_allele_count == "variant_allele_count" and not any(v in ds for v in absent):
+        ds = _cohort_and_variant_counts(ds, op.kernel)  # both counts in one read of the genotypes
     ds = _if_absent(ds, "variant_allele_count", variant_allele_count,
                     lambda d: _count_variant_alleles(d, op.kernel), name)
     ds = _if_absent(ds, "stat_diversity", stat_diversity, diversity, name)
