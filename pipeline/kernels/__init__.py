@@ -65,6 +65,14 @@ FAMILIES: dict[str, str] = {
     "detrend_block": "trend",
     "quantile": "fields",
     "saturation_vapor_pressure": "fields",
+    "cohort_allele_count": "popgen",
+    "cohort_sum": "popgen",
+    "diversity_terms": "popgen",
+    "divergence_terms": "popgen",
+    "segregating_sites": "popgen",
+    "window_sum": "popgen",
+    "fst": "popgen",
+    "tajimas_d": "popgen",
 }
 
 BACKENDS = ("cpu", "gpu")
