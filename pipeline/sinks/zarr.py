@@ -465,6 +465,48 @@ def write_zarr(
     return written
 
 
+@contextlib.contextmanager
+def staged(path: str | os.PathLike, *, mode: str = "fail", kind: str = "output", protect: Iterable[str | os.PathLike] = (), **manifest):
+    """All or nothing for a store that another writer makes (bio2zarr, say): yields the hidden
+    partial path beside ``path`` (``.NAME.partial``, not yet created), for the caller to write the
+    whole store into; once the block ends without error, the manifest (``kind``, ``manifest``'s
+    fields) is written into it and it is renamed into place. An exception or an interrupt
+    removes the partial store. ``mode`` and ``protect`` as :func:`write_zarr`'s: an existing
+    ``path`` is replaced only where pipeline wrote it (``mode="overwrite"``), and a run holds the
+    lock of ``path`` while it writes."""
+    check_target(path, mode=mode, protect=protect, kind=kind)
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = _siblings(final)[0]
+    with _locked(final) as (previous, note):
+        _clear_leftovers(final, previous, keep_partial=False)
+        check_target(path, mode=mode, protect=protect, kind=kind)  # again, under the lock
+        reserved = False
+        try:
+            if mode == "fail":
+                try:
+                    os.mkdir(final)  # atomic: of two runs, one reserves the path
+                except FileExistsError:
+                    raise InputError(f"{path}: already exists (another run created it meanwhile)") from None
+                reserved = True
+                note(reserved=True)
+            yield partial
+            if not partial.is_dir():
+                raise RuntimeError(f"{partial}: the store was not written")
+            _write_manifest(partial, kind=kind, complete=True, **manifest)
+            if reserved:
+                os.rename(partial, final)  # onto the empty reserved directory: atomic
+            else:
+                _replace(partial, final)
+            note()
+        except BaseException:
+            _remove(partial)
+            if reserved:
+                with contextlib.suppress(OSError):
+                    final.rmdir()
+            raise
+
+
 def _write(ds, partial: Path, encoding, zarr_format, fingerprint, kind, progress, threads, fresh: bool, store_block=store_with_zarr) -> Written:
     """Write (or complete) the partial store and its manifest."""
     import zarr
