@@ -247,7 +247,10 @@ def _write_arrays(root: Path, arrays: dict, samples_chunk: int) -> None:
             codec = BloscCodec(cname="zstd", clevel=7, shuffle="shuffle")
             extra = {"dimension_names": dims}
         chunks = (min(samples_chunk, values.shape[0]), *values.shape[1:])
-        arr = group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=chunks, compressors=[codec], **extra)
+        # no fill value, as bio2zarr writes its arrays: xarray would read one as a CF _FillValue (a
+        # Zarr v2 default of 0 would make cohort 0 NaN for readers that mask, as sgkit's does)
+        arr = group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=chunks, compressors=[codec],
+                                 fill_value=None, **extra)
         arr[...] = values
         arr.attrs["description"] = description
         if v2:
@@ -297,6 +300,8 @@ def write_genomics_demo(
     pipeline wrote. The same arguments always give the same values.
     """
     samples, variants = _positive("samples", samples), _positive("variants", variants)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InputError(f"seed must be a whole number of 0 or more, got {seed!r}")
     variant_chunk, sample_chunk = _positive("variant_chunk", variant_chunk), _positive("sample_chunk", sample_chunk)
     if zarr_format not in (2, 3):
         raise InputError(f"zarr_format must be 2 or 3, got {zarr_format!r}")
@@ -343,6 +348,7 @@ def import_vcf(
     (columnar) copy is written beside the output, in a hidden directory removed at the end.
     A missing, unreadable or invalid file raises InputError naming it.
     """
+    import shutil
     import tempfile
 
     vcf = Path(vcf)
@@ -355,11 +361,15 @@ def import_vcf(
             _positive(name, value)
     if zarr_format not in (2, 3):
         raise InputError(f"zarr_format must be 2 or 3, got {zarr_format!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise InputError(f"workers must be 0 (this process) or a number of processes, got {workers!r}")
     _require("bio2zarr.vcf", "cyvcf2")
     import bio2zarr.vcf
 
     final = Path(path)
     with staged(final, mode="overwrite" if overwrite else "fail", kind="vcf-import", source=str(vcf.resolve())) as partial:
+        for old in final.parent.glob(f".{final.name}.icf-*"):  # of a run that was killed (this one holds the lock)
+            shutil.rmtree(old, ignore_errors=True)
         with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{final.name}.icf-") as tmp:
             icf = Path(tmp) / "icf"
             try:
