@@ -44,7 +44,8 @@ da = _deferred("dask.array")  # imported when the first graph is built
 MANIFEST = ".pipeline.json"
 DIGEST_RULE = (
     "sha256 of the concatenated sha256 digests of each stored chunk's values (each shard's, where "
-    "sharded) as C-ordered little-endian bytes, in C order of the chunk grid"
+    "sharded) as C-ordered little-endian bytes (variable-length strings: each value's UTF-8 bytes after "
+    "their count as a little-endian uint64), in C order of the chunk grid"
 )
 
 
@@ -140,10 +141,17 @@ def _encoded(var: xr.Variable, name: str, enc: dict) -> xr.Variable:
 
 def block_sha(values: np.ndarray) -> str:
     """The digest of one stored chunk's values (:data:`DIGEST_RULE`), hashed where they lie: a
-    copy of a 300 MB block costs as much as the hash."""
+    copy of a 300 MB block costs as much as the hash. Variable-length strings (object arrays, NumPy's
+    StringDType: the sample and variant names of VCF Zarr stores) are hashed by value, not by the
+    pointers their arrays hold."""
+    if values.dtype.kind in "OT":
+        h = hashlib.sha256()
+        for v in np.asarray(values).reshape(-1).tolist():
+            b = v if isinstance(v, bytes) else str(v).encode()
+            h.update(len(b).to_bytes(8, "little") + b)
+        return h.hexdigest()
     values = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<"))
-    data = values.tobytes() if values.dtype.hasobject else values.reshape(-1).view(np.uint8)
-    return hashlib.sha256(data).hexdigest()
+    return hashlib.sha256(values.reshape(-1).view(np.uint8)).hexdigest()
 
 
 def _combine(block_digests: Iterable[str]) -> str:
