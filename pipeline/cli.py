@@ -181,11 +181,12 @@ def cmd_demo(args) -> int:
     if args.kind == "genomics":
         from .demo_genomics import SAMPLE_CHUNK, VARIANT_CHUNK, write_genomics_demo
 
+        defaults = {"samples": 1_000, "variants": 10_000, "variant_chunk": VARIANT_CHUNK, "sample_chunk": SAMPLE_CHUNK,
+                    "zarr_format": 2, "missing": 0.01}
+        given = {k: getattr(args, k) for k in defaults if getattr(args, k) is not None}
         path = write_genomics_demo(
-            args.path or "data/genomics.vcz", samples=args.samples or 1_000, variants=args.variants or 10_000,
-            seed=args.seed, variant_chunk=args.variant_chunk or VARIANT_CHUNK, sample_chunk=args.sample_chunk or SAMPLE_CHUNK,
-            zarr_format=args.zarr_format or 2, missing=0.01 if args.missing is None else args.missing,
-            overwrite=args.overwrite, progress=_progress(args),
+            args.path or "data/genomics.vcz", seed=args.seed, overwrite=args.overwrite, progress=_progress(args),
+            **{**defaults, **given},
         )
     else:
         from . import config
@@ -193,7 +194,7 @@ def cmd_demo(args) -> int:
 
         path = write_demo(
             args.path or "data/demo.zarr", args.size or config.get("demo.size", "64MB"), seed=args.seed,
-            resolution=args.resolution, time_chunk=args.time_chunk or 73, overwrite=args.overwrite, progress=_progress(args),
+            resolution=args.resolution, time_chunk=73 if args.time_chunk is None else args.time_chunk, overwrite=args.overwrite, progress=_progress(args),
         )
     from .sinks.zarr import directory_bytes
 
