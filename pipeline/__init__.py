@@ -28,6 +28,7 @@ _LAZY = {
     "convert": (".sinks.convert", "convert"),
     "write_zarr": (".sinks.zarr", "write_zarr"),
     "open_dataset": (".sources", "open_dataset"),
+    "import_vcf": (".demo_genomics", "import_vcf"),
 }
 
 
