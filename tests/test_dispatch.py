@@ -56,7 +56,9 @@ CASES = {
 
 
 def test_every_op_has_its_cases():
-    assert sorted(CASES) == pipeline.ops.names()
+    # the Dataset ops (pipeline.ops.genomics) are run against sgkit in their own tests, each
+    # checking the kernels it declares
+    assert sorted(CASES) == [op.name for op in pipeline.ops.all_ops() if not op.dataset]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -65,6 +65,10 @@ FAMILIES: dict[str, str] = {
     "detrend_block": "trend",
     "quantile": "fields",
     "saturation_vapor_pressure": "fields",
+    "ld_r2": "ld",
+    "maximal_independent_set": "ld",
+    "linreg_block": "gwas",
+    "linreg_p_value": "gwas",
 }
 
 BACKENDS = ("cpu", "gpu")
