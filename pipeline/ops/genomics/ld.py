@@ -191,6 +191,9 @@ def ld_prune(
     drop = _maximal_independent_set(table, backend_of_dataset(ds[dosage]))["ld_prune_index_to_drop"].values
     keep = np.ones(ds.sizes["variants"], dtype=bool)
     keep[drop] = False
+    # by position along ``variants``; sgkit's ``ds.sel(variants=~ds.variants.isin(drop))`` is the
+    # same where ``variants`` has no coordinate (as in VCF Zarr), and would compare a coordinate's
+    # values with the indexes otherwise
     return ds.isel(variants=np.flatnonzero(keep))
 
 
