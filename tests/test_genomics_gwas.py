@@ -107,6 +107,8 @@ def test_errors_name_what_is_wrong():
         run(ds, dosage="call_dosage", covariates=[], traits="sample_trait", add_intercept=False)
     with pytest.raises(InputError, match="covariate variable 'variant_position' has dimensions"):
         run(ds, dosage="call_dosage", covariates="variant_position", traits="sample_trait")
+    with pytest.raises(InputError, match="no traits given"):
+        run(ds, dosage="call_dosage", covariates=SPLIT, traits=[])
     with pytest.raises(InputError, match="no variable 'dosage'"):
         run(ds, dosage="dosage", covariates=SPLIT, traits="sample_trait")
     with pytest.raises(InputError, match="'call_genotype' has dimensions"):

@@ -15,10 +15,10 @@ three products on NumPy or CuPy (``[M; X; X^2] M^T``, ``M [X; X^2]^T``, ``X X^T`
 the window's rows of pairs are most of its rows) in place of ``n_samples`` steps per pair. On one
 core, 4000 variants x 2000 samples in windows of 100 with 3% of dosages missing took 0.25 s of
 CPU time against 0.85-1.0 s for sgkit's loop; on the GPU they are cuBLAS products. They run in
-float64: integer dosages give every sum exactly, and
-the moments then follow sgkit's operations in sgkit's order (divide by n, subtract the products
-of means, square root of the product of variances, divide), so r^2 is sgkit's to the bit, its
-NaN and infinities included (a pair with no common sample, or a variant constant over them).
+float64: integer dosages give every sum exactly, and the moments then follow sgkit's operations
+in sgkit's order (divide by n, subtract the products of means, square root of the product of
+variances, divide), so r^2 is sgkit's to the bit, its NaN and infinities included (a pair with
+no common sample, or a variant constant over them).
 
 ``maximal_independent_set`` is sgkit's sequential greedy pass over the sorted table, a Numba loop
 on the host for either backend: the table is already on the host, and the pass is sequential.

@@ -82,6 +82,8 @@ def gwas_linear_regression(
     op = gwas_linear_regression.op
     covariates = _names(covariates, "covariates", op.name)
     traits = _names(traits, "traits", op.name)
+    if not traits:
+        raise InputError(f"{op.name}: no traits given")
     g = variable(ds, dosage, ("variants", "samples"), "iuf", op=op.name)
     backend = backend_of_dataset(g)
     n = ds.sizes["samples"]
