@@ -73,6 +73,10 @@ FAMILIES: dict[str, str] = {
     "window_sum": "popgen",
     "fst": "popgen",
     "tajimas_d": "popgen",
+    "ld_r2": "ld",
+    "maximal_independent_set": "ld",
+    "linreg_block": "gwas",
+    "linreg_p_value": "gwas",
 }
 
 BACKENDS = ("cpu", "gpu")
