@@ -56,7 +56,8 @@ CASES = {
 
 
 def test_every_op_has_its_cases():
-    assert sorted(CASES) == pipeline.ops.names()
+    # the Dataset ops (genomics) run their kernels in their own tests (tests/test_genomics_*.py)
+    assert sorted(CASES) == [n for n in pipeline.ops.names() if not pipeline.ops.get(n).dataset]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
