@@ -65,6 +65,11 @@ FAMILIES: dict[str, str] = {
     "detrend_block": "trend",
     "quantile": "fields",
     "saturation_vapor_pressure": "fields",
+    "call_allele_counts": "genotypes",
+    "variant_call_counts": "genotypes",
+    "sample_call_counts": "genotypes",
+    "variant_genotype_counts": "genotypes",
+    "hwe_exact": "genotypes",
 }
 
 BACKENDS = ("cpu", "gpu")
