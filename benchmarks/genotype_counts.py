@@ -5,10 +5,10 @@ calls, a few fill values) is counted by each kernel of :mod:`pipeline.kernels.ge
 block holding it all (no dask), the median of ``--repeat`` runs after one warm-up (which
 compiles):
 
-- GPU: the arrays on the device, timed with CUDA events; the device's copy bandwidth (a
-  device-to-device copy of the array, bytes read + written) is measured in the same run for
-  comparison: a counting kernel reads the array once and writes little, so its GB/s read is
-  comparable with half the copy figure... or with the copy figure's read half, ``copy_read``;
+- GPU: the arrays on the device, timed with CUDA events; a device-to-device copy of the array is
+  timed in the same run for comparison (``gb_per_s``: bytes read + written; ``copy_read_gb_per_s``:
+  read only). A counting kernel reads the array once and writes little: the copy's total is the
+  ceiling for its GB/s read;
 - CPU: the Numba loops, on one thread over the whole array, and on ``--threads`` threads over
   slabs of variants (the loops release the GIL, as Dask's threads run them).
 

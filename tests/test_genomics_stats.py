@@ -386,7 +386,7 @@ def test_cuda_hwe_kernel_equals_the_cpu_kernel():
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("ploidy,n_alleles,dtype", [(2, 2, np.int8), (2, 4, np.int8), (3, 3, np.int16), (4, 12, np.int8)])
+@pytest.mark.parametrize("ploidy,n_alleles,dtype", [(2, 2, np.int8), (2, 4, np.int8), (3, 3, np.int16), (4, 6, np.int8), (2, 12, np.int8)])
 def test_gpu_kernels_equal_the_cpu_kernels(ploidy, n_alleles, dtype):
     import cupy
 

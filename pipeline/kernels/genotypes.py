@@ -45,7 +45,9 @@ GPU kernels (Numba CUDA, launched on CuPy's current stream):
   before it counts any, so several loads are in flight, and a warp reads neighbouring calls
   (coalesced). The row's counts are summed in shared memory and added to the output once per
   block (integer atomics: exact in any order), so long rows split over tiles of samples still fill
-  the GPU;
+  the GPU. Counts are summed one after the other, a few steps of shared memory each: cheap for
+  the call counts (3 + alleles) and for diploid biallelic genotypes (4), slow for genotype counts
+  of many alleles or a high ploidy (a count per genotype per thread);
 - per sample (``sample_call_counts``): a thread a sample and a tile of variants, ``UNROLL``
   variants' calls loaded at once, counts added to the output once per tile;
 - per call (``call_allele_counts``): a thread a call;
