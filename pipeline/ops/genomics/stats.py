@@ -25,6 +25,8 @@ sgkit's semantics, kept (the kernels' docstring has the per-call rules):
   holding a fill value (-2): sgkit raises ``ValueError: Mixed-ploidy genotype indicated by allele
   < -1`` from its Numba loop; here the kernel counts those calls and the computation raises
   :class:`~pipeline.errors.InputError` when there are any;
+- ``variant_stats``, ``sample_stats`` and ``count_variant_genotypes`` refuse a ``call_genotype``
+  marked ``mixed_ploidy``, as sgkit;
 - ``hardy_weinberg_test``: diploid, biallelic only (sgkit raises ``NotImplementedError``; here
   ``InputError``), counts taken by the ``genotypes`` coordinates ``0/0``, ``0/1``, ``1/1``.
 
@@ -35,6 +37,7 @@ Where sgkit raises ``ValueError``/``KeyError`` on bad input these ops raise
 from __future__ import annotations
 
 from itertools import combinations_with_replacement
+from math import comb
 from typing import Literal
 
 import numpy as np
@@ -288,12 +291,16 @@ def sample_stats(ds: xr.Dataset, call_genotype: str = "call_genotype", merge: bo
     return _merge(ds, new, merge)
 
 
+def n_genotypes(n_alleles: int, ploidy: int) -> int:
+    """Genotypes of ``ploidy`` alleles among ``n_alleles``: multisets, ``C(n_alleles + ploidy - 1,
+    ploidy)`` (the kernels' count columns, before the one of refused calls)."""
+    return comb(n_alleles + ploidy - 1, ploidy) if n_alleles else 0
+
+
 def genotype_ids(n_alleles: int, ploidy: int) -> np.ndarray:
     """The VCF strings of every genotype (``0/0``, ``0/1``, ``1/1``, ``0/2``...), in the VCF order of
     genotype fields (sgkit's ``genotype_coords``): the sorted calls, ordered by
     ``sum_i C(a_i + i, i + 1)``."""
-    from ...kernels.genotypes import n_genotypes
-
     def index(call):
         total = 0
         for i, a in enumerate(call):
@@ -352,8 +359,6 @@ def count_variant_genotypes(
     variable(ds, genotype_id, ("genotypes",), "SU", op=op)
     g = _genotypes(ds, call_genotype, op, mixed_ploidy_ok=False)
     n = _n_alleles(ds, op)
-    from ...kernels.genotypes import n_genotypes
-
     n_gen = n_genotypes(n, int(ds.sizes["ploidy"]))
     backend = backend_of_dataset(g)
     counts = _variant_counts(count_variant_genotypes.op, "variant_genotype_counts", _blocks(g), n, n_gen + 1, backend)
