@@ -77,6 +77,11 @@ FAMILIES: dict[str, str] = {
     "maximal_independent_set": "ld",
     "linreg_block": "gwas",
     "linreg_p_value": "gwas",
+    "call_allele_counts": "genotypes",
+    "variant_call_counts": "genotypes",
+    "sample_call_counts": "genotypes",
+    "variant_genotype_counts": "genotypes",
+    "hwe_exact": "genotypes",
 }
 
 BACKENDS = ("cpu", "gpu")
