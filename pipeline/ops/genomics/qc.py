@@ -41,12 +41,16 @@ def _keep(ds: xr.Dataset, dim: str, keep: np.ndarray, what: str) -> xr.Dataset:
 @register(kernels=(), dataset=True)
 def filter_variants(
     ds: xr.Dataset,
+    max_alleles: int | None = None,
     min_call_rate: float | None = None,
     min_maf: float | None = None,
     min_hwe_p: float | None = None,
 ) -> xr.Dataset:
-    """Keep the variants whose call rate, minor allele frequency and Hardy-Weinberg exact-test
-    p-value are each at least the given bound (a bound of None is no filter).
+    """Keep the variants with at most ``max_alleles`` alleles (PLINK's ``--max-alleles``: 2 keeps
+    the biallelic variants, and the ``alleles`` dimension is cut to 2, as the HWE test needs), and
+    whose call rate, minor allele frequency and Hardy-Weinberg exact-test p-value are each at least
+    the given bound (a bound of None is no filter). Alleles are counted from ``variant_allele``
+    (its non-empty strings), before the other filters.
 
     The minor allele frequency is PLINK 2's: one minus the frequency of the most common allele
     (for a biallelic variant, the smaller of the two). A variant with no called allele has none,
@@ -59,6 +63,16 @@ def filter_variants(
     for key, v, hi in (("min_call_rate", min_call_rate, 1), ("min_maf", min_maf, 0.5), ("min_hwe_p", min_hwe_p, 1)):
         if v is not None and not 0 <= v <= hi:
             raise InputError(f"{name}: {key} must be between 0 and {hi}, got {v}")
+    if max_alleles is not None:
+        if max_alleles < 1:
+            raise InputError(f"{name}: max_alleles must be 1 or more, got {max_alleles}")
+        alleles = variable(ds, "variant_allele", ("variants", "alleles"), "OUST", op=name)
+        values = np.asarray(alleles.values)
+        n_alleles = (values != values[:0, :1].dtype.type("")).sum(axis=1) if values.dtype.kind in "US" else \
+            np.array([[bool(a) for a in row] for row in values]).sum(axis=1)
+        ds = _keep(ds, "variants", n_alleles <= max_alleles, name)
+        if ds.sizes["alleles"] > max_alleles:
+            ds = ds.isel(alleles=slice(0, max_alleles))
     keep = np.ones(ds.sizes.get("variants", 0), dtype=bool)
     if min_call_rate is not None or min_maf is not None:
         if not {"variant_call_rate", "variant_allele_frequency"} <= set(ds.variables):
