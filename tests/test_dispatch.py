@@ -56,7 +56,8 @@ CASES = {
 
 
 def test_every_op_has_its_cases():
-    assert sorted(CASES) == pipeline.ops.names()
+    """Every op of DataArrays; the genomics ops, of Datasets, are checked in their own tests."""
+    assert sorted(CASES) == [n for n in pipeline.ops.names() if not pipeline.ops.get(n).dataset]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -65,6 +65,13 @@ FAMILIES: dict[str, str] = {
     "detrend_block": "trend",
     "quantile": "fields",
     "saturation_vapor_pressure": "fields",
+    # genomics: PCA and pairwise distances
+    "alternate_allele_count": "alternate",
+    "patterson_standardize": "linalg",
+    "patterson_gram": "linalg",
+    "top_eigenpairs": "linalg",
+    "distance_sums": "linalg",
+    "distance_from_sums": "linalg",
 }
 
 BACKENDS = ("cpu", "gpu")
