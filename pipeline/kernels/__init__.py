@@ -82,6 +82,13 @@ FAMILIES: dict[str, str] = {
     "sample_call_counts": "genotypes",
     "variant_genotype_counts": "genotypes",
     "hwe_exact": "genotypes",
+    # genomics: PCA and pairwise distances
+    "alternate_allele_count": "alternate",
+    "patterson_standardize": "linalg",
+    "patterson_gram": "linalg",
+    "top_eigenpairs": "linalg",
+    "distance_sums": "linalg",
+    "distance_from_sums": "linalg",
 }
 
 BACKENDS = ("cpu", "gpu")

@@ -51,6 +51,33 @@ def as_dask(x: xr.DataArray, chunks=None) -> "da.Array":
     return da.from_array(x.data, chunks=-1 if chunks is None else chunks, asarray=False)
 
 
+def even_chunks(n: int, most: int) -> tuple[int, ...]:
+    """``n`` split into the fewest chunks of at most ``most``, as even as can be (sizes differ by
+    at most one): the tiles of an axis that an op works through at a bounded size."""
+    parts = max(1, -(-n // max(1, most)))
+    size, extra = divmod(n, parts)
+    return tuple(size + 1 if i < extra else size for i in range(parts)) if n else (0,)
+
+
+def upper_mirrored(r: "da.Array") -> "da.Array":
+    """A square matrix of square tiles made symmetric from its tiles on and above the diagonal:
+    tile (i, j) is ``r``'s for i <= j, else the transpose of ``r``'s tile (j, i). The tiles of
+    ``r`` below the diagonal are never computed (for a symmetric product, half the work)."""
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    if r.ndim != 2 or r.chunks[0] != r.chunks[1]:
+        raise ValueError(f"upper_mirrored needs square tiles, got chunks {r.chunks}")
+    name = "upper-mirrored-" + tokenize(r.name)
+    n = r.numblocks[0]
+    dsk = {(name, i, j): (r.name, i, j) if i <= j else (_transposed, (r.name, j, i)) for i in range(n) for j in range(n)}
+    return da.Array(HighLevelGraph.from_collections(name, dsk, dependencies=[r]), name, r.chunks, meta=r._meta)
+
+
+def _transposed(block):
+    return block.T
+
+
 def merge(ds: xr.Dataset, new: xr.Dataset, merge: bool = True) -> xr.Dataset:
     """sgkit's ``conditional_merge_datasets``: the input with ``new``'s variables (replacing any of
     the same name) when ``merge``, else ``new`` alone."""
@@ -68,4 +95,4 @@ def ensure_variables(ds: xr.Dataset, names: Iterable[str], compute) -> xr.Datase
     return compute(ds)
 
 
-__all__ = ["as_dask", "backend_of_dataset", "ensure_variables", "merge", "variable"]
+__all__ = ["as_dask", "backend_of_dataset", "ensure_variables", "even_chunks", "merge", "upper_mirrored", "variable"]

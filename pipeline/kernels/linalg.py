@@ -1,0 +1,146 @@
+"""Matrix products of genotype blocks: PCA's Patterson-scaled Gram matrix and eigenvectors, and the
+sums of pairwise distances that leave missing values out pair by pair.
+
+Each kernel is written once against the array module of its input (NumPy or CuPy: the same code
+runs on both backends, and the CPU tests check the GPU's formulas), and does its products in
+float64 with the BLAS of that module (cuBLAS on the GPU, where float64 products run on the tensor
+cores of an H100 or H200). They work through a block ``SLAB`` variants at a time, so their
+float64 temporaries stay a few slabs whatever the block's size.
+
+- ``patterson_standardize``: alternate allele counts (variants, samples) -> (x - mean) / scale in
+  float64, missing values (negative or NaN) as NaN: sgkit's ``PattersonScaler.transform``.
+- ``patterson_gram``: the Gram matrix ``Xi^T Xj`` of two tiles of samples of one block of variants,
+  each standardized as above: the block's part of ``X^T X``, summed over blocks by the op.
+- ``top_eigenpairs``: the ``k`` leading eigenvectors and the square roots of the eigenvalues of a
+  symmetric matrix (the Gram matrix: the left singular vectors and singular values of ``X``).
+- ``distance_sums``: per pair of rows of two tiles, the sums over the columns where both are
+  present that a distance needs (euclidean: the sum of squared differences; correlation: n,
+  sums, sums of squares and of products), as matrix products of the values with missing ones set
+  to 0 and of the masks of present values.
+- ``distance_from_sums``: the distances from those sums, as sgkit's reduce functions compute them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import xp_of
+
+ACC = np.float64
+SLAB = 4096  # variants (columns of the products) a slab: bounds the float64 temporaries
+
+# number of sums a pair of rows needs, as sgkit's N_MAP_PARAM
+DISTANCE_SUMS = {"euclidean": 1, "correlation": 6}
+
+
+# --- PCA ------------------------------------------------------------------------------------------
+
+
+def patterson_standardize(ac, mean, scale):
+    """``(ac - mean) / scale`` in float64 for a (variants, samples) block, ``mean`` and ``scale`` of
+    shape (variants,); missing values (negative, or NaN) become NaN, as in sgkit's scaler."""
+    xp = xp_of(ac)
+    x = ac.astype(ACC)
+    x = xp.where(x < 0, xp.nan, x)
+    x -= mean[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):  # a scale of 0 is the op's to report
+        x /= scale[:, None]
+    return x
+
+
+def patterson_gram(ac_i, ac_j, mean, scale):
+    """``Xi^T Xj`` (samples_i, samples_j), float64, where ``Xi``, ``Xj`` are the standardized
+    (variants, samples) tiles ``ac_i``, ``ac_j`` of one block of variants (the same tile twice on
+    the diagonal of the Gram matrix: standardized once)."""
+    xp = xp_of(ac_i)
+    out = xp.zeros((ac_i.shape[1], ac_j.shape[1]), dtype=ACC)
+    for v in range(0, ac_i.shape[0], SLAB):
+        s = slice(v, v + SLAB)
+        xi = patterson_standardize(ac_i[s], mean[s], scale[s])
+        xj = xi if ac_j is ac_i else patterson_standardize(ac_j[s], mean[s], scale[s])
+        out += xi.T @ xj
+    return out
+
+
+def top_eigenpairs(gram, k: int):
+    """The ``k`` leading eigenvectors of the symmetric ``gram`` (n, n) and the square roots of their
+    eigenvalues (clamped at 0), as one (n + 1, k) float64 array: the vectors in its first n rows,
+    in order of decreasing eigenvalue, the roots in its last row. ``xp.linalg.eigh`` (LAPACK's
+    syevd, or cuSOLVER's on the GPU) computes every pair in O(n^3); exact where an iterative
+    method's accuracy would depend on the gaps between eigenvalues."""
+    xp = xp_of(gram)
+    w, v = xp.linalg.eigh(gram)
+    order = xp.arange(w.shape[0] - 1, w.shape[0] - 1 - k, -1)
+    out = xp.empty((gram.shape[0] + 1, k), dtype=ACC)
+    out[:-1] = v[:, order]
+    out[-1] = xp.sqrt(xp.maximum(w[order], 0.0))
+    return out
+
+
+# --- pairwise distances ---------------------------------------------------------------------------
+
+
+def _present(x, xp):
+    """Values with the missing ones (negative or NaN, as sgkit's metrics test ``x >= 0``) set to 0,
+    and the mask of present values, both float64."""
+    w = x >= 0
+    return xp.where(w, x, 0).astype(ACC), w.astype(ACC)
+
+
+def distance_sums(x_i, x_j, metric: str):
+    """(rows_i, rows_j, S) float64: for each pair of a row of ``x_i`` and a row of ``x_j`` (tiles of
+    rows over the same columns), the sums over the columns where both are present:
+
+    - euclidean (S = 1): sum (x - y)^2 = (X^2) M_j^T + M_i (Y^2)^T - 2 X Y^T;
+    - correlation (S = 6, in sgkit's order): sum x, sum y, sum x^2, sum y^2, sum x y, n,
+
+    with ``X``, ``Y`` the values (0 where missing) and ``M`` the masks of present values. Exact
+    for integer counts (every product and sum is an integer below 2^53)."""
+    xp = xp_of(x_i)
+    out = xp.zeros((x_i.shape[0], x_j.shape[0], DISTANCE_SUMS[metric]), dtype=ACC)
+    for c in range(0, x_i.shape[1], SLAB):
+        s = slice(c, c + SLAB)
+        xi, mi = _present(x_i[:, s], xp)
+        xj, mj = (xi, mi) if x_j is x_i else _present(x_j[:, s], xp)
+        xxi = xi * xi
+        xxj = xxi if xj is xi else xj * xj
+        xy = xi @ xj.T
+        if metric == "euclidean":
+            out[..., 0] += xxi @ mj.T + mi @ xxj.T - 2.0 * xy
+        else:
+            out[..., 0] += xi @ mj.T
+            out[..., 1] += mi @ xj.T
+            out[..., 2] += xxi @ mj.T
+            out[..., 3] += mi @ xxj.T
+            out[..., 4] += xy
+            out[..., 5] += mi @ mj.T
+    return out
+
+
+def distance_from_sums(sums, metric: str, diagonal: bool, dtype):
+    """Distances (rows_i, rows_j) in ``dtype`` from :func:`distance_sums`' sums over all columns.
+
+    Euclidean: the square root of the sum of squared differences (a sum that rounding left below 0
+    counts as 0). Correlation: ``1 - (n sxy - sx sy) / (sqrt(n sxx - sx^2) sqrt(n syy - sy^2))``,
+    NaN where that denominator is not above 0 (a row constant over the columns both rows have, or
+    fewer than two of them), as sgkit's ``correlation_reduce_cpu``.
+
+    A ``diagonal`` tile (rows_i are rows_j) is made symmetric as sgkit makes its whole result,
+    ``triu(d) + triu(d).T``: its lower triangle mirrors the upper, and its diagonal is doubled
+    (a row's euclidean distance to itself is 0 first, as sgkit's ``(x - x)^2`` gives)."""
+    xp = xp_of(sums)
+    if metric == "euclidean":
+        d = xp.sqrt(xp.maximum(sums[..., 0], 0.0))
+        if diagonal:
+            xp.fill_diagonal(d, 0.0)
+    else:
+        sx, sy, sxx, syy, sxy, n = (sums[..., i] for i in range(6))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            num = n * sxy - sx * sy
+            denom = xp.sqrt(n * sxx - sx * sx) * xp.sqrt(n * syy - sy * sy)
+            d = xp.where(denom > 0, 1.0 - num / xp.where(denom > 0, denom, 1.0), xp.nan)
+    d = d.astype(dtype)
+    if diagonal:
+        d = xp.triu(d)
+        d = d + d.T
+    return d

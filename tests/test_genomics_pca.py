@@ -1,0 +1,303 @@
+"""pca and count_call_alternate_alleles against sgkit 0.10's results (``sgkit_pca.npz``, made by
+``tests/fixtures/genomics/sgkit_pca.py``), on several chunkings; the alternate allele kernel's GPU
+loop in Numba's CUDA simulator; GPU against CPU where a GPU is present."""
+
+from __future__ import annotations
+
+import importlib
+
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+
+import pipeline.genomics as sg
+from pipeline import backend as B
+from pipeline import kernels
+from pipeline.errors import InputError
+from pipeline.kernels import alternate, launch
+
+from .conftest import raise_if_dask_computes, requires_gpu
+from .genomics_data import dataset, sgkit
+
+REF = sgkit("pca")
+OUTPUTS = ("projection", "component", "explained_variance", "explained_variance_ratio", "loading")
+PCA_MODULE = importlib.import_module("pipeline.ops.genomics.pca")
+
+# (variants, samples) chunks: chunk boundaries fall inside the data, samples split or whole
+CHUNKINGS = [(100, -1), (37, 25), (1000, -1)]
+
+
+def complete_counts():
+    """sgkit's counts of ``bi`` made complete as the fixture does: missing calls count 0, and the
+    variants that no longer vary dropped (``pca_keep``)."""
+    keep = REF["pca_keep"]
+    return np.where(REF["bi_alt"] < 0, 0, REF["bi_alt"])[keep], keep
+
+
+def pca_data(dtype, chunks=(100, -1), backend="cpu") -> xr.Dataset:
+    counts, keep = complete_counts()
+    ds = dataset("bi", {"variants": chunks[0], "samples": chunks[1]}, backend).isel(variants=np.flatnonzero(keep))
+    ac = B.to_backend(da.from_array(counts.astype(dtype), chunks=chunks), backend)
+    return ds.assign(call_alternate_allele_count=(("variants", "samples"), ac))
+
+
+def assert_pca(out: xr.Dataset, run: str, rtol: float):
+    """Every output equal to sgkit's run ``run`` up to the sign of each component, within ``rtol``
+    of the largest value of each component (or of the vector)."""
+    for name in OUTPUTS:
+        a = B.to_numpy(out[f"sample_pca_{name}"].values).astype(np.float64)
+        e = REF[f"{run}_{name}"].astype(np.float64)
+        assert a.shape == e.shape, name
+        if a.ndim == 2:
+            a = a * np.where((a * e).sum(axis=0) < 0, -1.0, 1.0)
+        scale = np.abs(e).max(axis=0) if a.ndim == 2 else np.abs(e)
+        assert (np.abs(a - e) <= rtol * scale).all(), (name, np.max(np.abs(a - e) / scale))
+
+
+# float64 counts: sgkit computes in float64 too; both are exact SVDs, measured 3e-15 apart
+F64 = 1e-12
+# integer counts: sgkit computes in float32 (its float32 QR and SVD), and its results lie up to
+# 5.3e-7 of a component's largest value from the float64 ones (measured); ours are float64 results
+# rounded to float32
+F32 = 2e-6
+
+
+# --- count_call_alternate_alleles ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["bi", "multi"])
+@pytest.mark.parametrize("chunks", CHUNKINGS)
+def test_count_call_alternate_alleles(kind, chunks):
+    ds = dataset(kind, {"variants": chunks[0], "samples": chunks[1]})
+    with raise_if_dask_computes():
+        out = sg.count_call_alternate_alleles(ds)
+    ac = out["call_alternate_allele_count"]
+    assert ac.dims == ("variants", "samples") and ac.dtype == np.int16
+    assert set(ds.variables) < set(out.variables)
+    np.testing.assert_array_equal(ac.values, REF[f"{kind}_alt"])
+    alone = sg.count_call_alternate_alleles(ds, merge=False)
+    assert list(alone.data_vars) == ["call_alternate_allele_count"]
+
+
+def test_alternate_alleles_counted_below_the_alleles_dimension():
+    """Alleles past the alleles dimension are not counted (sgkit's counts have no place for
+    them); with no alleles dimension every allele above 0 is."""
+    g = np.array([[[0, 1], [2, 3], [3, -2], [1, 1]]], dtype=np.int8)
+    np.testing.assert_array_equal(alternate.alternate_allele_count_cpu(g, 3), [[1, 1, -1, 2]])
+    np.testing.assert_array_equal(alternate.alternate_allele_count_cpu(g, None), [[1, 2, -1, 2]])
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("ploidy,n_alleles", [(2, 3), (3, None)])
+def test_alternate_allele_kernel_gpu_loop(ploidy, n_alleles):
+    """The Numba CUDA kernel (four calls a thread, a grid's width apart) against the CPU loop:
+    150 calls over 3 blocks of 16 threads, so threads take both the unrolled and the tail loop."""
+    rng = np.random.default_rng(ploidy)
+    g = rng.integers(-2, 4, size=(10, 15, ploidy)).astype(np.int8)
+    calls = g.reshape(-1, ploidy)
+    out = np.full(calls.shape[0], 99, dtype=np.int16)
+    launch.launch_numba(alternate._gpu_kernel(ploidy), -(-calls.shape[0] // alternate.UNROLL), calls,
+                        alternate._n_alleles(n_alleles), out, threads=16)
+    expected = alternate.alternate_allele_count_cpu(g, n_alleles)
+    np.testing.assert_array_equal(out.reshape(10, 15), expected)
+    limit = alternate.NO_ALLELE_LIMIT if n_alleles is None else n_alleles
+    naive = np.where((g < 0).any(-1), -1, ((g >= 1) & (g < limit)).sum(-1))
+    np.testing.assert_array_equal(expected, naive)
+
+
+# --- pca against sgkit -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunks", CHUNKINGS)
+def test_pca_tsqr_float64(chunks):
+    with raise_if_dask_computes():
+        out = sg.pca(pca_data(np.float64, chunks), n_components=4, merge=False)
+    for name in OUTPUTS:
+        assert out[f"sample_pca_{name}"].dtype == np.float64
+    assert_pca(out.compute(), "tsqr64", F64)
+
+
+def test_pca_signs_are_sgkits():
+    """The components' signs follow dask's svd_flip, as sgkit's: the same signs, not only up to sign."""
+    out = sg.pca(pca_data(np.float64), n_components=4, merge=False).compute()
+    np.testing.assert_allclose(out["sample_pca_component"].values, REF["tsqr64_component"], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("chunks", [(100, -1), (37, 25)])
+def test_pca_tsqr_integer_counts(chunks):
+    """int16 counts: float32 outputs, as sgkit's."""
+    out = sg.pca(pca_data(np.int16, chunks), n_components=4)
+    for name in OUTPUTS:
+        assert out[f"sample_pca_{name}"].dtype == np.float32
+    assert_pca(out, "tsqr32", F32)
+
+
+@pytest.mark.parametrize(
+    "run,dtype,chunks,params",
+    [
+        ("randomized64", np.float64, (100, -1), dict(n_components=3)),
+        ("randomized64", np.float64, (100, 25), dict(n_components=3)),
+        ("randomized64c37", np.float64, (37, 25), dict(n_components=5, n_iter=2, random_state=7)),
+        ("randomized32", np.int16, (100, -1), dict(n_components=3, n_iter=1)),
+    ],
+)
+def test_pca_randomized(run, dtype, chunks, params):
+    """sgkit's randomized SVD draws its random matrix chunked as the variants: the same variant
+    chunks give the same approximation."""
+    with raise_if_dask_computes():
+        out = sg.pca(pca_data(dtype, chunks), algorithm="randomized", merge=False, **params)
+    assert_pca(out.compute(), run, F64 if dtype == np.float64 else F32)
+
+
+def test_pca_in_tiles(monkeypatch):
+    """The Gram matrix summed from tiles of samples (4 tiles of 15 here; those below the diagonal
+    mirrored, not computed), and the randomized SVD's QR over blocks of samples: the same results."""
+    monkeypatch.setattr(PCA_MODULE, "TILE", 16)
+    data = pca_data(np.float64, (37, -1))
+    with kernels.recording() as calls:
+        out = sg.pca(data, n_components=4, merge=False).compute()
+    assert calls[("patterson_gram", "cpu")] == 10 * 18  # tiles on and above the diagonal, 18 variant chunks
+    assert_pca(out, "tsqr64", F64)
+    out = sg.pca(pca_data(np.float64, (37, -1)), n_components=5, algorithm="randomized", n_iter=2, random_state=7)
+    assert_pca(out.compute(), "randomized64c37", F64)
+
+
+def complete_genotypes(chunks=(100, -1), backend="cpu") -> xr.Dataset:
+    """``bi``'s kept variants with genotypes that give the complete counts: a call of count c is
+    (c >= 1, c >= 2)."""
+    counts, keep = complete_counts()
+    g = np.stack([counts >= 1, counts >= 2], axis=-1).astype(np.int8)
+    ds = dataset("bi", {"variants": chunks[0], "samples": chunks[1]}, backend).isel(variants=np.flatnonzero(keep))
+    data = B.to_backend(da.from_array(g, chunks=(chunks[0], chunks[1], -1)), backend)
+    return ds.assign(call_genotype=(("variants", "samples", "ploidy"), data), call_genotype_mask=(
+        ("variants", "samples", "ploidy"), data < 0))
+
+
+def test_pca_counts_alleles_when_the_dataset_has_no_counts():
+    ds = complete_genotypes((37, 25))
+    with raise_if_dask_computes():
+        out = sg.pca(ds, n_components=4)
+    assert "call_alternate_allele_count" in out and "call_genotype" in out  # merged as sgkit's
+    assert_pca(out, "tsqr32", F32)
+    assert set(sg.pca(ds, n_components=4, merge=False).data_vars) == {f"sample_pca_{n}" for n in OUTPUTS}
+
+
+def test_pca_output_layout():
+    out = sg.pca(pca_data(np.int16), n_components=3)
+    assert out["sample_pca_projection"].dims == ("samples", "components")
+    assert out["sample_pca_component"].dims == ("variants", "components")
+    assert out["sample_pca_loading"].dims == ("variants", "components")
+    assert out["sample_pca_explained_variance"].dims == ("components",)
+    assert out["sample_pca_explained_variance_ratio"].dims == ("components",)
+    assert out.sizes["components"] == 3 and "call_genotype" in out
+
+
+# --- bad input -------------------------------------------------------------------------------------
+
+
+def test_pca_refuses_missing_values_when_computed():
+    """Missing calls (-1) make the counts incomplete: refused, naming the variable, when the
+    result is computed (the op itself computes nothing)."""
+    ds = sg.count_call_alternate_alleles(dataset("bi"))
+    with raise_if_dask_computes():
+        out = sg.pca(ds, n_components=3)
+    with pytest.raises(InputError, match="'call_alternate_allele_count' has 1622 missing values"):
+        out["sample_pca_projection"].compute()
+    with pytest.raises(InputError, match="missing values"):
+        sg.pca(ds, n_components=3, algorithm="randomized")["sample_pca_component"].compute()
+    nan = pca_data(np.float64)
+    nan["call_alternate_allele_count"] = nan["call_alternate_allele_count"].where(
+        ~((nan.variants == 3) & (nan.samples == 5)))
+    with pytest.raises(InputError, match="1 missing values"):
+        sg.pca(nan, n_components=3)["sample_pca_explained_variance"].compute()
+
+
+def test_pca_refuses_variants_without_variation():
+    counts, keep = complete_counts()
+    counts = counts.copy()
+    counts[4], counts[9] = 0, 2  # p = 0 and p = 1: scale 0 (a constant 1 has scale 0.5 and scales to 0)
+    ds = pca_data(np.int16).assign(call_alternate_allele_count=(("variants", "samples"), counts))
+    with pytest.raises(InputError, match="2 variants with no variation"):
+        sg.pca(ds, n_components=3).compute()
+
+
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        (dict(n_components=0), "n_components"),
+        (dict(n_components=61), "n_components"),
+        (dict(n_components=2.5), "n_components"),
+        (dict(scaler="standard"), "patterson"),
+        (dict(algorithm="arpack"), "algorithm"),
+        (dict(n_iter=-1), "n_iter"),
+        (dict(ploidy=0), "ploidy"),
+        (dict(variable="call_dosage"), "no variable 'call_dosage'"),
+    ],
+)
+def test_pca_bad_parameters(params, match):
+    with pytest.raises(InputError, match=match):
+        sg.pca(pca_data(np.int16), **params)
+
+
+def test_pca_needs_ploidy_without_its_dimension():
+    ds = pca_data(np.int16).drop_vars(["call_genotype", "call_genotype_mask"])
+    with pytest.raises(InputError, match="ploidy"):
+        sg.pca(ds, n_components=3)
+    assert_pca(sg.pca(ds, n_components=4, ploidy=2), "tsqr32", F32)
+
+
+def test_pca_variable_dimensions_checked():
+    ds = pca_data(np.int16)
+    ds["call_alternate_allele_count"] = ds["call_alternate_allele_count"].T
+    with pytest.raises(InputError, match="dimensions"):
+        sg.pca(ds)
+
+
+# --- dispatch: the kernels each op declares are those that run --------------------------------------
+
+
+def test_pca_runs_the_kernels_it_declares():
+    op = sg.pca.op
+    ran = set()
+    for ds, params in [
+        (complete_genotypes(), dict(n_components=2)),
+        (pca_data(np.int16), dict(n_components=2, algorithm="randomized")),
+    ]:
+        with kernels.recording() as calls:
+            sg.pca(ds, **params).compute()
+        assert {b for _, b in calls} == {"cpu"}
+        ran |= {n for n, _ in calls}
+    assert ran == set(op.kernels["cpu"])
+
+
+# --- GPU ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("algorithm", ["tsqr", "randomized"])
+def test_pca_gpu_equals_cpu(algorithm):
+    """The same formulas on CuPy: results on the device, equal to the CPU's within float64
+    rounding (cuBLAS and cuSOLVER sum in other orders), and sgkit's."""
+    params = dict(n_components=4, algorithm=algorithm, n_iter=1)
+    gpu = sg.pca(complete_genotypes((37, 25), "gpu"), **params)
+    cpu = sg.pca(complete_genotypes((37, 25), "cpu"), **params).compute()
+    assert B.backend_of(gpu["sample_pca_component"].data) == "gpu"
+    gpu = gpu.compute()
+    for name in OUTPUTS:
+        a, e = B.to_numpy(gpu[f"sample_pca_{name}"].data), cpu[f"sample_pca_{name}"].values
+        if a.ndim == 2:
+            a = a * np.where((a * e).sum(axis=0) < 0, -1, 1)
+        np.testing.assert_allclose(a, e, rtol=0, atol=F32 * np.abs(e).max(), err_msg=name)
+    if algorithm == "tsqr":
+        assert_pca(gpu, "tsqr32", F32)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_alternate_allele_count_gpu_equals_cpu():
+    for kind in ("bi", "multi"):
+        out = sg.count_call_alternate_alleles(dataset(kind, {"variants": 37}, "gpu"))["call_alternate_allele_count"]
+        assert B.backend_of(out.data) == "gpu"
+        np.testing.assert_array_equal(B.to_numpy(out.data), REF[f"{kind}_alt"])
