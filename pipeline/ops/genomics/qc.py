@@ -17,8 +17,9 @@ from ...backend import to_numpy
 from ...errors import InputError
 from ..registry import register
 from ._dataset import variable
+from ._dataset import variable as _variable
 
-__all__ = ["filter_samples", "filter_variants"]
+__all__ = ["filter_samples", "filter_variants", "impute_mean"]
 
 
 def _computed(x: xr.DataArray) -> np.ndarray:
@@ -107,3 +108,20 @@ def filter_samples(ds: xr.Dataset, min_call_rate: float | None = None) -> xr.Dat
             ds = stats.sample_stats(ds)
         keep &= _computed(variable(ds, "sample_call_rate", ("samples",), "f", op=name)) >= min_call_rate
     return _keep(ds, "samples", keep, name)
+
+
+@register(kernels=(), dataset=True)
+def impute_mean(ds: xr.Dataset, variable: str = "call_alternate_allele_count") -> xr.Dataset:
+    """``variable`` (variants, samples) as float64 with each missing value (negative or NaN)
+    replaced by its variant's mean over the called samples (NaN where none is called): the mean
+    imputation PLINK's ``--pca`` makes, for ``pca`` and ``gwas_linear_regression``, which take
+    complete data only (sgkit refuses missing values and leaves imputation to the user).
+    Array formulas on the dataset's backend; nothing is computed."""
+    x = _variable(ds, variable, ("variants", "samples"), "iuf", op="impute_mean")
+    values = x.astype("float64")
+    missing = (values < 0) | values.isnull()
+    called = (~missing).sum("samples")
+    mean = values.where(~missing, 0.0).sum("samples") / called.where(called > 0)
+    out = values.where(~missing, mean)
+    out.attrs = {**x.attrs, "comment": f"{variable} with missing values replaced by the variant's mean over called samples"}
+    return ds.assign({variable: out})
