@@ -157,6 +157,7 @@ def cohort_allele_count_cpu(g, cohort, n_cohorts: int, n_alleles: int):
 THREADS = 128
 UNROLL = 4
 BINS = 48  # 48 x 128 int32: 24 KiB of shared memory a block
+HIST = BINS * THREADS  # one constant: Numba CUDA takes a shared array's size from a global, not from an expression
 TILE_ROUNDS = 8  # a block covers THREADS * UNROLL * TILE_ROUNDS samples of a variant
 
 
@@ -171,7 +172,7 @@ def cohort_kernel():
 
     @cuda.jit
     def cohort_counts(g, cohort, c0, n_alleles, tiles, per_tile, out):
-        hist = cuda.shared.array(BINS * THREADS, dtype=np.int32)
+        hist = cuda.shared.array(HIST, dtype=np.int32)
         t = cuda.threadIdx.x
         n_cohorts = out.shape[1]
         bins = min(n_cohorts - c0, BINS // n_alleles) * n_alleles
