@@ -67,6 +67,7 @@ FAMILIES: dict[str, str] = {
     "saturation_vapor_pressure": "fields",
     # genomics: PCA and pairwise distances
     "alternate_allele_count": "alternate",
+    "patterson_moments": "linalg",
     "patterson_standardize": "linalg",
     "patterson_gram": "linalg",
     "top_eigenpairs": "linalg",
