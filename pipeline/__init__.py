@@ -17,6 +17,7 @@ from . import config  # noqa: F401  (registers pipeline's defaults in dask's con
 # name -> (module, attribute; None for the module itself)
 _LAZY = {
     "ops": (".ops", None),
+    "genomics": (".genomics", None),
     "gpu_available": (".backend", "gpu_available"),
     "resolve_backend": (".backend", "resolve"),
     "to_numpy": (".backend", "to_numpy"),
@@ -27,6 +28,7 @@ _LAZY = {
     "convert": (".sinks.convert", "convert"),
     "write_zarr": (".sinks.zarr", "write_zarr"),
     "open_dataset": (".sources", "open_dataset"),
+    "import_vcf": (".demo_genomics", "import_vcf"),
 }
 
 

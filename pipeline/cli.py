@@ -105,7 +105,7 @@ def _validate_one(path: str) -> str:
     if not Path(src.path).exists() and "://" not in src.path and src.demo is not None:
         return f"{line}\n  source {src.path} does not exist yet (a demo is generated when the flow runs): data checks skipped"
     sizes = ", ".join(f"{d}: {n}" for d, n in check_data(flow).items())  # the source's metadata only
-    return f"{line}\n  checked against {src.path}: {src.variable} ({sizes})"
+    return f"{line}\n  checked against {src.path}: {src.label} ({sizes})"
 
 
 def cmd_ops(args) -> int:
@@ -163,20 +163,56 @@ def cmd_info(args) -> int:
     return EXIT_OK
 
 
+CLIMATE_OPTIONS = {"size": "--size", "resolution": "--resolution", "time_chunk": "--time-chunk"}
+GENOMICS_OPTIONS = {"samples": "--samples", "variants": "--variants", "variant_chunk": "--variant-chunk",
+                    "sample_chunk": "--sample-chunk", "zarr_format": "--zarr-format", "missing": "--missing"}
+
+
 def cmd_demo(args) -> int:
     import time
 
-    from .demo import write_demo
+    from .errors import InputError
 
+    own, other = (GENOMICS_OPTIONS, CLIMATE_OPTIONS) if args.kind == "genomics" else (CLIMATE_OPTIONS, GENOMICS_OPTIONS)
+    given = [flag for key, flag in other.items() if getattr(args, key) is not None]
+    if given:
+        raise InputError(f"{', '.join(given)}: not an option of the {args.kind} demo (its options: {', '.join(own.values())})")
     t = time.perf_counter()
-    from . import config
+    if args.kind == "genomics":
+        from .demo_genomics import SAMPLE_CHUNK, VARIANT_CHUNK, write_genomics_demo
 
-    path = write_demo(
-        args.path, args.size or config.get("demo.size", "64MB"), seed=args.seed, resolution=args.resolution,
-        time_chunk=args.time_chunk, overwrite=args.overwrite, progress=_progress(args),
-    )
+        defaults = {"samples": 1_000, "variants": 10_000, "variant_chunk": VARIANT_CHUNK, "sample_chunk": SAMPLE_CHUNK,
+                    "zarr_format": 2, "missing": 0.01}
+        given = {k: getattr(args, k) for k in defaults if getattr(args, k) is not None}
+        path = write_genomics_demo(
+            args.path or "data/genomics.vcz", seed=args.seed, overwrite=args.overwrite, progress=_progress(args),
+            **{**defaults, **given},
+        )
+    else:
+        from . import config
+        from .demo import write_demo
+
+        path = write_demo(
+            args.path or "data/demo.zarr", args.size or config.get("demo.size", "64MB"), seed=args.seed,
+            resolution=args.resolution, time_chunk=73 if args.time_chunk is None else args.time_chunk, overwrite=args.overwrite, progress=_progress(args),
+        )
     from .sinks.zarr import directory_bytes
 
+    print(f"wrote {path} ({directory_bytes(path) / 1e9:.3f} GB stored) in {time.perf_counter() - t:.1f} s")
+    return EXIT_OK
+
+
+def cmd_import_vcf(args) -> int:
+    import time
+
+    from .demo_genomics import import_vcf
+    from .sinks.zarr import directory_bytes
+
+    t = time.perf_counter()
+    path = import_vcf(
+        args.vcf, args.path, variant_chunk=args.variant_chunk, sample_chunk=args.sample_chunk, zarr_format=args.zarr_format,
+        workers=args.workers, overwrite=args.overwrite, progress=_progress(args),
+    )
     print(f"wrote {path} ({directory_bytes(path) / 1e9:.3f} GB stored) in {time.perf_counter() - t:.1f} s")
     return EXIT_OK
 
@@ -273,15 +309,40 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_info)
 
-    d = sub.add_parser("demo", help="write a synthetic CF-style climate dataset as Zarr", parents=[common])
-    d.add_argument("path", nargs="?", default="data/demo.zarr")
-    d.add_argument("--size", default=None, help="total uncompressed size, e.g. 64MB, 4GB (default: the setting pipeline.demo.size, 64MB)")
+    d = sub.add_parser("demo", help="write a synthetic dataset: CF-style climate (Zarr), or genomics (VCF Zarr)",
+                       parents=[common], description="Write a synthetic dataset, deterministic from --seed: a "
+                       "CF-style climate dataset as Zarr (--kind climate, the default), or genotypes simulated by "
+                       "msprime and written by bio2zarr as VCF Zarr, with missing calls, cohorts, traits and "
+                       "covariates (--kind genomics; needs pip install 'pipeline[genomics]').")
+    d.add_argument("path", nargs="?", default=None, help="default: data/demo.zarr (climate), data/genomics.vcz (genomics)")
+    d.add_argument("--kind", choices=("climate", "genomics"), default="climate", help="default: climate")
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--resolution", type=float, default=None, help="grid spacing in degrees (default: 2.5 below 1 GiB, else 0.25)")
-    d.add_argument("--time-chunk", type=int, default=73, help="time steps per chunk (default 73)")
+    d.add_argument("--size", default=None, help="climate: total uncompressed size, e.g. 64MB, 4GB (default: the setting pipeline.demo.size, 64MB)")
+    d.add_argument("--resolution", type=float, default=None, help="climate: grid spacing in degrees (default: 2.5 below 1 GiB, else 0.25)")
+    d.add_argument("--time-chunk", type=int, default=None, help="climate: time steps per chunk (default 73)")
+    d.add_argument("--samples", type=int, default=None, help="genomics: diploid samples (default 1000)")
+    d.add_argument("--variants", type=int, default=None, help="genomics: variants, exactly (default 10000)")
+    d.add_argument("--variant-chunk", type=int, default=None, help="genomics: variants per chunk (default 1000)")
+    d.add_argument("--sample-chunk", type=int, default=None, help="genomics: samples per chunk (default 10000)")
+    d.add_argument("--zarr-format", type=int, choices=(2, 3), default=None, help="genomics: 2 (default, as bio2zarr) or 3")
+    d.add_argument("--missing", type=float, default=None, help="genomics: fraction of calls missing (default 0.01)")
     d.add_argument("--overwrite", action="store_true", help="replace a demo store pipeline wrote there")
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=cmd_demo)
+
+    iv = sub.add_parser("import-vcf", help="convert a VCF file to VCF Zarr (bio2zarr)", parents=[common],
+                        description="Convert a VCF or BCF file (plain or bgzipped; several contigs need a .tbi or "
+                        ".csi index beside it) to a VCF Zarr store with bio2zarr, all or nothing. Needs pip install "
+                        "'pipeline[genomics]'.")
+    iv.add_argument("vcf", help="the VCF (or BCF) file")
+    iv.add_argument("path", help="the new VCF Zarr store")
+    iv.add_argument("--variant-chunk", type=int, default=None, help="variants per chunk (default bio2zarr's, 1000)")
+    iv.add_argument("--sample-chunk", type=int, default=None, help="samples per chunk (default bio2zarr's, 10000)")
+    iv.add_argument("--zarr-format", type=int, choices=(2, 3), default=2, help="2 (default, as bio2zarr) or 3")
+    iv.add_argument("--workers", type=int, default=0, help="worker processes (default 0: this process)")
+    iv.add_argument("--overwrite", action="store_true", help="replace a store pipeline imported there")
+    iv.add_argument("--no-progress", action="store_true")
+    iv.set_defaults(func=cmd_import_vcf)
 
     c = sub.add_parser("convert", help="copy a store into the sharded Zarr v3 layout the GPU decodes fastest",
                        parents=[common])

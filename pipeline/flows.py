@@ -33,7 +33,8 @@ from typing import Any, Literal
 import xarray as xr
 import yaml
 from dask.utils import parse_bytes
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from . import backend as B
 from . import config
@@ -52,11 +53,16 @@ class _Strict(BaseModel):
 
 
 class DemoSource(_Strict):
-    """Generate the source with ``pipeline demo`` settings when it does not exist yet."""
+    """Generate the source with ``pipeline demo`` settings when it does not exist yet: the climate
+    dataset (``size``, ``resolution``), or with ``kind: genomics`` a VCF Zarr store of ``samples``
+    diploid samples and ``variants`` variants."""
 
+    kind: Literal["climate", "genomics"] = "climate"
     size: str = Field(default_factory=lambda: str(config.get("demo.size", "64MB")))
     seed: int = 0
     resolution: float | None = None
+    samples: int | None = Field(default=None, gt=0)
+    variants: int | None = Field(default=None, gt=0)
 
     @field_validator("size")
     @classmethod
@@ -70,10 +76,31 @@ class DemoSource(_Strict):
 
 
 class Source(_Strict):
+    """The store a flow reads: one ``variable`` (the steps are ops of a DataArray), or the
+    ``variables`` a flow of Dataset ops needs (the genomics ops, as sgkit's)."""
+
     path: str
-    variable: str
+    variable: str | None = None
+    variables: list[str] | None = Field(default=None, min_length=1)
     chunks: dict[str, int] | None = None
     demo: DemoSource | None = None
+
+    @model_validator(mode="after")
+    def _one(self):
+        if self.variable is None and self.variables is None:
+            raise PydanticCustomError("source_variable", "required key is missing (or give variables: the arrays of a dataset, for Dataset ops)")
+        if self.variable is not None and self.variables is not None:
+            raise PydanticCustomError("source_variable", "give either variable (one array) or variables (a dataset's arrays), not both")
+        return self
+
+    @property
+    def dataset(self) -> bool:
+        """Whether the steps work on a Dataset (``variables``)."""
+        return self.variables is not None
+
+    @property
+    def label(self) -> str:
+        return self.variable if self.variable is not None else ", ".join(self.variables or ())
 
 
 NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -94,7 +121,9 @@ class Sink(_Strict):
     path: str
     mode: Literal["overwrite", "fail"] = "overwrite"
     name: str | None = Field(default=None, pattern=NAME)  # variable name of a single result
-    variables: list[str] | None = Field(default=None, min_length=1)  # step names to write
+    # the steps whose results to write; in a flow of Dataset ops, the last step's variables to write
+    # (default: those the steps added)
+    variables: list[str] | None = Field(default=None, min_length=1)
 
 
 class Flow(_Strict):
@@ -123,6 +152,8 @@ def _messages(file: str, err: ValidationError, prefix: tuple = ()) -> list[str]:
     for e in err.errors():
         loc = _loc((*prefix, *e["loc"]))
         msg = e["msg"]
+        if e["type"] == "source_variable":
+            loc = _loc((*prefix, *e["loc"], "variable"))
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
         elif e["type"] == "missing":
@@ -154,11 +185,18 @@ def parse_flow(data: Any, file: str = "<flow>") -> Flow:
         except KeyError as e:
             problems.append(f"{file}: steps[{i}].op: {e.args[0]}")
             continue
+        if op.dataset != flow.source.dataset:
+            problems.append(
+                f"{file}: steps[{i}].op: {step.op!r} takes a Dataset; give the source's variables (source.variables)"
+                if op.dataset else
+                f"{file}: steps[{i}].op: {step.op!r} takes one variable (source.variable), and this flow's source "
+                "gives a dataset (source.variables): its steps are ops of datasets"
+            )
         try:
             op.params(**step.params)
         except ValidationError as e:
             problems.extend(_messages(file, e, ("steps", i, "params")))
-    for v in flow.sink.variables or ():
+    for v in () if flow.source.dataset else flow.sink.variables or ():
         if v not in known[1:]:
             problems.append(f"{file}: sink.variables: {v!r} is not a step (steps: {', '.join(known[1:])})")
     if flow.sink.variables and flow.sink.name:
@@ -250,8 +288,11 @@ def load_flow(path: str | Path) -> Flow:
 # --- building and running ------------------------------------------------------------------------
 
 
-def _layers(x: xr.DataArray) -> set[str]:
-    return set(x.data.__dask_graph__().layers)
+def _layers(x: xr.DataArray | xr.Dataset) -> set[str]:
+    if isinstance(x, xr.Dataset):
+        return set().union(*(_layers(v) for v in x.data_vars.values()))
+    graph = getattr(x.data, "__dask_graph__", None)
+    return set(graph().layers) if graph is not None else set()
 
 
 @dataclass
@@ -261,7 +302,7 @@ class BuiltFlow:
 
     flow: Flow
     backend: str
-    source: xr.DataArray
+    source: xr.DataArray | xr.Dataset  # a Dataset for a flow of Dataset ops
     result: xr.DataArray | xr.Dataset
     parts: dict[str, set[str]] = field(default_factory=dict)
     source_attrs: dict = field(default_factory=dict)  # the source store's global attributes
@@ -281,10 +322,16 @@ def ensure_source(flow: Flow) -> bool:
     src = flow.source
     if Path(src.path).exists() or src.demo is None:
         return False
-    from .demo import write_demo
-
     try:
-        write_demo(src.path, src.demo.size, seed=src.demo.seed, resolution=src.demo.resolution)
+        if src.demo.kind == "genomics":
+            from .demo_genomics import write_genomics_demo
+
+            sizes = {k: v for k, v in (("samples", src.demo.samples), ("variants", src.demo.variants)) if v is not None}
+            write_genomics_demo(src.path, seed=src.demo.seed, **sizes)
+        else:
+            from .demo import write_demo
+
+            write_demo(src.path, src.demo.size, seed=src.demo.seed, resolution=src.demo.resolution)
     except InputError:
         if not Path(src.path).exists():  # another run may have written it meanwhile
             raise
@@ -313,9 +360,12 @@ def check_data(flow: Flow) -> dict[str, int]:
     except (OSError, ValueError) as e:
         raise FlowError(f"{f}: source.path: {src.path}: cannot be opened: {e}") from None
     with ds:
-        if src.variable not in ds.data_vars:
-            raise FlowError(f"{f}: source.variable: {src.path}: no variable {src.variable!r} "
-                            f"(variables: {', '.join(map(str, ds.data_vars))})")
+        for key, name in [("source.variable", src.variable)] if not src.dataset else [("source.variables", v) for v in src.variables]:
+            if name not in ds.data_vars:
+                raise FlowError(f"{f}: {key}: {src.path}: no variable {name!r} "
+                                f"(variables: {', '.join(map(str, ds.data_vars))})")
+        if src.dataset:  # the Dataset ops check their variables when the graph is built
+            return {str(d): int(n) for d, n in ds[src.variables].sizes.items()}
         results = {"source": shapes.meta_of(ds, src.variable)}
     x = results["source"]
     for i, step in enumerate(flow.steps):
@@ -341,12 +391,12 @@ def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
     _check_source_path(flow)
     t_open = time.perf_counter()
     try:
-        ds = open_dataset(src.path, backend=target, chunks=src.chunks, variables=[src.variable])
+        ds = open_dataset(src.path, backend=target, chunks=src.chunks, variables=src.variables or [src.variable])
     except InputError as e:
-        key = "source.variable" if "no variable" in str(e) else "source.path"
+        key = ("source.variables" if src.dataset else "source.variable") if "no variable" in str(e) else "source.path"
         raise FlowError(f"{f}: {key}: {e}") from None
     t_open = time.perf_counter() - t_open
-    results = {"source": ds[src.variable]}
+    results = {"source": ds if src.dataset else ds[src.variable]}
     parts = {"read": _layers(results["source"])}
     seen = set(parts["read"])
     x = results["source"]
@@ -362,7 +412,9 @@ def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
         layers = _layers(x)
         parts[f"{i}:{step.label}"] = layers - seen
         seen |= layers
-    if flow.sink.variables:
+    if src.dataset:
+        result = _dataset_result(flow, x, results["source"])
+    elif flow.sink.variables:
         result = xr.Dataset({v: results[v].rename(v) for v in flow.sink.variables})
     else:  # named after what it is (the last step), not after the source variable it came from
         name = flow.sink.name or flow.steps[-1].label
@@ -374,9 +426,33 @@ def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
     return BuiltFlow(flow, target, results["source"], result, parts, dict(ds.attrs), t_open)
 
 
-def arrays_read(source: xr.DataArray) -> list[str]:
-    """The stored arrays a run reads: the source variable and its coordinates."""
+def _dataset_result(flow: Flow, result: xr.Dataset, source: xr.Dataset) -> xr.Dataset:
+    """What a flow of Dataset ops writes: ``sink.variables`` of its last step's Dataset, or the
+    variables its steps added."""
+    names = flow.sink.variables or [v for v in result.data_vars if v not in source.data_vars]
+    missing = [v for v in names if v not in result.variables]
+    if missing:
+        raise FlowError(f"{flow._file}: sink.variables: the result has no variable {', '.join(map(repr, missing))} "
+                        f"(its variables: {', '.join(map(str, result.data_vars))})")
+    if not names:
+        raise FlowError(f"{flow._file}: sink.variables: the steps add no variable; name the variables to write")
+    return result[names]
+
+
+def arrays_read(source: xr.DataArray | xr.Dataset) -> list[str]:
+    """The stored arrays a run reads: the source variable and its coordinates (every variable of
+    a Dataset source)."""
+    if isinstance(source, xr.Dataset):
+        return [*map(str, source.data_vars), *map(str, source.coords)]
     return [str(source.name), *map(str, source.coords)]
+
+
+def source_array(source: xr.DataArray | xr.Dataset) -> xr.DataArray:
+    """The array that stands for a run's input in its memory plan and report: the source variable,
+    or a Dataset's largest variable (``call_genotype`` for a VCF Zarr store)."""
+    if isinstance(source, xr.Dataset):
+        return max(source.data_vars.values(), key=lambda v: v.nbytes)
+    return source
 
 
 def fingerprint(flow: Flow, arrays: list[str] | None = None) -> str:
@@ -525,14 +601,15 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume, im
     results = built.result.data_vars.values() if isinstance(built.result, xr.Dataset) else [built.result]
     mem_plan = None
     if client is None:  # a cluster's workers keep their own limits and spill
-        mem_plan = memory.plan(built.source.data, *(r.data for r in results), backend=built.backend)
+        mem_plan = memory.plan(source_array(built.source).data, *(r.data for r in results if hasattr(r.data, "dask")),
+                               backend=built.backend)
         memory.check(mem_plan, f"{flow._file}: ")
     from .exec.spill import spilled_bytes
 
     out = _as_dataset(built.result, output_attrs(flow, built.source_attrs, rep["command"], datetime.now(timezone.utc)))
-    log.info("flow %s (%s): %s from %s on %s -> %s", flow.name, flow._file, flow.source.variable, flow.source.path,
+    log.info("flow %s (%s): %s from %s on %s -> %s", flow.name, flow._file, flow.source.label, flow.source.path,
              built.backend, sink_path, extra={"flow": flow.name, "flow_file": flow._file, "source": flow.source.path,
-                                               "variable": flow.source.variable, "backend": built.backend,
+                                               "variable": flow.source.label, "backend": built.backend,
                                                "sink": str(sink_path), "steps": [s.label for s in flow.steps]})
     spilled_bytes(reset=True)
     # a partial output is resumed only if written from this flow, on these inputs, on this backend
@@ -544,9 +621,9 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume, im
         )
     by_part = {part: _timing(t) for part, t in attribute(times, built.parts).items()}
 
-    src_var = Path(flow.source.path) / flow.source.variable
-    stored_read = directory_bytes(src_var) if src_var.is_dir() else directory_bytes(flow.source.path)
+    stored_read = sum(_stored_bytes(flow.source.path, v) for v in (flow.source.variables or [flow.source.variable]))
     nbytes_read = int(built.source.nbytes)
+    src_array = source_array(built.source)
     steps = []
     for i, step in enumerate(flow.steps):
         t = by_part[f"{i}:{step.label}"]
@@ -558,11 +635,11 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume, im
         "cluster": describe(client),
         "source": {
             "path": flow.source.path,
-            "variable": flow.source.variable,
+            "variable": flow.source.label,
             "generated": generated,
             "generate_seconds": round(t_source, 3),
-            "shape": list(built.source.shape),
-            "chunks": [list(c) for c in built.source.data.chunks],
+            "shape": list(src_array.shape),
+            "chunks": [list(c) for c in src_array.data.chunks],
         },
         "sink": {"path": str(sink_path), "bytes_stored": directory_bytes(sink_path), "nbytes": int(built.result.nbytes),
                  "variables": list(map(str, out.data_vars)), "attrs": out.attrs, "digests": written.digests,
@@ -589,6 +666,14 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume, im
                     "steps": {s["name"]: {k: s[k] for k in ("task_seconds", "tasks", "fused_into") if k in s}
                               for s in steps}})
     return done
+
+
+def _stored_bytes(path: str, variable: str) -> int:
+    """Bytes stored for one variable of a store (the whole file for NetCDF)."""
+    from .sinks.zarr import directory_bytes
+
+    var = Path(path) / variable
+    return directory_bytes(var) if var.is_dir() else directory_bytes(path)
 
 
 def _initialize(backend: str) -> None:

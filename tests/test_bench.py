@@ -44,7 +44,7 @@ def flow_file(tmp_path: Path, steps: list[dict], sink: dict) -> Path:
 
 
 def test_every_op_has_an_xarray_peer():
-    assert set(bench.PEERS) == {op.name for op in ops.all_ops() if not op.dataset}  # flows' ops, of DataArrays
+    assert set(bench.PEERS) == {op.name for op in ops.all_ops() if not op.dataset}  # Dataset ops: sgkit's fixtures
 
 
 @pytest.mark.parametrize("flow", FLOWS, ids=lambda p: p.stem)

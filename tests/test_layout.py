@@ -34,6 +34,7 @@ ALLOWED = {
     "sinks": {"backend", "exec", "sources", *FOUNDATION},
     "ops": {"backend", "kernels", "reduce", "exec", *FOUNDATION},
     "demo": {"sinks", *FOUNDATION},
+    "demo_genomics": {"sinks", *FOUNDATION},
 }
 TOP = {"flows", "bench", "cli", "genomics", "__init__", "__main__"}  # may import anything
 

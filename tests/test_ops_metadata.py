@@ -59,7 +59,7 @@ def test_every_op_declares_a_metadata_rule():
     assert not missing, f"ops without a Produces rule: {missing}"
 
 
-@pytest.mark.parametrize("name", [op.name for op in pipeline.ops.all_ops() if not op.dataset])
+@pytest.mark.parametrize("name", [n for n in pipeline.ops.names() if not pipeline.ops.get(n).dataset])
 def test_every_op_says_what_its_result_is(name):
     assert name in SAMPLE, f"add sample parameters for op {name!r} to SAMPLE"
     x = tas()

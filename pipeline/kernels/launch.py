@@ -341,8 +341,9 @@ def numba_cuda():
     return cuda
 
 
-def launch_numba(kernel, npts: int, *args, threads: int = THREADS):
-    """Launch the Numba CUDA ``kernel`` over ``npts`` points, ``threads`` to a block.
+def launch_numba(kernel, npts: int, *args, threads: int | tuple[int, ...] = THREADS, grid: tuple[int, ...] | None = None):
+    """Launch the Numba CUDA ``kernel`` over ``npts`` points, ``threads`` to a block (or on
+    ``grid`` blocks of ``threads``, a shape each, where the kernel's threads are not one a point).
 
     CuPy arguments: on CuPy's current stream, so the kernel is ordered with CuPy's work on it
     without the host waiting. By default numba-cuda would synchronise the host with the stream each
@@ -350,7 +351,8 @@ def launch_numba(kernel, npts: int, *args, threads: int = THREADS):
     thread behind the GPU. Anything else (NumPy under the simulator) is launched as it is.
     """
     cuda = numba_cuda()
-    grid = blocks(npts, threads)
+    if grid is None:
+        grid = blocks(npts, threads)
     if any(hasattr(a, "__cuda_array_interface__") for a in args) and hasattr(cuda, "external_stream"):
         import cupy
 

@@ -44,7 +44,8 @@ da = _deferred("dask.array")  # imported when the first graph is built
 MANIFEST = ".pipeline.json"
 DIGEST_RULE = (
     "sha256 of the concatenated sha256 digests of each stored chunk's values (each shard's, where "
-    "sharded) as C-ordered little-endian bytes, in C order of the chunk grid"
+    "sharded) as C-ordered little-endian bytes (variable-length strings: each value's UTF-8 bytes after "
+    "their count as a little-endian uint64), in C order of the chunk grid"
 )
 
 
@@ -140,10 +141,17 @@ def _encoded(var: xr.Variable, name: str, enc: dict) -> xr.Variable:
 
 def block_sha(values: np.ndarray) -> str:
     """The digest of one stored chunk's values (:data:`DIGEST_RULE`), hashed where they lie: a
-    copy of a 300 MB block costs as much as the hash."""
+    copy of a 300 MB block costs as much as the hash. Variable-length strings (object arrays, NumPy's
+    StringDType: the sample and variant names of VCF Zarr stores) are hashed by value, not by the
+    pointers their arrays hold."""
+    if values.dtype.kind in "OT":
+        h = hashlib.sha256()
+        for v in np.asarray(values).reshape(-1).tolist():
+            b = v if isinstance(v, bytes) else str(v).encode()
+            h.update(len(b).to_bytes(8, "little") + b)
+        return h.hexdigest()
     values = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<"))
-    data = values.tobytes() if values.dtype.hasobject else values.reshape(-1).view(np.uint8)
-    return hashlib.sha256(data).hexdigest()
+    return hashlib.sha256(values.reshape(-1).view(np.uint8)).hexdigest()
 
 
 def _combine(block_digests: Iterable[str]) -> str:
@@ -463,6 +471,48 @@ def write_zarr(
             raise
     written.path = final
     return written
+
+
+@contextlib.contextmanager
+def staged(path: str | os.PathLike, *, mode: str = "fail", kind: str = "output", protect: Iterable[str | os.PathLike] = (), **manifest):
+    """All or nothing for a store that another writer makes (bio2zarr, say): yields the hidden
+    partial path beside ``path`` (``.NAME.partial``, not yet created), for the caller to write the
+    whole store into; once the block ends without error, the manifest (``kind``, ``manifest``'s
+    fields) is written into it and it is renamed into place. An exception or an interrupt
+    removes the partial store. ``mode`` and ``protect`` as :func:`write_zarr`'s: an existing
+    ``path`` is replaced only where pipeline wrote it (``mode="overwrite"``), and a run holds the
+    lock of ``path`` while it writes."""
+    check_target(path, mode=mode, protect=protect, kind=kind)
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = _siblings(final)[0]
+    with _locked(final) as (previous, note):
+        _clear_leftovers(final, previous, keep_partial=False)
+        check_target(path, mode=mode, protect=protect, kind=kind)  # again, under the lock
+        reserved = False
+        try:
+            if mode == "fail":
+                try:
+                    os.mkdir(final)  # atomic: of two runs, one reserves the path
+                except FileExistsError:
+                    raise InputError(f"{path}: already exists (another run created it meanwhile)") from None
+                reserved = True
+                note(reserved=True)
+            yield partial
+            if not partial.is_dir():
+                raise RuntimeError(f"{partial}: the store was not written")
+            _write_manifest(partial, kind=kind, complete=True, **manifest)
+            if reserved:
+                os.rename(partial, final)  # onto the empty reserved directory: atomic
+            else:
+                _replace(partial, final)
+            note()
+        except BaseException:
+            _remove(partial)
+            if reserved:
+                with contextlib.suppress(OSError):
+                    final.rmdir()
+            raise
 
 
 def _write(ds, partial: Path, encoding, zarr_format, fingerprint, kind, progress, threads, fresh: bool, store_block=store_with_zarr) -> Written:

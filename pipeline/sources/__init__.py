@@ -3,7 +3,8 @@
 One :class:`Format` per kind of store, found by :func:`store_format`. Each opens its store with
 xarray, values still packed; :func:`open_dataset` then moves every variable to the backend (on the
 GPU, a format may read its chunks straight to the device) and CF-decodes its values there
-(:mod:`.cf`). A new kind of store (VCF Zarr, say) is one more entry in ``FORMATS``.
+(:mod:`.cf`). A new kind of store is one more entry in ``FORMATS``: VCF Zarr (:mod:`.vcf`) is one,
+a Zarr store whose values are data as stored (no CF masking, characters not joined).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .. import backend as B
 from ..deferred import module as _deferred
 from ..errors import InputError
 from ..reduce.declare import declare
-from . import cf, netcdf, reads, zarr
+from . import cf, netcdf, reads, vcf, zarr
 from .cf import decode
 
 da = _deferred("dask.array")  # imported when the first graph is built
@@ -34,17 +35,27 @@ class Format:
     ``detect(path) -> name | None`` recognises it; ``open(path, name, chunks, **decoding)`` opens it with xarray
     (``decoding``: xarray's ``decode_cf``, ``mask_and_scale``); ``shard_chunks(path)`` gives the Dask chunks of its
     shards (or ``{}``); ``device_array(path, variable, chunks)``, where given, reads a variable's
-    chunks straight to the GPU.
+    chunks straight to the GPU. ``is_zarr``: a Zarr store (a chunk that cannot be read is named by
+    zarr). ``stored_values``: values are data as stored (VCF Zarr's -1 and -2 in integers), not
+    CF-packed: nothing is masked or scaled, characters are not joined, booleans also go to the
+    backend, and every variable xarray leaves as stored takes ``device_array`` on the GPU.
     """
 
     detect: Callable[[Path], str | None]
     open: Callable
     shard_chunks: Callable[..., dict] | None = None
     device_array: Callable | None = None
+    is_zarr: bool = False
+    stored_values: bool = False
 
 
-ZARR = Format(zarr.detect, zarr.open_store, zarr._shard_chunks, zarr.device_array)
-FORMATS: dict[str, Format] = {"zarr3": ZARR, "zarr2": ZARR, "netcdf": Format(netcdf.detect, netcdf.open_store, device_array=netcdf.device_array)}
+ZARR = Format(zarr.detect, zarr.open_store, zarr._shard_chunks, zarr.device_array, is_zarr=True)
+VCF_ZARR = Format(vcf.detect, vcf.open_store, zarr._shard_chunks, zarr.device_array, is_zarr=True, stored_values=True)
+# in the order formats are tried: a VCF Zarr store is also a Zarr store
+FORMATS: dict[str, Format] = {
+    vcf.NAME: VCF_ZARR, "zarr3": ZARR, "zarr2": ZARR,
+    "netcdf": Format(netcdf.detect, netcdf.open_store, device_array=netcdf.device_array),
+}
 
 
 def is_url(path) -> bool:
@@ -52,8 +63,8 @@ def is_url(path) -> bool:
 
 
 def store_format(path: str | os.PathLike) -> str:
-    """The name of the format of a local store ("zarr3", "zarr2", "netcdf"); raises InputError
-    naming the path otherwise."""
+    """The name of the format of a local store ("vcf-zarr", "zarr3", "zarr2", "netcdf"); raises
+    InputError naming the path otherwise."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{path}: no such file or directory")
@@ -81,7 +92,9 @@ def open_dataset(
     Parameters
     ----------
     path
-        A Zarr v2/v3 store (directory, or URL) or a NetCDF file.
+        A Zarr v2/v3 store (directory, or URL) or a NetCDF file. A local VCF Zarr store (as
+        bio2zarr and sgkit write them) is read as sgkit's ``load_dataset`` reads it
+        (:mod:`.vcf`): values as stored, whatever ``decode_cf`` says.
     backend
         "auto" (the GPU when one is visible), "cpu" or "gpu"; None reads ``pipeline.backend``.
     chunks
@@ -118,10 +131,11 @@ def open_dataset(
     elif isinstance(chunks, Mapping):
         # dimensions left out take one block per shard, not xarray's choice (the inner chunks)
         chunks = {**stored, **chunks}
-    masks = cf.xarray_masks(raw) if decode_cf else False
+    by_xarray = cf.xarray_masks(raw)  # the variables xarray decodes itself (times, booleans as integers)
+    masks = by_xarray if decode_cf and not fmt.stored_values else False
     # xarray decodes what pipeline leaves to it (times, booleans, and the masks of ``masks``) on the
     # store already open: its decode_cf takes mask_and_scale per variable, as open_dataset does
-    ds = _decode(raw, path, name, masks)
+    ds = _decode(raw, path, name, masks, concat_characters=not fmt.stored_values)
     if variables is not None:
         variables = list(variables)
         missing = [v for v in variables if v not in ds.data_vars]
@@ -130,22 +144,42 @@ def open_dataset(
                 f"{path}: no variable {', '.join(map(repr, missing))} (variables: {', '.join(map(str, ds.data_vars))})"
             )
         ds = ds[variables]
-    ds = _chunked(ds, path, chunks or {}, zarr_path=str(path) if fmt is ZARR else None)
+    ds = _chunked(ds, path, chunks or {}, zarr_path=str(path) if fmt.is_zarr else None)
     direct = target == "gpu" and local and fmt.device_array is not None
     for var_name, var in ds.variables.items():
         if var_name in ds.indexes or not isinstance(var.data, da.Array):
             continue
-        data, unpack = var.data, decode_cf and not (masks or {}).get(str(var_name), False)
-        if var_name in ds.data_vars and cf.is_numeric(var.dtype):
-            if direct and unpack:  # compressed chunks go to the GPU and decode there (pipeline.gpu.reader)
+        if fmt.stored_values:
+            unpack = False
+            on_device = var.dtype.kind in "biuf"  # numbers and booleans; strings stay on the host
+            read_direct = on_device and not by_xarray.get(str(var_name), False)  # values as the chunks hold them
+        else:
+            unpack = decode_cf and not (masks or {}).get(str(var_name), False)
+            on_device, read_direct = cf.is_numeric(var.dtype), unpack
+        data = var.data
+        if var_name in ds.data_vars and on_device:
+            if direct and read_direct:  # compressed chunks go to the GPU and decode there (pipeline.gpu.reader)
                 data = fmt.device_array(path, str(var_name), data.chunks)
             else:
                 data = B.to_backend(data, target)
         attrs, encoding = dict(var.attrs), dict(var.encoding)
         if unpack:
             data, attrs, encoding = cf.decode(data, attrs, encoding, str(var_name))
+        elif fmt.stored_values:
+            data, attrs, encoding = _as_stored(data, attrs, encoding, str(var_name))
         ds[var_name] = xr.Variable(var.dims, data, attrs, encoding)
     return ds
+
+
+def _as_stored(data, attrs: dict, encoding: dict, name: str):
+    """A variable of a store whose values are data (:mod:`.vcf`): its CF attributes move to the
+    encoding, its values stay as stored; a ``*_mask`` that is not boolean becomes boolean, as
+    sgkit's ``load_dataset`` makes it."""
+    moved = {k: attrs[k] for k in cf.PACKING_ATTRS if k in attrs}
+    attrs = {k: v for k, v in attrs.items() if k not in moved}
+    if name.endswith("_mask") and data.dtype.kind in "biuf" and data.dtype != bool:
+        data = data.astype(bool)
+    return data, attrs, {**encoding, **moved}
 
 
 def blocks_along_first(raw: xr.Dataset, stored: Mapping, target_bytes: int, min_blocks: int = 0) -> dict:
@@ -160,11 +194,16 @@ def blocks_along_first(raw: xr.Dataset, stored: Mapping, target_bytes: int, min_
     of 1, 2, 3 and 5 shards of 303 MB took 0.30, 0.23, 0.21 and 0.19 s (benchmarks/RESULTS.md). On
     the CPU, a task per 4 MB chunk costs more than reading it: on 2 cores, 365 steps of 181 x 360
     in one-step chunks took 1.36 s (Zarr v2 Blosc) and 2.77 s (NetCDF4 zlib) one chunk a block,
-    0.23 s and 0.46 s in grouped blocks."""
+    0.23 s and 0.46 s in grouped blocks.
+
+    A dimension that is not the first of every variable it belongs to keeps its stored chunks: in
+    a VCF Zarr store, ``samples`` is the first dimension of ``sample_trait`` (a few bytes a sample)
+    but the second of ``call_genotype``, whose blocks would grow by what fits ``sample_trait``."""
     if not target_bytes:
         return dict(stored)
     chunks: dict = {}
     grow: dict = {}  # first dimension -> stored chunks a block, the fewest any variable there allows
+    later = {d for var in raw.data_vars.values() for d in var.dims[1:]}
     for var in raw.data_vars.values():
         if var.ndim == 0:
             continue
@@ -175,7 +214,7 @@ def blocks_along_first(raw: xr.Dataset, stored: Mapping, target_bytes: int, min_
         nbytes = math.prod(shape) * var.dtype.itemsize
         count = math.ceil(var.shape[0] / shape[0])  # stored chunks along the first dimension
         fits = max(1, min(target_bytes // max(1, nbytes), count, count // min_blocks if min_blocks else count))
-        grow[var.dims[0]] = min(grow.get(var.dims[0], fits), fits)
+        grow[var.dims[0]] = 1 if var.dims[0] in later else min(grow.get(var.dims[0], fits), fits)
     for dim, k in grow.items():
         chunks[dim] *= k
     return chunks
@@ -189,9 +228,9 @@ def _open(fmt: Format, path, kind: str, name: str, **decoding) -> xr.Dataset:
         raise InputError(f"{path}: could not be opened as {name}: {e}") from e
 
 
-def _decode(raw: xr.Dataset, path, name: str, masks) -> xr.Dataset:
+def _decode(raw: xr.Dataset, path, name: str, masks, concat_characters: bool = True) -> xr.Dataset:
     try:
-        return xr.decode_cf(raw, mask_and_scale=masks)
+        return xr.decode_cf(raw, mask_and_scale=masks, concat_characters=concat_characters)
     except (ValueError, KeyError, TypeError) as e:
         raise InputError(f"{path}: could not be decoded as {name}: {e}") from e
 
@@ -239,4 +278,4 @@ def _mtime(path) -> float | None:
         return None
 
 
-__all__ = ["FORMATS", "Format", "decode", "is_url", "open_dataset", "store_format"]
+__all__ = ["FORMATS", "Format", "VCF_ZARR", "decode", "is_url", "open_dataset", "store_format"]

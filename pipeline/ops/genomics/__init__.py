@@ -18,7 +18,7 @@ from __future__ import annotations
 from importlib import import_module
 
 # the modules that register the genomics ops; each defines its public functions in __all__
-MODULES = ("stats", "popgen", "pca", "distance", "ld", "gwas")
+MODULES = ("stats", "window", "popgen", "pca", "distance", "ld", "gwas", "qc")
 
 __all__: list[str] = []
 for _name in MODULES:

@@ -1,0 +1,192 @@
+"""pipeline's genomics ops against sgkit on the same VCF Zarr store, in the same run.
+
+The same analysis code runs twice, once with ``sg = sgkit`` and once with ``sg =
+pipeline.genomics`` (the names and parameters are sgkit's), each in a fresh process per group:
+
+- ``counting``: ``variant_stats`` + ``sample_stats`` + ``hardy_weinberg_test``;
+- ``popgen``: ``window_by_variant`` (1,000 variants), then ``diversity`` + ``Fst`` by cohort;
+- ``gwas``: ``gwas_linear_regression`` of ``sample_trait`` on the alternate-allele dosage with
+  ``sample_covariate``;
+- ``pca``: ``pca`` (10 components, tsqr) of the alternate-allele counts;
+- ``distance``: ``pairwise_distance`` (euclidean) between the first ``--distance-samples``
+  samples over the first ``--distance-variants`` variants.
+
+Every group works on the store's biallelic variants (the HWE test and PCA need them); for ``pca``
+and ``gwas`` missing calls count as the reference allele and monomorphic variants are left out,
+as sgkit's PCA requires. That selection is made once, before any timing, the same for both. A
+process times its import and opening, the first run of its group and a second (warm) run; the
+parent times the whole process and checks that pipeline's results equal sgkit's.
+
+sgkit 0.10 pins zarr<3; its code runs on current numpy/dask/xarray when installed without its
+pins (``pip install --no-deps --target DIR sgkit==0.10.0 scikit-learn``; ``--sgkit DIR``), and
+reads the store through xarray (zarr 3 reads Zarr v2 stores).
+
+    python benchmarks/genomics_sgkit.py STORE --sgkit DIR --json genomics.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+T_START = time.perf_counter()
+GROUPS = ("counting", "popgen", "gwas", "pca", "distance")
+
+
+def _select(ds, sg_name: str):
+    """The biallelic variants, and the dosage (missing as reference) with its polymorphic
+    variants: the same selection for both tools."""
+    import numpy as np
+
+    alleles = np.asarray(ds["variant_allele"].values)
+    n_alleles = np.array([[bool(a) for a in row] for row in alleles]).sum(axis=1)
+    ds = ds.isel(variants=np.flatnonzero(n_alleles == 2), alleles=slice(0, 2))
+    return ds
+
+
+def _dosage(ds):
+    import numpy as np
+    import dask
+
+    ac = ds["call_genotype"].clip(0).sum("ploidy").astype("int8")
+    total = ac.sum("samples").data
+    (total,) = dask.compute(total)
+    total = np.asarray(total.get() if hasattr(total, "get") else total)
+    keep = np.flatnonzero((total > 0) & (total < 2 * ds.sizes["samples"]))
+    return ds.assign(call_alternate_allele_count=ac, call_dosage=ac.astype("float64")).isel(variants=keep)
+
+
+def _analysis(group: str, sg, ds, distance_shape):
+    if group == "counting":
+        v = sg.variant_stats(ds, merge=False)
+        s = sg.sample_stats(ds, merge=False)
+        h = sg.hardy_weinberg_test(ds, merge=False)
+        return {"variant_call_rate": v.variant_call_rate, "variant_allele_frequency": v.variant_allele_frequency,
+                "variant_n_het": v.variant_n_het, "sample_call_rate": s.sample_call_rate, "sample_n_het": s.sample_n_het,
+                "variant_hwe_p_value": h.variant_hwe_p_value}
+    if group == "popgen":
+        w = sg.window_by_variant(ds, size=1000)
+        return {"stat_diversity": sg.diversity(w, merge=False).stat_diversity, "stat_Fst": sg.Fst(w, merge=False).stat_Fst}
+    if group == "gwas":
+        r = sg.gwas_linear_regression(ds, dosage="call_dosage", covariates=["sample_covariate"], traits=["sample_trait"], merge=False)
+        return {"variant_linreg_beta": r.variant_linreg_beta, "variant_linreg_p_value": r.variant_linreg_p_value}
+    if group == "pca":
+        d = ds.assign(call_alternate_allele_count=ds.call_alternate_allele_count.chunk({"samples": -1}))
+        r = sg.pca(d, n_components=10, algorithm="tsqr", merge=False)
+        return {"sample_pca_explained_variance": r.sample_pca_explained_variance}
+    if group == "distance":
+        nv, ns = distance_shape
+        x = ds.call_dosage[:nv, :ns].T.chunk({"variants": 1000})
+        return {"distance": sg.pairwise_distance(x.data, metric="euclidean")}
+    raise ValueError(group)
+
+
+def one(tool: str, group: str, store: str, distance_shape) -> dict:
+    """Run ``group`` with ``tool`` in this process: seconds of import + open, first run, warm run."""
+    import numpy as np
+
+    if tool == "sgkit":
+        import dask
+        import sgkit as sg
+        import xarray as xr
+
+        ds = xr.open_zarr(store, concat_characters=False, mask_and_scale=False)
+        compute = dask.compute
+        to_numpy = np.asarray
+    else:
+        import pipeline
+        import pipeline.genomics as sg
+
+        ds = pipeline.open_dataset(store, backend=tool.removeprefix("pipeline-"))
+        compute, to_numpy = (lambda *xs: pipeline.compute(list(xs))), pipeline.to_numpy
+    t_ready = time.perf_counter()
+    ds = _select(ds, tool)
+    if group in ("gwas", "pca", "distance"):
+        ds = _dosage(ds)
+    t_selected = time.perf_counter()
+    times, values = [], None
+    for _ in range(2):
+        t = time.perf_counter()
+        out = _analysis(group, sg, ds, distance_shape)
+        keys = list(out)
+        results = compute(*[v.data if hasattr(v, "dims") else v for v in out.values()])
+        times.append(time.perf_counter() - t)
+        values = {k: np.asarray(to_numpy(r), dtype=np.float64) for k, r in zip(keys, results)}
+    return {"tool": tool, "group": group, "import_open_seconds": t_ready - T_START,
+            "select_seconds": t_selected - t_ready, "first_seconds": times[0], "warm_seconds": times[1],
+            "values": {k: v.tolist() if v.size <= 64 else None for k, v in values.items()},
+            "digest": {k: [float(np.nansum(v)), float(np.nanmax(np.abs(v))) if np.isfinite(v).any() else 0.0,
+                           int(np.isnan(v).sum()), list(v.shape)] for k, v in values.items()}}
+
+
+def _agree(a: dict, b: dict) -> str:
+    """Worst relative difference of the digests (sums, largest magnitudes, NaN counts)."""
+    worst = 0.0
+    for k, (s1, m1, n1, sh1) in a["digest"].items():
+        s2, m2, n2, sh2 = b["digest"][k]
+        if sh1 != sh2 or n1 != n2:
+            return f"{k}: shapes {sh1}/{sh2} or NaNs {n1}/{n2} differ"
+        worst = max(worst, abs(s1 - s2) / max(abs(s2), 1e-300), abs(m1 - m2) / max(abs(m2), 1e-300))
+    return f"{worst:.1e}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("store")
+    p.add_argument("--sgkit", help="a folder holding sgkit (prepended to sgkit's PYTHONPATH)")
+    p.add_argument("--groups", default=",".join(GROUPS))
+    p.add_argument("--tools", default="pipeline-gpu,pipeline-cpu,sgkit")
+    p.add_argument("--distance-variants", type=int, default=20_000)
+    p.add_argument("--distance-samples", type=int, default=2_000)
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--json")
+    p.add_argument("--one", nargs=2, metavar=("TOOL", "GROUP"), help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    shape = (a.distance_variants, a.distance_samples)
+    if a.one:
+        print("RESULT " + json.dumps(one(a.one[0], a.one[1], a.store, shape)), flush=True)
+        return 0
+    rows = []
+    for group in a.groups.split(","):
+        by_tool = {}
+        for tool in a.tools.split(","):
+            env = dict(os.environ)
+            if tool == "sgkit" and a.sgkit:
+                env["PYTHONPATH"] = os.pathsep.join([a.sgkit, env.get("PYTHONPATH", "")])
+            cmd = [sys.executable, __file__, a.store, "--one", tool, group, "--distance-variants", str(shape[0]),
+                   "--distance-samples", str(shape[1])]
+            t = time.perf_counter()
+            try:
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
+            except subprocess.TimeoutExpired:
+                print(f"{group:9s} {tool:13s} timed out after {a.timeout:.0f} s", flush=True)
+                continue
+            wall = time.perf_counter() - t
+            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode or not line:
+                print(f"{group:9s} {tool:13s} failed: {proc.stderr.strip()[-1500:]}", flush=True)
+                continue
+            r = json.loads(line[-1][7:]) | {"process_seconds": wall}
+            by_tool[tool] = r
+            rows.append(r)
+            print(f"{group:9s} {tool:13s} process {wall:7.2f} s  first {r['first_seconds']:7.3f} s  warm {r['warm_seconds']:7.3f} s"
+                  f"  (import+open {r['import_open_seconds']:.2f} s, selection {r['select_seconds']:.2f} s)", flush=True)
+        ref = by_tool.get("sgkit")
+        for tool, r in by_tool.items():
+            if ref is not None and tool != "sgkit":
+                r["agrees_with_sgkit"] = _agree(r, ref)
+                print(f"{group:9s} {tool:13s} vs sgkit: first {ref['first_seconds'] / r['first_seconds']:.1f}x, "
+                      f"warm {ref['warm_seconds'] / r['warm_seconds']:.1f}x, process {ref['process_seconds'] / r['process_seconds']:.1f}x; "
+                      f"results differ by {r['agrees_with_sgkit']}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

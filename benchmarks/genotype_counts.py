@@ -1,0 +1,146 @@
+"""How fast the genotype-counting kernels read ``call_genotype``: GB/s of int8 calls read.
+
+A synthetic (variants, samples, ploidy) int8 array (random alleles, whole and partly missing
+calls, a few fill values) is counted by each kernel of :mod:`pipeline.kernels.genotypes` on one
+block holding it all (no dask), the median of ``--repeat`` runs after one warm-up (which
+compiles):
+
+- GPU: the arrays on the device, timed with CUDA events; a device-to-device copy of the array is
+  timed in the same run for comparison (``gb_per_s``: bytes read + written; ``copy_read_gb_per_s``:
+  read only). A counting kernel reads the array once and writes little: the copy's total is the
+  ceiling for its GB/s read;
+- CPU: the Numba loops, on one thread over the whole array, and on ``--threads`` threads over
+  slabs of variants (the loops release the GIL, as Dask's threads run them).
+
+``call_allele_counts`` writes ``alleles`` bytes a call: its GB/s counts what it reads only.
+
+    python benchmarks/genotype_counts.py --variants 20000 --samples 20000 --backend gpu --json counts.json
+    python benchmarks/genotype_counts.py --variants 200 --samples 300 --backend cpu   # tiny, anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipeline import backend as B  # noqa: E402
+from pipeline import kernels  # noqa: E402
+
+KERNELS = ("variant_call_counts", "sample_call_counts", "variant_genotype_counts", "call_allele_counts")
+
+
+def calls(variants: int, samples: int, ploidy: int, alleles: int, missing: float, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    g = rng.integers(0, alleles, size=(variants, samples, ploidy), dtype=np.int8)
+    u = rng.random((variants, samples))
+    g[u < missing] = -1
+    g[(u >= missing) & (u < 1.3 * missing), 0] = -1
+    g[(u >= 1.3 * missing) & (u < 1.35 * missing), -1] = -2
+    return g
+
+
+def args_of(name: str, alleles: int) -> tuple:
+    return () if name == "sample_call_counts" else (alleles,)
+
+
+def median_seconds(run, repeat: int) -> float:
+    run()  # warm-up: compiles
+    return statistics.median(run() for _ in range(repeat))
+
+
+def gpu_rows(g: np.ndarray, alleles: int, repeat: int) -> list[dict]:
+    import cupy
+
+    d = cupy.asarray(g)
+
+    def timed(fn):
+        def run():
+            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+            cupy.cuda.Device().synchronize()
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            return cupy.cuda.get_elapsed_time(start, stop) / 1e3
+
+        return run
+
+    rows = []
+    copy = cupy.empty_like(d)
+    seconds = median_seconds(timed(lambda: copy.__setitem__(Ellipsis, d)), repeat)
+    rows.append({"backend": "gpu", "kernel": "copy", "seconds": seconds, "gb_per_s": 2 * g.nbytes / seconds / 1e9,
+                 "copy_read_gb_per_s": g.nbytes / seconds / 1e9})
+    for name in KERNELS:
+        kernel = kernels.get(name, "gpu")
+        seconds = median_seconds(timed(lambda k=kernel, n=name: k(d, *args_of(n, alleles))), repeat)
+        rows.append({"backend": "gpu", "kernel": name, "seconds": seconds, "gb_per_s": g.nbytes / seconds / 1e9})
+    return rows
+
+
+def cpu_rows(g: np.ndarray, alleles: int, repeat: int, threads: int) -> list[dict]:
+    rows = []
+    slabs = np.array_split(np.arange(g.shape[0]), threads)
+    pool = ThreadPoolExecutor(threads)
+    for name in KERNELS:
+        kernel = kernels.get(name, "cpu")
+        args = args_of(name, alleles)
+
+        def one():
+            t = time.perf_counter()
+            kernel(g, *args)
+            return time.perf_counter() - t
+
+        def many():
+            t = time.perf_counter()
+            list(pool.map(lambda idx: kernel(g[idx[0] : idx[-1] + 1], *args), [s for s in slabs if s.size]))
+            return time.perf_counter() - t
+
+        for label, run in (("1 thread", one), (f"{threads} threads", many)):
+            seconds = median_seconds(run, repeat)
+            rows.append({"backend": "cpu", "kernel": name, "threads": label, "seconds": seconds,
+                         "gb_per_s": g.nbytes / seconds / 1e9})
+    pool.shutdown()
+    return rows
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", type=int, default=20_000)
+    p.add_argument("--samples", type=int, default=10_000)
+    p.add_argument("--ploidy", type=int, default=2)
+    p.add_argument("--alleles", type=int, default=2)
+    p.add_argument("--missing", type=float, default=0.05, help="fraction of calls missing whole")
+    p.add_argument("--backend", choices=("cpu", "gpu", "all"), default="all")
+    p.add_argument("--threads", type=int, default=4, help="CPU threads over slabs of variants")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--json", help="write the results here")
+    a = p.parse_args(argv)
+    g = calls(a.variants, a.samples, a.ploidy, a.alleles, a.missing)
+    rows = []
+    if a.backend in ("gpu", "all") and B.gpu_available():
+        rows += gpu_rows(g, a.alleles, a.repeat)
+    elif a.backend == "gpu":
+        raise SystemExit("no CUDA GPU visible to CuPy")
+    if a.backend in ("cpu", "all"):
+        rows += cpu_rows(g, a.alleles, a.repeat, a.threads)
+    out = {"shape": list(g.shape), "alleles": a.alleles, "bytes": int(g.nbytes), "rows": rows}
+    print(f"call_genotype {g.shape} int8, {g.nbytes / 1e9:.3f} GB, {a.alleles} alleles")
+    for r in rows:
+        where = r["backend"] + (f" ({r['threads']})" if "threads" in r else "")
+        print(f"  {where:<18} {r['kernel']:<26} {r['seconds'] * 1e3:9.3f} ms  {r['gb_per_s']:8.2f} GB/s read")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()

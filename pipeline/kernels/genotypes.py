@@ -1,0 +1,636 @@
+"""Counts of genotype calls: one pass over a block of ``call_genotype`` (variants, samples, ploidy),
+integers (int8 in VCF Zarr), each value read once.
+
+- ``variant_call_counts``: per variant, the calls that are homozygous reference, homozygous
+  alternate and heterozygous, and the count of each allele (sgkit's ``variant_stats`` and
+  ``count_variant_alleles``);
+- ``sample_call_counts``: per sample, the same three call counts over the block's variants (a
+  partial, summed over blocks of variants by the op: ``sample_stats``);
+- ``call_allele_counts``: per call, the count of each allele (``count_call_alleles``);
+- ``variant_genotype_counts``: per variant, the calls of each genotype in the VCF order, and the
+  calls sgkit refuses to count (``count_variant_genotypes``, ``hardy_weinberg_test``);
+- ``hwe_exact``: the Hardy-Weinberg exact test of Wigginton et al. (2005) per variant, from its
+  genotype counts.
+
+sgkit's rules, as its Numba functions have them (``stats/aggregation_numba_fns.py``,
+``stats/conversion_numba_fns.py``, ``stats/hwe.py``):
+
+- an allele below 0 is missing (-1) or fill (-2, a non-allele of mixed-ploidy data); a call is
+  *called* only when every one of its alleles is 0 or more, so a partly missing call counts in
+  no call class, while its called alleles count as alleles;
+- a called call is homozygous reference when all alleles are 0, homozygous alternate when they
+  are all the same other allele, heterozygous otherwise (polyploid calls alike);
+- alleles at or beyond the ``alleles`` dimension are not counted (sgkit would write past the end
+  of its output there);
+- genotype counts: sgkit raises on a fill value (with two alleles: on the first negative allele of
+  a call when it is below -1, or on an allele above 1 before it; with more: on any allele below
+  -1); these calls are counted apart, and the op raises as sgkit does.
+
+Each count is a function of one call, written once (:func:`make_call_counters`,
+:func:`_tally_genotype`, :func:`_call_alleles`, :func:`_hwe_p_value`) and compiled twice: by Numba
+for the CPU loops, which are the CPU kernels, and by Numba CUDA (``cuda.jit(device=True)``) for the
+GPU kernels, which are the same logic over other threads. Where the CPU loop takes another way,
+for speed, it keeps the same comparisons: the allele counts per variant, which the CPU counts by a
+pass over the variant's row for each allele (vectorized by the compiler, the row still in cache)
+where a GPU thread compares each of its calls' alleles with every allele index (the GPU's way runs
+on the CPU as :func:`call_counts_twin`, for the tests); and the per-call allele counts, written
+out in the CPU loop. Integer counts do not depend on the order of additions, so CPU and GPU agree
+exactly, and the CPU tests run the CUDA kernels in Numba's CUDA simulator.
+
+GPU kernels (Numba CUDA, launched on CuPy's current stream):
+
+- per variant (``variant_call_counts``, ``variant_genotype_counts``): a block is ``ty`` rows of
+  ``tx`` threads, one row a variant, its threads spread over a tile of samples (``tx`` is 32
+  where samples are few, 128 otherwise). A thread loads ``UNROLL`` calls (every allele of each)
+  before it counts any, so several loads are in flight, and a warp reads neighbouring calls
+  (coalesced). The row's counts are summed in shared memory and added to the output once per
+  block (integer atomics: exact in any order), so long rows split over tiles of samples still fill
+  the GPU. Counts are summed one after the other, a few steps of shared memory each: cheap for
+  the call counts (3 + alleles) and for diploid biallelic genotypes (4), slow for genotype counts
+  of many alleles or a high ploidy (a count per genotype per thread);
+- per sample (``sample_call_counts``): a thread a sample and a tile of variants, ``UNROLL``
+  variants' calls loaded at once, counts added to the output once per tile;
+- per call (``call_allele_counts``): a thread a call;
+- ``hwe_exact``: a thread a variant. The exact test needs the distribution of heterozygote counts;
+  sgkit keeps it in an array of length ``2 * n + 1``, which a GPU thread cannot hold, so both
+  kernels compute it twice instead (the sum, then the p-value), with sgkit's recurrence in sgkit's
+  order of operations as its source reads; the final sum adds the same terms in another order.
+  sgkit compiles its test with ``fastmath``, which lets the compiler reorder its arithmetic, so no
+  IEEE order reproduces it: p-values agree with sgkit's within a few units of float64 rounding
+  (2.6e-15 relative at most on the test counts; sgkit's own function without fastmath differs
+  from it as much).
+
+Nothing here imports CuPy or ``numba.cuda`` at module level.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import launch
+
+# numba.cuda, set on first GPU use: a global of the module that defines the @cuda.jit kernels, as
+# Numba's CUDA simulator requires (see launch.numba_cuda)
+cuda = None
+
+CLASSES = 3  # call classes counted per variant or sample: hom ref, hom alt, het (sgkit's order)
+UNROLL = 4  # calls loaded by a thread before it counts them
+THREADS = 128  # threads a block
+TILE_STEPS = 8  # unrolled steps a thread takes along its tile of samples (per-variant kernels)
+VARIANT_TILE = 128  # variants a thread walks (per-sample kernel)
+SMALL_ALLELES = 8  # up to this many alleles, per-allele counts are kept in registers (make_call_counters)
+
+
+# --- one call: written once, compiled for the CPU and for the GPU ---------------------------------
+
+
+def make_call_counters(jit):
+    """The per-call functions of the call counts, compiled by ``jit`` (``launch.cpu_jit`` or
+    ``cuda.jit(device=True)``):
+
+    - ``classify(x, i, ploidy)``: the class of call ``x[i, :ploidy]``, sgkit's ``_classify_hom``:
+      0 homozygous reference, 1 homozygous alternate, 2 heterozygous, 3 not called (an allele
+      below 0). Arithmetic on 0/1 rather than branches, which go either way at random where
+      alleles vary (on one core, 25M random diploid calls: 1.1 s with branches, the ploidy read
+      from the array and the counts kept in the output; 0.08 s for the classes as the CPU loop
+      has them now, the ploidy a constant and the counts in registers);
+    - ``tally_call(x, i, ploidy, n_alleles, acc)``: ``acc[c] += 1`` for the call's class ``c``
+      below 3, and ``acc[3 + a] += 1`` for each allele ``a`` below ``n_alleles`` (sgkit's
+      ``count_alleles``). With few alleles each allele is compared with every allele index and
+      each count takes a comparison, so that, with ``n_alleles`` and the class indices
+      compile-time constants on the GPU, the loops unroll and the counts stay in registers (an
+      index taken from the data would put them in local memory).
+    """
+
+    @jit
+    def classify(x, i, ploidy):
+        a0 = int(x[i, 0])
+        called = int(a0 >= 0)
+        het = 0
+        for k in range(1, ploidy):
+            a = int(x[i, k])
+            called &= int(a >= 0)
+            het |= int(a != a0)
+        return called * (2 * het + (1 - het) * int(a0 != 0)) + 3 * (1 - called)
+
+    @jit
+    def tally_call(x, i, ploidy, n_alleles, acc):
+        c = classify(x, i, ploidy)
+        acc[0] += int(c == 0)
+        acc[1] += int(c == 1)
+        acc[2] += int(c == 2)
+        for k in range(ploidy):
+            a = int(x[i, k])
+            if n_alleles <= SMALL_ALLELES:
+                for j in range(n_alleles):
+                    acc[CLASSES + j] += int(a == j)
+            elif a >= 0 and a < n_alleles:
+                acc[CLASSES + a] += 1
+
+    return classify, tally_call
+
+
+def _comb_with_replacement(n, k):
+    """Multisets of size ``k`` of ``n`` things, ``C(n + k - 1, k)`` (``k >= 1``), exactly: each
+    step is ``C(n - 1 + d, d)``, an integer."""
+    r = 1
+    for d in range(1, k + 1):
+        r = r * (n - 1 + d) // d
+    return r
+
+
+def _tally_genotype(x, i, ploidy, n_alleles, acc):
+    """Count the call ``x[i, :ploidy]`` at its genotype's index in the VCF order (``acc[index]``),
+    or, if sgkit raises on it, in ``acc[-1]``; a missing call counts nowhere.
+
+    Two alleles: sgkit's ``_biallelic_genotype_index``, the sum of the alleles, walked in the call's
+    order (so ``(-1, -2)`` is missing but ``(0, -2)`` refused). More: ``_sorted_genotype_index`` on
+    the sorted call, ``sum_i C(a_(i) + i, i + 1)``, each allele's place in the sorted call found by
+    counting (no sort in a GPU thread); an allele beyond the alleles dimension is refused."""
+    index = 0
+    if n_alleles == 2:
+        for k in range(ploidy):
+            a = int(x[i, k])
+            if index >= 0:
+                if a < 0:
+                    index = -1 if a == -1 else -2
+                elif a > 1:
+                    index = -2
+                else:
+                    index += a
+    else:
+        low = int(x[i, 0])
+        for k in range(1, ploidy):
+            low = min(low, int(x[i, k]))
+        if low < -1:
+            index = -2
+        elif low == -1:
+            index = -1
+        else:
+            bad = False
+            for k in range(ploidy):
+                a = int(x[i, k])
+                if a >= n_alleles:
+                    bad = True
+                place = 0
+                for m in range(ploidy):
+                    b = int(x[i, m])
+                    if b < a or (b == a and m < k):
+                        place += 1
+                # C(a + place, place + 1), as _comb_with_replacement(a, place + 1), inline so that
+                # this function compiles alone for either target
+                r = 1
+                for d in range(1, place + 2):
+                    r = r * (a - 1 + d) // d
+                index += r
+            if bad:
+                index = -2
+    if index >= 0:
+        acc[index] += 1
+    elif index == -2:
+        acc[acc.shape[0] - 1] += 1
+
+
+def _call_alleles(g, v, s, ploidy, n_alleles, out):
+    """``out[v, s, a]``: the alleles ``a`` of call ``g[v, s]`` (sgkit's ``count_alleles``), each
+    count written once (a comparison of each allele with each index: no read-modify-write)."""
+    for j in range(n_alleles):
+        n = 0
+        for k in range(ploidy):
+            n += int(int(g[v, s, k]) == j)
+        out[v, s, j] = n
+
+
+def _hwe_p_value(obs_hets, obs_hom1, obs_hom2):
+    """sgkit's ``hardy_weinberg_p_value`` without its array: the probabilities of each count of
+    heterozygotes, from the midpoint down and then up, are computed once for their sum and the
+    probability of the observed count, and again to add those not above it. The terms and their
+    sum are sgkit's operation for operation; the p-value adds the same normalized terms, in another
+    order (sgkit adds them by index)."""
+    obs_homc = obs_hom2 if obs_hom1 < obs_hom2 else obs_hom1
+    obs_homr = obs_hom1 if obs_hom1 < obs_hom2 else obs_hom2
+    obs_mac = 2 * obs_homr + obs_hets
+    obs_n = obs_hets + obs_homc + obs_homr
+    if obs_n == 0:
+        return np.nan
+    # float division then truncation, as sgkit (exact for counts below 2**53)
+    mid = int(float(obs_mac * (2 * obs_n - obs_mac)) / float(2 * obs_n))
+    if (obs_mac & 1) ^ (mid & 1):
+        mid += 1
+    prob_sum = 1.0
+    target = 1.0 if obs_hets == mid else 0.0
+    # downward from the midpoint
+    p = 1.0
+    hets = mid
+    homr = (obs_mac - mid) // 2
+    homc = obs_n - hets - homr
+    while hets > 1:
+        p = p * hets * (hets - 1.0) / (4.0 * (homr + 1.0) * (homc + 1.0))
+        prob_sum += p
+        homr += 1
+        homc += 1
+        hets -= 2
+        if hets == obs_hets:
+            target = p
+    # upward from the midpoint
+    p = 1.0
+    hets = mid
+    homr = (obs_mac - mid) // 2
+    homc = obs_n - hets - homr
+    while hets <= obs_mac - 2:
+        p = p * 4.0 * homr * homc / ((hets + 2.0) * (hets + 1.0))
+        prob_sum += p
+        homr -= 1
+        homc -= 1
+        hets += 2
+        if hets == obs_hets:
+            target = p
+    if prob_sum <= 0:
+        return np.nan
+    limit = target / prob_sum
+    q = 1.0 / prob_sum
+    total = q if q <= limit else 0.0
+    p = 1.0
+    hets = mid
+    homr = (obs_mac - mid) // 2
+    homc = obs_n - hets - homr
+    while hets > 1:
+        p = p * hets * (hets - 1.0) / (4.0 * (homr + 1.0) * (homc + 1.0))
+        q = p / prob_sum
+        if q <= limit:
+            total += q
+        homr += 1
+        homc += 1
+        hets -= 2
+    p = 1.0
+    hets = mid
+    homr = (obs_mac - mid) // 2
+    homc = obs_n - hets - homr
+    while hets <= obs_mac - 2:
+        p = p * 4.0 * homr * homc / ((hets + 2.0) * (hets + 1.0))
+        q = p / prob_sum
+        if q <= limit:
+            total += q
+        homr -= 1
+        homc -= 1
+        hets += 2
+    return max(min(1.0, total), 0.0)
+
+
+# --- CPU: the loops, compiled by Numba --------------------------------------------------------------
+
+
+@launch.once
+def _cpu_loops(ploidy: int):
+    """The CPU kernels' loops for calls of ``ploidy`` alleles (a compile-time constant: the loop
+    over a call's alleles unrolls; with the ploidy read from the array the classes took four
+    times as long). Compiled once per ploidy, and kept in Numba's disk cache."""
+    classify, _ = _cpu_counters()
+    tally_genotype = launch.cpu_jit(_tally_genotype)
+
+    @launch.cpu_jit
+    def variant_calls(g, n_alleles, out):
+        # per variant: the classes in three registers, then each allele counted by a pass over
+        # the variant's row, still in cache, which the compiler vectorizes (the same counts as
+        # the GPU kernel's tally_call: comparisons with each allele index)
+        nv, ns = g.shape[0], g.shape[1]
+        flat = g.reshape(nv, ns * ploidy)
+        for v in range(nv):
+            row = g[v]
+            hom_ref, hom_alt, het = 0, 0, 0
+            for s in range(ns):
+                c = classify(row, s, ploidy)
+                hom_ref += c == 0
+                hom_alt += c == 1
+                het += c == 2
+            out[v, 0] = hom_ref
+            out[v, 1] = hom_alt
+            out[v, 2] = het
+            alleles = flat[v]
+            for j in range(n_alleles):
+                n = 0
+                for e in range(alleles.shape[0]):
+                    n += alleles[e] == j
+                out[v, CLASSES + j] = n
+
+    @launch.cpu_jit
+    def sample_calls(g, out):
+        for v in range(g.shape[0]):
+            row = g[v]
+            for s in range(g.shape[1]):
+                c = classify(row, s, ploidy)
+                out[s, 0] += c == 0
+                out[s, 1] += c == 1
+                out[s, 2] += c == 2
+
+    @launch.cpu_jit
+    def variant_genotypes(g, n_alleles, out):
+        for v in range(g.shape[0]):
+            row, acc = g[v], out[v]
+            for s in range(g.shape[1]):
+                tally_genotype(row, s, ploidy, n_alleles, acc)
+
+    @launch.cpu_jit
+    def calls(g, n_alleles, out):
+        # _call_alleles written out here: called as a function, with its arrays, once a call,
+        # it took five times as long
+        for v in range(g.shape[0]):
+            for s in range(g.shape[1]):
+                for j in range(n_alleles):
+                    n = 0
+                    for k in range(ploidy):
+                        n += g[v, s, k] == j
+                    out[v, s, j] = n
+
+    return {"variant_calls": variant_calls, "variant_genotypes": variant_genotypes,
+            "sample_calls": sample_calls, "calls": calls}
+
+
+@launch.once
+def _cpu_counters():
+    return make_call_counters(launch.cpu_jit)
+
+
+@launch.once
+def _cpu_hwe():
+    hwe = launch.cpu_jit(_hwe_p_value)
+
+    @launch.cpu_jit
+    def hwe_loop(het, hom1, hom2, out):
+        for i in range(out.shape[0]):
+            out[i] = hwe(het[i], hom1[i], hom2[i])
+
+    return hwe_loop
+
+
+def call_counts_twin(g, n_alleles: int):
+    """What the per-variant GPU kernel computes, by its per-call function (``tally_call``) in a
+    plain loop on the CPU: (variants, 3 + n_alleles) int64, for the tests."""
+    _, tally_call = _cpu_counters()
+    out = np.zeros((g.shape[0], CLASSES + n_alleles), np.int64)
+    for v in range(g.shape[0]):
+        for s in range(g.shape[1]):
+            tally_call(g[v], s, g.shape[2], n_alleles, out[v])
+    return out
+
+
+def n_genotypes(n_alleles: int, ploidy: int) -> int:
+    """Genotypes of ``ploidy`` alleles among ``n_alleles`` (sgkit's ``_comb_with_replacement``)."""
+    return 0 if n_alleles == 0 else _comb_with_replacement(n_alleles, ploidy)
+
+
+def variant_call_counts_cpu(g, n_alleles: int):
+    """(variants, 1, 3 + n_alleles) int64 counts of a block (variants, samples, ploidy): hom ref,
+    hom alt, het, then each allele; the samples axis kept, for the op's sum over blocks of
+    samples."""
+    out = np.zeros((g.shape[0], CLASSES + n_alleles), np.int64)
+    if g.size:
+        _cpu_loops(g.shape[2])["variant_calls"](np.ascontiguousarray(g), n_alleles, out)
+    return out[:, None, :]
+
+
+def variant_genotype_counts_cpu(g, n_alleles: int):
+    """(variants, 1, genotypes + 1) int64: the calls of each genotype (VCF order), then the calls
+    sgkit refuses (fill values, alleles out of range)."""
+    out = np.zeros((g.shape[0], n_genotypes(n_alleles, g.shape[2]) + 1), np.int64)
+    if g.size:
+        _cpu_loops(g.shape[2])["variant_genotypes"](g, n_alleles, out)
+    return out[:, None, :]
+
+
+def sample_call_counts_cpu(g):
+    """(1, samples, 3) int64 counts over the block's variants: hom ref, hom alt, het; the variants
+    axis kept, for the op's sum over blocks of variants."""
+    out = np.zeros((g.shape[1], CLASSES), np.int64)
+    if g.size:
+        _cpu_loops(g.shape[2])["sample_calls"](g, out)
+    return out[None]
+
+
+def call_allele_counts_cpu(g, n_alleles: int):
+    """(variants, samples, n_alleles) uint8: the count of each allele in each call."""
+    out = np.empty(g.shape[:2] + (n_alleles,), np.uint8)
+    if g.size and n_alleles:
+        _cpu_loops(g.shape[2])["calls"](g, n_alleles, out)
+    return out
+
+
+def hwe_exact_cpu(het, hom1, hom2):
+    """float64 p-values of the HWE exact test from counts of heterozygotes and of both homozygotes
+    (NaN where there are no calls)."""
+    out = np.empty(np.shape(het), np.float64)
+    if out.size:
+        args = (np.ascontiguousarray(c, dtype=np.int64).ravel() for c in (het, hom1, hom2))
+        _cpu_hwe()(*args, out.reshape(-1))
+    return out
+
+
+# --- GPU: Numba CUDA kernels over the same functions ------------------------------------------------
+
+
+def _numba_cuda():
+    global cuda
+    cuda = launch.numba_cuda()
+    return cuda
+
+
+@launch.once
+def _row_kernel(kind: str, dtype, ploidy: int, n_alleles: int, tx: int, ty: int, unroll: int, tile: int):
+    """The per-variant kernel: ``kind`` "calls" (``tally_call``, 3 + n_alleles counts) or
+    "genotypes" (:func:`_tally_genotype`, genotypes + 1 counts), compiled for these constants."""
+    _numba_cuda()
+    if kind == "calls":
+        tally = make_call_counters(cuda.jit(device=True))[1]
+    else:
+        tally = cuda.jit(device=True)(_tally_genotype)
+    n_counts = CLASSES + n_alleles if kind == "calls" else n_genotypes(n_alleles, ploidy) + 1
+    dtype = np.dtype(dtype).type  # (the scalar type, as cuda.local.array takes it)
+
+    @cuda.jit
+    def row_counts(g, out):
+        x = cuda.threadIdx.x
+        y = cuda.threadIdx.y
+        v = cuda.blockIdx.x * ty + y
+        nv, ns = g.shape[0], g.shape[1]
+        acc = cuda.local.array(n_counts, np.int64)
+        for c in range(n_counts):
+            acc[c] = 0
+        buf = cuda.local.array((unroll, ploidy), dtype)
+        if v < nv:
+            s0 = cuda.blockIdx.y * tile
+            s1 = min(ns, s0 + tile)
+            s = s0 + x
+            while s + (unroll - 1) * tx < s1:
+                for u in range(unroll):  # every load of the step first: unroll * ploidy in flight
+                    for k in range(ploidy):
+                        buf[u, k] = g[v, s + u * tx, k]
+                for u in range(unroll):
+                    tally(buf, u, ploidy, n_alleles, acc)
+                s += unroll * tx
+            while s < s1:
+                for k in range(ploidy):
+                    buf[0, k] = g[v, s, k]
+                tally(buf, 0, ploidy, n_alleles, acc)
+                s += tx
+        # the row's counts: a tree over its threads in shared memory, one atomic add per count
+        shared = cuda.shared.array((ty, tx), np.int64)
+        for c in range(n_counts):
+            shared[y, x] = acc[c]
+            cuda.syncthreads()
+            step = tx // 2
+            while step > 0:
+                if x < step:
+                    shared[y, x] += shared[y, x + step]
+                cuda.syncthreads()
+                step //= 2
+            if x == 0 and v < nv and shared[y, 0] != 0:
+                cuda.atomic.add(out, (v, c), shared[y, 0])
+            cuda.syncthreads()
+
+    return row_counts
+
+
+@launch.once
+def _sample_kernel(dtype, ploidy: int, unroll: int, vtile: int):
+    _numba_cuda()
+    tally = make_call_counters(cuda.jit(device=True))[1]
+    dtype = np.dtype(dtype).type
+
+    @cuda.jit
+    def sample_counts(g, out):
+        s = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        nv, ns = g.shape[0], g.shape[1]
+        if s < ns:
+            acc = cuda.local.array(CLASSES, np.int64)
+            for c in range(CLASSES):
+                acc[c] = 0
+            buf = cuda.local.array((unroll, ploidy), dtype)
+            v = cuda.blockIdx.y * vtile
+            v1 = min(nv, v + vtile)
+            while v + unroll <= v1:
+                for u in range(unroll):
+                    for k in range(ploidy):
+                        buf[u, k] = g[v + u, s, k]
+                for u in range(unroll):
+                    tally(buf, u, ploidy, 0, acc)
+                v += unroll
+            while v < v1:
+                for k in range(ploidy):
+                    buf[0, k] = g[v, s, k]
+                tally(buf, 0, ploidy, 0, acc)
+                v += 1
+            for c in range(CLASSES):
+                if acc[c] != 0:
+                    cuda.atomic.add(out, (s, c), acc[c])
+
+    return sample_counts
+
+
+@launch.once
+def _call_kernel(ploidy: int, n_alleles: int):
+    _numba_cuda()
+    call_alleles = cuda.jit(device=True)(_call_alleles)
+
+    @cuda.jit
+    def call_counts(g, out):
+        i = cuda.grid(1)
+        ns = g.shape[1]
+        if i < g.shape[0] * ns:
+            call_alleles(g, i // ns, i % ns, ploidy, n_alleles, out)
+
+    return call_counts
+
+
+@launch.once
+def _hwe_kernel():
+    _numba_cuda()
+    hwe = cuda.jit(device=True)(_hwe_p_value)
+
+    @cuda.jit
+    def hwe_p_values(het, hom1, hom2, out):
+        i = cuda.grid(1)
+        if i < out.shape[0]:
+            out[i] = hwe(het[i], hom1[i], hom2[i])
+
+    return hwe_p_values
+
+
+def _xp(x):
+    from ..backend import xp_of
+
+    return xp_of(x)
+
+
+def row_shape(n_samples: int, tx: int | None = None, unroll: int = UNROLL, tile: int | None = None):
+    """(tx, ty, tile) of the per-variant kernels: 32 threads a variant where a row has at most 1024
+    samples (several variants a block), else 128; tiles of ``TILE_STEPS`` unrolled steps."""
+    if tx is None:
+        tx = 32 if n_samples <= 1024 else THREADS
+    ty = max(1, THREADS // tx)
+    return tx, ty, tile or tx * unroll * TILE_STEPS
+
+
+def _row_counts(kind: str, g, n_alleles: int, n_counts: int, tx, ty, unroll, tile):
+    xp = _xp(g)
+    g = xp.ascontiguousarray(g)  # (a Dask block usually is: no copy)
+    nv, ns, ploidy = g.shape
+    out = xp.zeros((nv, n_counts), np.int64)
+    if g.size:
+        tx, auto_ty, tile = row_shape(ns, tx, unroll, tile)
+        ty = ty or auto_ty
+        kernel = _row_kernel(kind, np.dtype(g.dtype), ploidy, n_alleles, tx, ty, unroll, tile)
+        launch.launch_numba(kernel, 0, g, out, threads=(tx, ty), grid=(-(-nv // ty), -(-ns // tile)))
+    return out[:, None, :]
+
+
+def variant_call_counts_gpu(g, n_alleles: int, *, tx: int | None = None, ty: int | None = None,
+                            unroll: int = UNROLL, tile: int | None = None):
+    """:func:`variant_call_counts_cpu` by the per-variant CUDA kernel (its shape by
+    :func:`row_shape` unless given: the tests pick small ones)."""
+    return _row_counts("calls", g, n_alleles, CLASSES + n_alleles, tx, ty, unroll, tile)
+
+
+def variant_genotype_counts_gpu(g, n_alleles: int, *, tx: int | None = None, ty: int | None = None,
+                                unroll: int = UNROLL, tile: int | None = None):
+    """:func:`variant_genotype_counts_cpu` by the per-variant CUDA kernel."""
+    return _row_counts("genotypes", g, n_alleles, n_genotypes(n_alleles, g.shape[2]) + 1, tx, ty, unroll, tile)
+
+
+def sample_call_counts_gpu(g, *, threads: int = THREADS, unroll: int = UNROLL, vtile: int = VARIANT_TILE):
+    """:func:`sample_call_counts_cpu` by the per-sample CUDA kernel: a thread a sample and a tile
+    of ``vtile`` variants."""
+    xp = _xp(g)
+    g = xp.ascontiguousarray(g)
+    nv, ns, ploidy = g.shape
+    out = xp.zeros((ns, CLASSES), np.int64)
+    if g.size:
+        kernel = _sample_kernel(np.dtype(g.dtype), ploidy, unroll, vtile)
+        launch.launch_numba(kernel, 0, g, out, threads=threads, grid=(-(-ns // threads), -(-nv // vtile)))
+    return out[None]
+
+
+def call_allele_counts_gpu(g, n_alleles: int, *, threads: int = THREADS):
+    """:func:`call_allele_counts_cpu` by a CUDA kernel, a thread a call."""
+    xp = _xp(g)
+    g = xp.ascontiguousarray(g)
+    out = xp.empty(g.shape[:2] + (n_alleles,), np.uint8)  # every count is written
+    if g.size and n_alleles:
+        launch.launch_numba(_call_kernel(g.shape[2], n_alleles), g.shape[0] * g.shape[1], g, out, threads=threads)
+    return out
+
+
+def hwe_exact_gpu(het, hom1, hom2, *, threads: int = THREADS):
+    """:func:`hwe_exact_cpu` by a CUDA kernel, a thread a variant."""
+    xp = _xp(het)
+    out = xp.empty(het.shape, np.float64)
+    if out.size:
+        args = [xp.ascontiguousarray(c, dtype=np.int64).ravel() for c in (het, hom1, hom2)]
+        launch.launch_numba(_hwe_kernel(), out.size, *args, out.reshape(-1), threads=threads)
+    return out
+
+
+__all__ = [
+    "call_allele_counts_cpu", "call_allele_counts_gpu", "hwe_exact_cpu", "hwe_exact_gpu", "n_genotypes",
+    "sample_call_counts_cpu", "sample_call_counts_gpu", "variant_call_counts_cpu", "variant_call_counts_gpu",
+    "variant_genotype_counts_cpu", "variant_genotype_counts_gpu",
+]

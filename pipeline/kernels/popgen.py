@@ -1,0 +1,438 @@
+"""Population genetics per chunk of variants: allele counts by cohort, the per-variant terms of
+diversity and divergence, sums over windows of variants, Fst and Tajima's D.
+
+- ``cohort_allele_count``: a (variants, samples, ploidy) int8 block of genotype calls and the
+  cohort of each sample -> counts (variants, cohorts, alleles), uint64, in one pass over the
+  block. Negative alleles (missing, -1, or fill, -2) and samples of a negative cohort are not
+  counted; neither are allele numbers past the alleles dimension (sgkit's loop would write past
+  its row). On the CPU Numba loops that compile to SIMD comparisons where the samples' layout
+  allows (:func:`cohort_allele_count_cpu`); on the GPU a Numba CUDA kernel counting into shared
+  memory (:func:`cohort_kernel`, below). Counts are integers, the same whatever the order of the
+  additions, so these CPU loops are not the GPU kernel's loop step for step; the tests hold the
+  kernel (in Numba's CUDA simulator) equal to them. A Dask task gets the samples of one sample
+  chunk: counts over several chunks of samples add up.
+- ``cohort_sum``: per-sample allele counts (variants, samples, alleles) summed by cohort, for a
+  dataset that already holds ``call_allele_count`` (sgkit then uses it): one array formula,
+  slab by slab on the CPU.
+- ``diversity_terms``, ``divergence_terms``: sgkit's per-variant diversity (variants, cohorts)
+  and divergence (variants, cohorts, cohorts) from cohort allele counts, as array formulas on the
+  array module of their input (a product of small matrices per variant for the divergence). The
+  counts are integers, exact in float64, so the numerators and denominators are those sgkit
+  computes in uint64 and each ratio is the same correctly rounded value.
+- ``window_sum``: the sums of a (variants, columns) block's rows over windows ``[start, stop)``
+  (relative to the block): one loop per (window, column), adding the rows in order as NumPy's
+  ``sum(axis=0)`` does in sgkit's ``window_statistic``, so a window inside one block gets the
+  same value bit for bit. A Numba loop on the CPU, the same loop under Numba CUDA on the GPU
+  (one thread per window and column).
+- ``segregating_sites``, ``fst``, ``tajimas_d``: array formulas, the same operations in the same
+  order as sgkit's.
+
+The Numba CUDA kernels run in Numba's CUDA simulator where no GPU is visible (the tests check
+them against the CPU loops).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..backend import xp_of
+from . import launch
+from .slabs import map_slabs, temporaries
+
+# numba.cuda, set on first GPU use by cohort_kernel / window_kernel: a global of the module that
+# defines the @cuda.jit kernels, as Numba's CUDA simulator requires (see launch.numba_cuda)
+cuda = None
+
+COUNT = np.uint64  # sgkit's type of allele counts summed over samples
+
+
+# --- allele counts by cohort ------------------------------------------------------------------------
+
+
+def _cohort_counts_loop(g, cohort, n_alleles, out):
+    """``out[v, c, a]`` += calls of allele ``a`` in the samples of cohort ``c`` (``out`` zeroed):
+    one sample at a time, each genotype read once. Compiled by :func:`launch.cpu_loop`."""
+    n_cohorts = out.shape[1]
+    one = np.uint64(1)  # (uint64 + int64 would be a float64 sum in Numba)
+    for v in range(g.shape[0]):
+        for s in range(g.shape[1]):
+            c = cohort[s]
+            if c < 0 or c >= n_cohorts:
+                continue
+            for p in range(g.shape[2]):
+                a = g[v, s, p]
+                if a >= 0 and a < n_alleles:
+                    out[v, c, a] += one
+
+
+def _cohort_runs_loop(rows, run_start, run_stop, run_cohort, n_alleles, out):
+    """The same counts where the samples of a cohort lie in runs: per variant, run and allele,
+    the calls equal to the allele in the run's span of the row (``rows``: (variants, samples x
+    ploidy); ``run_start``/``run_stop`` in row positions). Each comparison loop compiles to SIMD
+    instructions: ~12 GB/s on a row held in cache, one such loop per allele."""
+    for v in range(rows.shape[0]):
+        row = rows[v]
+        for r in range(run_start.shape[0]):
+            c = run_cohort[r]
+            span = row[run_start[r] : run_stop[r]]
+            for a in range(n_alleles):
+                code = np.int8(a)
+                acc = 0
+                for i in range(span.shape[0]):
+                    acc += span[i] == code
+                out[v, c, a] += np.uint64(acc)
+
+
+def _cohort_masked_loop(rows, position_cohort, n_alleles, out):
+    """The same counts for any order of the samples: per variant, cohort and allele, one loop over
+    the row counting the calls equal to the allele at positions of the cohort
+    (``position_cohort``, int8, -1 outside every cohort). SIMD again (~8 GB/s a loop on a row in
+    cache), so it pays while cohorts x alleles loops are few."""
+    for v in range(rows.shape[0]):
+        row = rows[v]
+        for c in range(out.shape[1]):
+            cc = np.int8(c)
+            for a in range(n_alleles):
+                code = np.int8(a)
+                acc = 0
+                for i in range(row.shape[0]):
+                    acc += (row[i] == code) & (position_cohort[i] == cc)
+                out[v, c, a] = acc
+
+
+MASKED_LOOPS = 16  # cohorts x alleles up to which the masked loops beat the per-sample loop
+RUN_SAMPLES = 16  # mean samples of a run from which the run loops are used
+
+
+def _genotypes(g, xp):
+    """The block as C-contiguous signed integers (VCF Zarr stores int8)."""
+    if g.dtype.kind != "i":
+        g = g.astype(np.int8 if g.dtype.itemsize == 1 else np.int64)
+    return xp.ascontiguousarray(g)
+
+
+def cohort_allele_count_cpu(g, cohort, n_cohorts: int, n_alleles: int):
+    """Counts (variants, ``n_cohorts``, ``n_alleles``), uint64, of the alleles called in a
+    (variants, samples, ploidy) block, by the cohort of each sample (``cohort``, one per sample
+    of the block; negative: in no cohort).
+
+    Three loops, all reading the block once, by how the samples lie: where the cohorts come in
+    runs of samples (samples ordered by population), vectorized counts over each run's span
+    (:func:`_cohort_runs_loop`); otherwise, for few cohorts x alleles, vectorized counts masked by
+    cohort (:func:`_cohort_masked_loop`); else one sample at a time (:func:`_cohort_counts_loop`,
+    a byte every ~3 ns on random calls, where branches mispredict)."""
+    g = _genotypes(g, np)
+    cohort = np.asarray(cohort, dtype=np.int64).ravel()
+    n_cohorts, n_alleles = int(n_cohorts), int(n_alleles)
+    out = np.zeros((g.shape[0], n_cohorts, n_alleles), dtype=COUNT)
+    if not (out.size and g.size):
+        return out
+    v, n_samples, ploidy = g.shape
+    counted = (cohort >= 0) & (cohort < n_cohorts)
+    edges = np.flatnonzero(np.diff(cohort)) + 1
+    starts, stops = np.r_[0, edges], np.r_[edges, n_samples]
+    keep = counted[starts]
+    if g.dtype == np.int8 and keep.sum() * RUN_SAMPLES <= n_samples:
+        launch.cpu_loop(_cohort_runs_loop)(g.reshape(v, -1), starts[keep] * ploidy, stops[keep] * ploidy,
+                                           cohort[starts[keep]], np.int64(n_alleles), out)
+    elif g.dtype == np.int8 and n_cohorts * n_alleles <= MASKED_LOOPS:
+        position_cohort = np.repeat(np.where(counted, cohort, -1).astype(np.int8), ploidy)
+        launch.cpu_loop(_cohort_masked_loop)(g.reshape(v, -1), position_cohort, np.int64(n_alleles), out)
+    else:
+        launch.cpu_loop(_cohort_counts_loop)(g, cohort, np.int64(n_alleles), out)
+    return out
+
+
+# The GPU kernel. A block of THREADS threads counts one variant's calls in a tile of samples, a
+# warp reading neighbouring samples (coalesced); each thread reads UNROLL samples' cohorts, then
+# their alleles one ploidy slot at a time, UNROLL loads in flight. Counts go to a histogram in
+# shared memory with a column per thread (bin b of thread t at b * THREADS + t): no atomics and no
+# bank conflicts while counting, and the columns are added up at the end (each thread starting at
+# its own column, so that a warp reads 32 banks) and added into the output, which blocks of the
+# same variant share (atomically). The histogram holds BINS (cohort, allele) pairs: with more
+# cohorts than BINS // alleles, the kernel runs once per range of cohorts, each run reading the
+# block again. (Not yet measured on a GPU.)
+THREADS = 128
+UNROLL = 4
+BINS = 48  # 48 x 128 int32: 24 KiB of shared memory a block
+TILE_ROUNDS = 8  # a block covers THREADS * UNROLL * TILE_ROUNDS samples of a variant
+
+
+@functools.cache
+def cohort_kernel():
+    """The Numba CUDA kernel ``(g, cohort, c0, n_alleles, tiles, per_tile, out)``: the counts of
+    cohorts from ``c0`` on (as many as the histogram holds) into ``out`` (variants, cohorts,
+    alleles), zeroed; a 1-D grid of ``variants * tiles`` blocks of :data:`THREADS` threads, a
+    block counting ``per_tile`` samples of one variant."""
+    global cuda
+    cuda = launch.numba_cuda()
+
+    @cuda.jit
+    def cohort_counts(g, cohort, c0, n_alleles, tiles, per_tile, out):
+        hist = cuda.shared.array(BINS * THREADS, dtype=np.int32)
+        t = cuda.threadIdx.x
+        n_cohorts = out.shape[1]
+        bins = min(n_cohorts - c0, BINS // n_alleles) * n_alleles
+        for b in range(bins):
+            hist[b * THREADS + t] = 0
+        v = cuda.blockIdx.x // tiles
+        tile = cuda.blockIdx.x % tiles
+        n_samples = g.shape[1]
+        s_end = min(n_samples, (tile + 1) * per_tile)
+        s = tile * per_tile + t
+        while s < s_end:
+            # UNROLL samples: their cohorts first (bin of allele 0, or -1), then each ploidy slot
+            k0 = -1
+            k1 = -1
+            k2 = -1
+            k3 = -1
+            if s < s_end:
+                k0 = cohort[s] - c0
+            if s + THREADS < s_end:
+                k1 = cohort[s + THREADS] - c0
+            if s + 2 * THREADS < s_end:
+                k2 = cohort[s + 2 * THREADS] - c0
+            if s + 3 * THREADS < s_end:
+                k3 = cohort[s + 3 * THREADS] - c0
+            k0 = k0 * n_alleles if k0 >= 0 and k0 * n_alleles < bins else -1
+            k1 = k1 * n_alleles if k1 >= 0 and k1 * n_alleles < bins else -1
+            k2 = k2 * n_alleles if k2 >= 0 and k2 * n_alleles < bins else -1
+            k3 = k3 * n_alleles if k3 >= 0 and k3 * n_alleles < bins else -1
+            for p in range(g.shape[2]):
+                a0 = g[v, s, p] if k0 >= 0 else -1
+                a1 = g[v, s + THREADS, p] if k1 >= 0 else -1
+                a2 = g[v, s + 2 * THREADS, p] if k2 >= 0 else -1
+                a3 = g[v, s + 3 * THREADS, p] if k3 >= 0 else -1
+                if a0 >= 0 and a0 < n_alleles:
+                    hist[(k0 + a0) * THREADS + t] += 1
+                if a1 >= 0 and a1 < n_alleles:
+                    hist[(k1 + a1) * THREADS + t] += 1
+                if a2 >= 0 and a2 < n_alleles:
+                    hist[(k2 + a2) * THREADS + t] += 1
+                if a3 >= 0 and a3 < n_alleles:
+                    hist[(k3 + a3) * THREADS + t] += 1
+            s += UNROLL * THREADS
+        cuda.syncthreads()
+        b = t
+        while b < bins:
+            total = 0
+            for j in range(THREADS):
+                total += hist[b * THREADS + (t + j) % THREADS]
+            if total > 0:
+                cuda.atomic.add(out, (v, c0 + b // n_alleles, b % n_alleles), np.uint64(total))
+            b += THREADS
+
+    return cohort_counts
+
+
+def cohort_passes(n_cohorts: int, n_alleles: int) -> list[int]:
+    """The first cohort of each run of the GPU kernel (its histogram holds ``BINS`` bins)."""
+    if n_alleles > BINS:
+        raise ValueError(f"the GPU kernel counts up to {BINS} alleles, not {n_alleles}")
+    return list(range(0, max(int(n_cohorts), 1), BINS // int(n_alleles)))
+
+
+def run_cohort_kernel(g, cohort, n_cohorts: int, n_alleles: int, out, rounds: int = TILE_ROUNDS):
+    """Launch :func:`cohort_kernel` over ``g`` into ``out`` (zeroed), once per range of cohorts
+    (:func:`cohort_passes`), a block counting ``rounds`` rounds of ``THREADS * UNROLL`` samples.
+    CuPy arrays are launched on CuPy's current stream; NumPy arrays run in Numba's CUDA simulator
+    (the tests)."""
+    if not (out.size and g.size):
+        return out
+    kernel = cohort_kernel()
+    per_tile = THREADS * UNROLL * int(rounds)
+    tiles = max(1, -(-g.shape[1] // per_tile))
+    for c0 in cohort_passes(n_cohorts, n_alleles):
+        launch.launch_numba(kernel, g.shape[0] * tiles * THREADS, g, cohort, np.int64(c0), np.int64(n_alleles),
+                            np.int64(tiles), np.int64(per_tile), out, threads=THREADS)
+    return out
+
+
+def cohort_allele_count_gpu(g, cohort, n_cohorts: int, n_alleles: int):
+    """:func:`cohort_allele_count_cpu` on a CuPy block, by the Numba CUDA kernel."""
+    import cupy
+
+    g = _genotypes(g, cupy)
+    cohort = cupy.ascontiguousarray(cupy.asarray(cohort), dtype=np.int64)
+    out = cupy.zeros((g.shape[0], int(n_cohorts), int(n_alleles)), dtype=COUNT)
+    return run_cohort_kernel(g, cohort, n_cohorts, n_alleles, out)
+
+
+@temporaries(8)
+def cohort_sum_cpu(ac, cohort, n_cohorts: int):
+    """Per-sample allele counts ``ac`` (variants, samples, alleles) summed over the samples of
+    each cohort -> (variants, ``n_cohorts``, alleles), uint64; negative cohorts are left out.
+    A matrix product of each allele's counts with the samples' cohort indicators, in float64
+    (exact for counts below 2**53), slab by slab of variants: the float64 copy of one allele's
+    counts is the largest temporary (8 slabs of uint8 counts)."""
+    return map_slabs(_cohort_sum, ac, cohort, int(n_cohorts), whole=(1, 2))
+
+
+def cohort_sum_gpu(ac, cohort, n_cohorts: int):
+    """:func:`cohort_sum_cpu` on a CuPy block: the same formula on the whole block."""
+    return _cohort_sum(ac, cohort, int(n_cohorts))
+
+
+def _cohort_sum(ac, cohort, n_cohorts: int):
+    xp = xp_of(ac)
+    cohort = xp.asarray(cohort)
+    member = (cohort[:, None] == xp.arange(n_cohorts)[None, :]).astype(np.float64)  # (samples, cohorts)
+    out = xp.empty((ac.shape[0], n_cohorts, ac.shape[2]), dtype=COUNT)
+    for a in range(ac.shape[2]):
+        out[:, :, a] = xp.matmul(ac[:, :, a].astype(np.float64), member)
+    return out
+
+
+# --- per-variant terms --------------------------------------------------------------------------
+
+
+def diversity_terms(ac):
+    """sgkit's per-variant diversity of each cohort from counts (variants, cohorts, alleles):
+    the share of differing pairs among the pairs of called alleles, NaN where a cohort has
+    fewer than two calls."""
+    xp = xp_of(ac)
+    ac = ac.astype(np.float64)
+    an = ac.sum(axis=2)
+    n_pairs = an * (an - 1) / 2
+    n_same = (ac * (ac - 1) / 2).sum(axis=2)
+    n_diff = n_pairs - n_same
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return n_diff / xp.where(n_pairs != 0, n_pairs, xp.nan)
+
+
+def divergence_terms(ac):
+    """sgkit's per-variant divergence (variants, cohorts, cohorts): between cohorts i != j the
+    share of differing pairs among the an_i * an_j pairs (NaN where there are none), the cohort's
+    diversity on the diagonal."""
+    xp = xp_of(ac)
+    ac = ac.astype(np.float64)
+    an = ac.sum(axis=2)
+    n_pairs = an[:, :, None] * an[:, None, :]
+    n_same = xp.matmul(ac, xp.swapaxes(ac, 1, 2))  # sum over alleles of ac_i * ac_j
+    c = ac.shape[1]
+    diag = xp.arange(c)
+    n_pairs[:, diag, diag] = an * (an - 1)
+    n_same[:, diag, diag] = (ac * (ac - 1)).sum(axis=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (n_pairs - n_same) / xp.where(n_pairs != 0, n_pairs, xp.nan)
+
+
+def segregating_sites(ac):
+    """sgkit's (tskit's) segregating sites of each variant from counts (variants, alleles): the
+    alleles seen, less one (so -1 where no allele was called), as float64."""
+    return ((ac > 0).sum(axis=1) - 1).astype(np.float64)
+
+
+# --- sums over windows ------------------------------------------------------------------------------
+
+
+def _window_sum_loop(x, starts, stops, out):
+    """``out[w, j] = sum(x[starts[w]:stops[w], j])``, the rows added in order. Compiled by
+    :func:`launch.cpu_loop`."""
+    for w in range(starts.shape[0]):
+        for j in range(x.shape[1]):
+            acc = 0.0
+            for i in range(starts[w], stops[w]):
+                acc += x[i, j]
+            out[w, j] = acc
+
+
+def _window_inputs(x2d, starts, stops, xp):
+    x2d = xp.ascontiguousarray(x2d, dtype=np.float64)
+    starts = np.asarray(starts, dtype=np.int64)
+    stops = np.maximum(np.asarray(stops, dtype=np.int64), starts)
+    return x2d, starts, stops
+
+
+def window_sum_cpu(x2d, starts, stops):
+    """Sums of the rows of a (rows, columns) block over each window ``[starts[w], stops[w])``
+    (row numbers of the block) -> (windows, columns), float64."""
+    x2d, starts, stops = _window_inputs(x2d, starts, stops, np)
+    out = np.empty((starts.size, x2d.shape[1]), dtype=np.float64)
+    launch.cpu_loop(_window_sum_loop)(x2d, starts, stops, out)
+    return out
+
+
+@functools.cache
+def window_kernel():
+    """The window sums under Numba CUDA, ``(x, starts, stops, out)``: one thread per window and
+    column, neighbouring threads on neighbouring columns; each adds its rows in order, as
+    :func:`_window_sum_loop`."""
+    global cuda
+    cuda = launch.numba_cuda()
+
+    @cuda.jit
+    def window_sum(x, starts, stops, out):
+        k = cuda.grid(1)
+        cols = x.shape[1]
+        if k < starts.shape[0] * cols:
+            w = k // cols
+            j = k % cols
+            acc = 0.0
+            for i in range(starts[w], stops[w]):
+                acc += x[i, j]
+            out[w, j] = acc
+
+    return window_sum
+
+
+def window_sum_gpu(x2d, starts, stops):
+    """:func:`window_sum_cpu` on a CuPy block, by the Numba CUDA kernel."""
+    import cupy
+
+    x2d, starts, stops = _window_inputs(x2d, starts, stops, cupy)
+    out = cupy.empty((starts.size, x2d.shape[1]), dtype=np.float64)
+    if out.size:
+        launch.launch_numba(window_kernel(), out.size, x2d, cupy.asarray(starts), cupy.asarray(stops), out)
+    return out
+
+
+# --- statistics of the sums ---------------------------------------------------------------------------
+
+
+def fst(d, estimator: str = "Hudson"):
+    """Fst between each pair of cohorts from divergence (..., cohorts, cohorts) with the
+    diversities on the diagonal: Hudson's estimator (Bhatia et al. 2013, as scikit-allel),
+    ``1 - (d_ii + d_jj) / 2 / d_ij``, NaN where d_ij is 0, or Nei's (as tskit),
+    ``1 - 2 (d_ii + d_jj) / (d_ii + 2 d_ij + d_jj)``, NaN where that denominator is 0; NaN on
+    the diagonal. As sgkit, each pair (i < j) is computed from d_ij and given to (j, i) too."""
+    xp = xp_of(d)
+    d = d.astype(np.float64)
+    diag = xp.diagonal(d, axis1=-2, axis2=-1)
+    d_ii, d_jj = diag[..., :, None], diag[..., None, :]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if estimator == "Hudson":
+            out = 1 - ((d_ii + d_jj) / 2) / xp.where(d != 0, d, xp.nan)
+        elif estimator == "Nei":
+            den = d_ii + 2 * d + d_jj
+            out = 1 - (2 * (d_ii + d_jj) / xp.where(den != 0, den, xp.nan))
+        else:
+            raise ValueError(f"unknown Fst estimator {estimator!r}")
+    c = d.shape[-1]
+    upper = xp.arange(c)[:, None] < xp.arange(c)[None, :]
+    return xp.where(upper, out, xp.where(upper.T, xp.swapaxes(out, -1, -2), xp.nan))
+
+
+def tajimas_d(div, S, n):
+    """Tajima's D of each cohort (rows, cohorts) from diversity ``div`` (rows, cohorts), the
+    segregating sites ``S`` (rows) and ``n``, the most alleles called at a variant (a 0-d array):
+    sgkit's formula, operation for operation (inf or NaN where the deviation is 0)."""
+    xp = xp_of(div)
+    n = xp.asarray(n, dtype=np.float64).reshape(())
+    S = S.astype(np.float64)
+    k = xp.arange(1, float(n))  # sgkit: da.arange(1, n)
+    a1 = (1 / k).sum()
+    theta = S / a1
+    d = div - theta[:, None]
+    a2 = (1 / (k**2)).sum()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        b1 = (n + 1) / (3 * (n - 1))
+        b2 = 2 * (n**2 + n + 3) / (9 * n * (n - 1))
+        c1 = b1 - (1 / a1)
+        c2 = b2 - ((n + 2) / (a1 * n)) + (a2 / (a1**2))
+        e1 = c1 / a1
+        e2 = c2 / (a1**2 + a2)
+        d_stdev = xp.sqrt((e1 * S) + (e2 * S * (S - 1)))
+        return d / d_stdev[:, None]

@@ -1,0 +1,140 @@
+"""Association tests: sgkit's ``gwas_linear_regression`` (``sgkit.stats.association``, 0.10).
+
+One ordinary least squares regression of each trait on each variant's dosage and the covariates,
+reporting the dosage's coefficient, its t statistic and its p-value. As in sgkit, the covariates
+(with a column of ones, the intercept, unless ``add_intercept=False``) are projected out once:
+Q, an orthonormal basis of them, comes from a QR factorization (``dask.array.linalg.qr``, in
+the covariates' dtype as sgkit's), and the traits' residuals Y_P = Y - Q (Q^T Y) are computed
+once. Then each block of variants (all samples) is one matrix product with [Q | Y_P] and one
+sum of squares (:func:`pipeline.kernels.gwas.linreg_block`, NumPy or CuPy, float64), and the
+p-values follow from the t statistics (SciPy's Student t, on the host: the statistics are small).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from ...backend import meta, to_backend
+from ...deferred import module as _deferred
+from ...errors import InputError
+from ..registry import register
+from ._dataset import as_dask, backend_of_dataset, merge as merge_datasets, variable
+
+da = _deferred("dask.array")  # imported when the first graph is built
+
+
+def _columns(ds: xr.Dataset, names: list[str], what: str, op: str) -> list:
+    """The variables ``names`` as Dask arrays (samples, columns): a 1-D variable is one column, a
+    2-D one its columns, as sgkit's ``concat_2d``. (sgkit leaves out, silently, a variable whose
+    first dimension is not ``samples``; here that is an error.)"""
+    out = []
+    for name in names:
+        x = variable(ds, name, None, "iufb", op=op)
+        if x.ndim not in (1, 2) or x.dims[0] != "samples":
+            raise InputError(
+                f"{op}: {what} variable {name!r} has dimensions {tuple(map(str, x.dims))}, "
+                "expected ('samples',) or ('samples', <one more>)"
+            )
+        a = as_dask(x)
+        out.append(a[:, None] if a.ndim == 1 else a)
+    return out
+
+
+def _names(value, what: str, op: str) -> list[str]:
+    names = [value] if isinstance(value, str) else list(value)
+    if not all(isinstance(n, str) for n in names):
+        raise InputError(f"{op}: {what} must be a variable name or a list of them, got {value!r}")
+    return names
+
+
+def _linreg_task(kernel, g, w, gram, qyp, yps, dof: int):
+    return kernel(g, w=w, gram=gram, qyp=qyp, yps=yps, dof=dof)
+
+
+@register(kernels=("linreg_block", "linreg_p_value"), dataset=True)
+def gwas_linear_regression(
+    ds: xr.Dataset,
+    *,
+    dosage: str,
+    covariates: str | list[str],
+    traits: str | list[str],
+    add_intercept: bool = True,
+    call_genotype: str = "call_genotype",
+    merge: bool = True,
+) -> xr.Dataset:
+    """Linear regression of each trait on each variant's dosage, covariates projected out, as
+    sgkit's ``gwas_linear_regression``.
+
+    ``dosage`` (variants, samples; integers or floats, no missing values: sgkit's regression
+    has none); ``covariates`` and ``traits``: names of 1-D (samples) or 2-D (samples, *)
+    variables, concatenated as columns in the order given. ``add_intercept`` adds a column of
+    ones before the covariates (float32 where there are no covariates, as in sgkit; the results
+    are valid only with an intercept, as sgkit warns). ``call_genotype`` is accepted for sgkit's
+    signature; sgkit 0.10 requires ``dosage`` and reads only it.
+
+    Returns ``variant_linreg_beta``, ``variant_linreg_t_value`` and ``variant_linreg_p_value``
+    (variants, traits): float64 (float32 where the dosage, the covariates and the traits all
+    are), p-values float64 from the t distribution with n_samples - n_covariates - 1 degrees of
+    freedom (the intercept counts as a covariate). NaN for a variant that does not vary once the
+    covariates are projected out (0 / 0, as in sgkit). Lazy: nothing is computed.
+    """
+    op = gwas_linear_regression.op
+    covariates = _names(covariates, "covariates", op.name)
+    traits = _names(traits, "traits", op.name)
+    if not traits:
+        raise InputError(f"{op.name}: no traits given")
+    g = variable(ds, dosage, ("variants", "samples"), "iuf", op=op.name)
+    backend = backend_of_dataset(g)
+    n = ds.sizes["samples"]
+
+    columns = _columns(ds, covariates, "covariate", op.name)
+    if not columns and not add_intercept:
+        raise InputError(f"{op.name}: add_intercept must be True if no covariates are given")
+    if columns:
+        x = da.concatenate([c.rechunk((-1, -1)) for c in columns], axis=1)
+    if add_intercept:
+        dtype = x.dtype if columns else np.float32  # sgkit: a float32 intercept alone
+        ones = to_backend(da.ones((n, 1), dtype=dtype, chunks=-1), backend)
+        x = da.concatenate([ones, x], axis=1) if columns else ones
+    x = x.rechunk((-1, -1))
+    p = x.shape[1]
+    dof = n - p - 1
+    if dof < 1:
+        raise InputError(
+            f"{op.name}: too few samples for the regression's statistics: the samples ({n}) must "
+            f"outnumber the covariates, intercept included ({p}), by at least two"
+        )
+    q = da.linalg.qr(x)[0]  # in the covariates' dtype, as sgkit's (float32 for the lone intercept)
+    y = da.concatenate([c.rechunk((-1, -1)) for c in _columns(ds, traits, "trait", op.name)], axis=1)
+    out_dtype = np.result_type(g.dtype, q.dtype, y.dtype)
+    out_dtype = out_dtype if out_dtype.kind == "f" and out_dtype.itemsize >= 4 else np.dtype(np.float64)
+    # sgkit's products promote Q and Y to float64 against float64 operands: the same values
+    q = q.astype(np.float64)
+    y = y.astype(np.float64)
+    yp = y - q @ (q.T @ y)
+    w = da.concatenate([q, yp], axis=1).rechunk((-1, -1))
+    gram = (q.T @ q).rechunk((-1, -1))  # I, to float32 rounding for sgkit's float32 intercept
+    qyp = (q.T @ yp).rechunk((-1, -1))
+    yps = (yp * yp).sum(axis=0).rechunk(-1)
+
+    gd = as_dask(g).rechunk({1: -1})  # every sample of a block of variants in one task
+    stats = da.blockwise(
+        _linreg_task, "vtk",
+        op.kernel("linreg_block", backend), None, gd, "vs", w, "sc", gram, "pq", qyp, "pt", yps, "t", dof, None,
+        new_axes={"k": 2}, concatenate=True, dtype=np.float64, meta=meta(backend, np.float64, 3),
+    )
+    beta = stats[..., 0].astype(out_dtype)
+    t = stats[..., 1].astype(out_dtype)
+    pval = t.map_blocks(op.kernel("linreg_p_value", backend), dof, dtype=np.float64, meta=meta(backend, np.float64, 2))
+    new = xr.Dataset(
+        {
+            "variant_linreg_beta": (("variants", "traits"), beta),
+            "variant_linreg_t_value": (("variants", "traits"), t),
+            "variant_linreg_p_value": (("variants", "traits"), pval),
+        }
+    )
+    return merge_datasets(ds, new, merge)
+
+
+__all__ = ["gwas_linear_regression"]

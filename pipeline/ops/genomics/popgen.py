@@ -1,0 +1,311 @@
+"""Population genetics by cohort: sgkit's ``count_cohort_alleles``, ``diversity``,
+``divergence``, ``Fst`` and ``Tajimas_D``.
+
+Every statistic starts from the allele counts of each cohort at each variant
+(``cohort_allele_count``, variants x cohorts x alleles), counted in one pass over the int8
+genotype calls: a task counts one block of (variants, samples) for all cohorts at once, and the
+counts of the blocks of samples add up (a Dask sum), so no (variants, samples, alleles) array of
+per-call counts is ever made (sgkit makes one, ``call_allele_count``, and keeps it in its result;
+where the dataset already holds it, it is summed by cohort instead, as sgkit does).
+
+The statistics are per variant, or, where the dataset has windows (:mod:`.window`), summed over
+each window: per-variant terms are computed block by block, and each block adds its part of
+every window that overlaps it (:func:`pipeline.reduce.windows.window_sums`), so window bounds
+fall anywhere in the blocks and blocks anywhere in the windows. NaN terms (a cohort with fewer
+than two calls at a variant) make their windows NaN, as sgkit's sums do.
+
+As sgkit, an op computes the variables it needs where the dataset lacks them (``diversity`` the
+cohort allele counts, ``Fst`` the divergence, ``Tajimas_D`` the variant allele counts and the
+diversity) and keeps them in its result when merging; a variable given under another name than
+the default must be in the dataset. ``Tajimas_D`` on a dataset with neither count gets both the
+cohort and the variant allele counts from one read of the genotypes (the samples of no cohort
+counted as one cohort more). The mathematics is in :mod:`pipeline.kernels.popgen`.
+
+Where sgkit is surprising, these ops do as it does:
+
+- ``stat_Fst`` has dimensions ``(windows, cohorts_0, cohorts_1)`` even without windows (its
+  first dimension then has one entry per variant);
+- ``Tajimas_D`` counts segregating sites over all samples (those in no cohort too), as alleles
+  seen less one, so -1 at a variant without calls, and takes the number of alleles sampled, n, as
+  the most called at any variant;
+- a window sum is NaN where any of its variants' terms is NaN.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Literal
+
+import numpy as np
+import xarray as xr
+
+from ...backend import backend_of, meta as backend_meta, to_backend, to_numpy
+from ...deferred import module as _deferred
+from ...errors import InputError
+from ...reduce.windows import window_sums
+from ..registry import register
+from ._dataset import as_dask, merge as _merge, variable
+from .window import has_windows
+
+da = _deferred("dask.array")  # imported when the first graph is built
+
+COMMENTS = {  # sgkit's documentation of its variables, which it sets as their "comment"
+    "cohort_allele_count": "Cohort allele counts.",
+    "variant_allele_count": "Variant allele counts. With shape (variants, alleles) and values\n"
+    "corresponding to the number of non-missing occurrences of each allele.",
+    "stat_diversity": "Genetic diversity (also known as \"Tajima\u2019s pi\") for cohorts.",
+    "stat_divergence": "Genetic divergence between pairs of cohorts.",
+    "stat_Fst": "Fixation index (Fst) between pairs of cohorts.",
+    "stat_Tajimas_D": "Tajima\u2019s D for cohorts.",
+}
+COUNT = np.uint64
+F8 = np.float64
+COUNTING = ("cohort_allele_count", "cohort_sum")  # the kernels that make cohort allele counts
+
+
+def _new(name: str, dims: tuple[str, ...], data) -> xr.Dataset:
+    return xr.Dataset({name: (dims, data, {"comment": COMMENTS[name]})})
+
+
+def _if_absent(ds: xr.Dataset, default: str, name: str, compute: Callable[[xr.Dataset], xr.Dataset],
+               op: str) -> xr.Dataset:
+    """sgkit's ``define_variable_if_absent``: ``ds``, with ``default`` computed (and merged) where
+    it is missing; a variable of another name must be there."""
+    if name in ds:
+        return ds
+    if name != default:
+        raise InputError(f"{op}: the dataset has no variable {name!r} (only {default!r} is computed where missing)")
+    return compute(ds)
+
+
+def _whole(x, axes) -> "da.Array":
+    """``x`` as a Dask array with ``axes`` in one chunk each (cohorts, alleles: small)."""
+    return as_dask(x).rechunk({a: -1 for a in axes})
+
+
+# --- allele counts ----------------------------------------------------------------------------------
+
+
+def _count_block(block, cohort, *, kernel, n_cohorts: int, n_alleles: int):
+    return kernel(block, cohort, n_cohorts, n_alleles)[:, None]
+
+
+def _sum_block(block, cohort, *, kernel, n_cohorts: int):
+    return kernel(block, cohort, n_cohorts)[:, None]
+
+
+def _by_cohort(x: "da.Array", cohort: np.ndarray, fn, n_cohorts: int, width: int, **kwargs) -> "da.Array":
+    """Counts (variants, cohorts, ``width`` alleles) of a (variants, samples, k) array: ``fn``
+    makes each block's counts, those of the blocks along the samples are added up."""
+    backend = backend_of(x)
+    x = x.rechunk({2: -1})
+    coh = to_backend(da.from_array(cohort, chunks=(x.chunks[1],)), backend)
+    parts = da.blockwise(
+        fn, "vsca", x, "vsk", coh, "s", new_axes={"c": n_cohorts, "a": width}, adjust_chunks={"s": 1},
+        concatenate=True, dtype=COUNT, meta=backend_meta(backend, COUNT, 4), n_cohorts=n_cohorts, **kwargs,
+    )
+    return parts[:, 0] if parts.numblocks[1] == 1 else parts.sum(axis=1, dtype=COUNT)
+
+
+def _cohorts(ds: xr.Dataset, sample_cohort: str, op: str) -> tuple[np.ndarray, int]:
+    """Each sample's cohort (negative: none), and the number of cohorts (the largest + 1)."""
+    c = variable(ds, sample_cohort, ("samples",), "iu", op=op)
+    cohort = np.asarray(to_numpy(c.data)).astype(np.int64, copy=False)
+    return cohort, max(int(cohort.max()) + 1, 0) if cohort.size else 0
+
+
+def _n_alleles(ds: xr.Dataset, op: str) -> int:
+    if "alleles" not in ds.sizes:
+        raise InputError(f"{op}: the dataset has no alleles dimension "
+                         "(variant_allele, of dimensions (variants, alleles), gives it)")
+    return int(ds.sizes["alleles"])
+
+
+def _genotype_counts(ds: xr.Dataset, cohort: np.ndarray, n_cohorts: int, kernel, op: str,
+                     call_genotype: str = "call_genotype") -> "da.Array":
+    g = variable(ds, call_genotype, ("variants", "samples", "ploidy"), "i", op=op)
+    n_alleles = _n_alleles(ds, op)
+    return _by_cohort(as_dask(g), cohort, _count_block, n_cohorts, n_alleles, kernel=kernel, n_alleles=n_alleles)
+
+
+@register(kernels=COUNTING, dataset=True)
+def count_cohort_alleles(
+    ds: xr.Dataset,
+    *,
+    call_allele_count: str = "call_allele_count",
+    sample_cohort: str = "sample_cohort",
+    call_genotype: str = "call_genotype",
+    merge: bool = True,
+) -> xr.Dataset:
+    """Allele counts of each cohort at each variant, ``cohort_allele_count`` (variants, cohorts,
+    alleles), uint64: the called alleles (missing and fill calls left out) of the samples of each
+    cohort (``sample_cohort``: 0, 1, ...; a negative cohort counts in none).
+
+    Counted from ``call_genotype`` in one pass; where the dataset holds per-sample counts
+    (``call_allele_count``, variants x samples x alleles), those are summed by cohort, as sgkit
+    does.
+    """
+    name = "count_cohort_alleles"
+    op = count_cohort_alleles.op
+    cohort, n_cohorts = _cohorts(ds, sample_cohort, name)
+    if call_allele_count in ds:
+        ac = variable(ds, call_allele_count, ("variants", "samples", "alleles"), "iu", op=name)
+        backend = backend_of(ac)
+        counts = _by_cohort(as_dask(ac), cohort, _sum_block, n_cohorts, ac.sizes["alleles"],
+                            kernel=op.kernel("cohort_sum", backend))
+    else:
+        if call_allele_count != "call_allele_count":
+            raise InputError(f"{name}: the dataset has no variable {call_allele_count!r}")
+        backend = backend_of(variable(ds, call_genotype, op=name))
+        counts = _genotype_counts(ds, cohort, n_cohorts, op.kernel("cohort_allele_count", backend), name, call_genotype)
+    return _merge(ds, _new("cohort_allele_count", ("variants", "cohorts", "alleles"), counts), merge)
+
+
+def _count_variant_alleles(ds: xr.Dataset, kernel_of) -> xr.Dataset:
+    """``variant_allele_count`` (variants, alleles), uint64, over all samples (sgkit's
+    ``count_variant_alleles(ds, using="call_genotype")``), merged: the cohort kernel with every
+    sample in one cohort."""
+    g = variable(ds, "call_genotype", ("variants", "samples", "ploidy"), "i", op="Tajimas_D")
+    cohort = np.zeros(g.sizes["samples"], dtype=np.int64)
+    counts = _genotype_counts(ds, cohort, 1, kernel_of("cohort_allele_count", backend_of(g)), "Tajimas_D")
+    return _merge(ds, _new("variant_allele_count", ("variants", "alleles"), counts[:, 0]), True)
+
+
+def _cohort_and_variant_counts(ds: xr.Dataset, kernel_of) -> xr.Dataset:
+    """``cohort_allele_count`` and ``variant_allele_count`` from one pass over the genotypes,
+    merged: the samples of no cohort counted as one cohort more, which the variant counts add in
+    and the cohort counts leave out."""
+    cohort, n_cohorts = _cohorts(ds, "sample_cohort", "Tajimas_D")
+    g = variable(ds, "call_genotype", ("variants", "samples", "ploidy"), "i", op="Tajimas_D")
+    extended = np.where((cohort >= 0) & (cohort < n_cohorts), cohort, n_cohorts)
+    counts = _genotype_counts(ds, extended, n_cohorts + 1, kernel_of("cohort_allele_count", backend_of(g)), "Tajimas_D")
+    new = xr.merge([_new("cohort_allele_count", ("variants", "cohorts", "alleles"), counts[:, :n_cohorts]),
+                    _new("variant_allele_count", ("variants", "alleles"), counts.sum(axis=1, dtype=COUNT))])
+    return _merge(ds, new, True)
+
+
+# --- statistics -----------------------------------------------------------------------------------
+
+
+def _windowed(ds: xr.Dataset, x: "da.Array", kernel) -> "da.Array":
+    """``x`` (variants, ...) summed over the dataset's windows."""
+    starts = np.asarray(to_numpy(ds["window_start"].data)).astype(np.int64, copy=False)
+    stops = np.asarray(to_numpy(ds["window_stop"].data)).astype(np.int64, copy=False)
+    return window_sums(x, starts, stops, kernel=kernel)
+
+
+def _cohort_counts(ds: xr.Dataset, cohort_allele_count: str, op: str) -> tuple[xr.Dataset, "da.Array"]:
+    ds = _if_absent(ds, "cohort_allele_count", cohort_allele_count, count_cohort_alleles, op)
+    ac = variable(ds, cohort_allele_count, ("variants", "cohorts", "alleles"), "iu", op=op)
+    return ds, _whole(ac, (1, 2))
+
+
+@register(kernels=(*COUNTING, "diversity_terms", "window_sum"), dataset=True)
+def diversity(ds: xr.Dataset, *, cohort_allele_count: str = "cohort_allele_count", merge: bool = True) -> xr.Dataset:
+    """Genetic diversity (Tajima's pi) of each cohort, ``stat_diversity``: per variant the
+    probability that two alleles drawn without replacement from the cohort's calls differ (NaN
+    with fewer than two calls), float64, (variants, cohorts); or its sum over each window
+    (windows, cohorts) where the dataset has windows."""
+    name = "diversity"
+    op = diversity.op
+    ds, ac = _cohort_counts(ds, cohort_allele_count, name)
+    backend = backend_of(ac)
+    pi = ac.map_blocks(op.kernel("diversity_terms", backend), drop_axis=2, dtype=F8, meta=backend_meta(backend, F8, 2))
+    if has_windows(ds):
+        new = _new("stat_diversity", ("windows", "cohorts"), _windowed(ds, pi, op.kernel("window_sum", backend)))
+    else:
+        new = _new("stat_diversity", ("variants", "cohorts"), pi)
+    return _merge(ds, new, merge)
+
+
+@register(kernels=(*COUNTING, "divergence_terms", "window_sum"), dataset=True)
+def divergence(ds: xr.Dataset, *, cohort_allele_count: str = "cohort_allele_count", merge: bool = True) -> xr.Dataset:
+    """Genetic divergence between each pair of cohorts, ``stat_divergence``: per variant the
+    probability that an allele of cohort i and one of cohort j differ, and each cohort's
+    diversity on the diagonal, float64, (variants, cohorts_0, cohorts_1); or its sum over each
+    window (windows, cohorts_0, cohorts_1) where the dataset has windows."""
+    name = "divergence"
+    op = divergence.op
+    ds, ac = _cohort_counts(ds, cohort_allele_count, name)
+    backend = backend_of(ac)
+    c = ac.shape[1]
+    d = ac.map_blocks(op.kernel("divergence_terms", backend), chunks=(ac.chunks[0], (c,), (c,)), dtype=F8,
+                      meta=backend_meta(backend, F8, 3))
+    if has_windows(ds):
+        d = _windowed(ds, d, op.kernel("window_sum", backend))
+        new = _new("stat_divergence", ("windows", "cohorts_0", "cohorts_1"), d)
+    else:
+        new = _new("stat_divergence", ("variants", "cohorts_0", "cohorts_1"), d)
+    return _merge(ds, new, merge)
+
+
+@register(kernels=(*COUNTING, "divergence_terms", "window_sum", "fst"), dataset=True)
+def Fst(
+    ds: xr.Dataset,
+    *,
+    estimator: Literal["Hudson", "Nei"] | None = None,
+    stat_divergence: str = "stat_divergence",
+    merge: bool = True,
+) -> xr.Dataset:
+    """Fixation index between each pair of cohorts, ``stat_Fst``, from the divergence (and the
+    diversities on its diagonal), per variant or per window as the divergence is: Hudson's
+    estimator (Bhatia et al. 2013, as scikit-allel; the default) or Nei's (as tskit), float64,
+    NaN on the diagonal. Its dimensions are (windows, cohorts_0, cohorts_1) in both cases, as
+    sgkit names them."""
+    name = "Fst"
+    op = Fst.op
+    if estimator is not None and estimator not in ("Hudson", "Nei"):
+        raise InputError(f"{name}: estimator must be 'Hudson' or 'Nei' (or None: Hudson), got {estimator!r}")
+    ds = _if_absent(ds, "stat_divergence", stat_divergence, divergence, name)
+    d = variable(ds, stat_divergence, kind="f", op=name)
+    if d.ndim != 3 or tuple(d.dims[1:]) != ("cohorts_0", "cohorts_1"):
+        raise InputError(f"{name}: variable {stat_divergence!r} has dimensions {tuple(map(str, d.dims))}, "
+                         "expected (windows or variants, cohorts_0, cohorts_1)")
+    dd = _whole(d, (1, 2))
+    backend = backend_of(dd)
+    f = dd.map_blocks(op.kernel("fst", backend), estimator=estimator or "Hudson", dtype=F8,
+                      meta=backend_meta(backend, F8, 3))
+    # sgkit names the first dimension "windows" whether or not the divergence is windowed
+    return _merge(ds, _new("stat_Fst", ("windows", "cohorts_0", "cohorts_1"), f), merge)
+
+
+def _tajimas_block(div, S, n, *, kernel):
+    return kernel(div, S.reshape(-1), n)
+
+
+@register(kernels=(*COUNTING, "diversity_terms", "segregating_sites", "window_sum", "tajimas_d"), dataset=True)
+def Tajimas_D(
+    ds: xr.Dataset,
+    *,
+    variant_allele_count: str = "variant_allele_count",
+    stat_diversity: str = "stat_diversity",
+    merge: bool = True,
+) -> xr.Dataset:
+    """Tajima's D of each cohort, ``stat_Tajimas_D``, per variant or per window as the diversity
+    is: the diversity less Watterson's theta (the segregating sites over all samples divided by
+    the harmonic number a1 of n - 1, n the most alleles called at a variant), over its standard
+    deviation; float64, inf or NaN where that deviation is 0."""
+    name = "Tajimas_D"
+    op = Tajimas_D.op
+    absent = ("variant_allele_count", "cohort_allele_count", "call_allele_count", "stat_diversity")
+    if variant_allele_count == "variant_allele_count" and not any(v in ds for v in absent):
+        ds = _cohort_and_variant_counts(ds, op.kernel)  # both counts in one read of the genotypes
+    ds = _if_absent(ds, "variant_allele_count", variant_allele_count,
+                    lambda d: _count_variant_alleles(d, op.kernel), name)
+    ds = _if_absent(ds, "stat_diversity", stat_diversity, diversity, name)
+    ac = _whole(variable(ds, variant_allele_count, ("variants", "alleles"), "iu", op=name), (1,))
+    div = variable(ds, stat_diversity, kind="f", op=name)
+    rows = "windows" if has_windows(ds) else "variants"
+    if tuple(div.dims) != (rows, "cohorts"):
+        raise InputError(f"{name}: variable {stat_diversity!r} has dimensions {tuple(map(str, div.dims))}, "
+                         f"expected {(rows, 'cohorts')}")
+    backend = backend_of(ac)
+    S = ac.map_blocks(op.kernel("segregating_sites", backend), drop_axis=1, dtype=F8, meta=backend_meta(backend, F8, 1))
+    if rows == "windows":
+        S = _windowed(ds, S, op.kernel("window_sum", backend))
+    n = ac.sum(axis=1, dtype=F8).max()  # as sgkit: the number of alleles sampled is the most called
+    D = da.map_blocks(_tajimas_block, _whole(div, (1,)), S[:, None], n, kernel=op.kernel("tajimas_d", backend),
+                      dtype=F8, meta=backend_meta(backend, F8, 2))
+    return _merge(ds, _new("stat_Tajimas_D", (rows, "cohorts"), D), merge)
+
+
+__all__ = ["Fst", "Tajimas_D", "count_cohort_alleles", "divergence", "diversity"]

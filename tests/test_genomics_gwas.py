@@ -1,0 +1,166 @@
+"""gwas_linear_regression against sgkit 0.10 (``sgkit_gwas.npz``, made by
+``tests/fixtures/genomics/sgkit_gwas.py``) on the ``bi`` data: covariates as three 1-D variables
+or one 2-D variable, traits as one 2-D variable or two 1-D ones, a float64 or uint8 dosage, with
+the intercept alone (sgkit's float32 column of ones) and without an intercept; variant chunks of
+100, 37 and 1000, samples whole or in chunks of 25.
+
+The dosage counts the called alternate alleles (a missing allele counts for nothing), as the
+fixture's. Tolerance: the statistics come from other (algebraically equal) float64 formulas than
+sgkit's, each rounding relative to |G|^2 and |Y_P|^2 (pipeline.kernels.gwas): measured within
+2e-13 relative of sgkit's, so 1e-10 leaves room for other BLAS libraries and still fails on any
+difference of formula. NaN exactly where sgkit's (the two variants with no called alternate
+allele: 0 / 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import pipeline.genomics as sg
+from pipeline import backend as B
+from pipeline import kernels
+from pipeline.errors import InputError
+
+from .conftest import raise_if_dask_computes
+from .genomics_data import dataset, sgkit
+
+REF = sgkit("gwas")
+SPLIT = [f"sample_covariate_{k}" for k in range(3)]
+CASES = {  # case -> parameters, as the fixture ran them
+    "split": dict(dosage="call_dosage", covariates=SPLIT, traits="sample_trait"),
+    "matrix": dict(dosage="call_dosage_u8", covariates="sample_covariate", traits=["sample_trait_0", "sample_trait_1"]),
+    "intercept": dict(dosage="call_dosage", covariates=[], traits="sample_trait"),
+    "nointercept": dict(dosage="call_dosage", covariates=SPLIT, traits="sample_trait", add_intercept=False),
+}
+OUT = ("beta", "t_value", "p_value")
+RTOL = 1e-10
+
+
+def gwas_dataset(chunks=None, backend="cpu") -> xr.Dataset:
+    """The ``bi`` data with the fixture's dosages and covariates and traits split into 1-D variables."""
+    ds = dataset("bi", chunks, backend)
+    alt = (ds["call_genotype"] == 1).sum("ploidy")
+    ds = ds.assign(call_dosage=alt.astype(np.float64), call_dosage_u8=alt.astype(np.uint8))
+    for k in range(ds.sizes["covariates"]):
+        ds[f"sample_covariate_{k}"] = ds["sample_covariate"][:, k]
+    for k in range(ds.sizes["traits"]):
+        ds[f"sample_trait_{k}"] = ds["sample_trait"][:, k]
+    return ds
+
+
+def assert_sgkits(out: xr.Dataset, case: str):
+    for v in OUT:
+        x = out[f"variant_linreg_{v}"]
+        assert x.dims == ("variants", "traits") and x.dtype == np.float64
+        a, e = B.to_numpy(x.data), REF[f"{case}_{v}"]
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(e), err_msg=f"{case} {v}: NaN pattern")
+        np.testing.assert_allclose(a, e, rtol=RTOL, atol=0, equal_nan=True, err_msg=f"{case} {v}")
+
+
+def test_the_dosage_is_the_fixtures():
+    np.testing.assert_array_equal(gwas_dataset()["call_dosage"].values, REF["call_dosage"])
+
+
+@pytest.mark.parametrize(
+    "chunks", [{"variants": 100}, {"variants": 37}, {"variants": 1000}, {"variants": 37, "samples": 25}],
+    ids=["v100", "v37", "v1000", "v37-s25"],
+)
+def test_gwas_linear_regression_is_sgkits(chunks):
+    ds = gwas_dataset(chunks)
+    for case, params in CASES.items():
+        out = sg.gwas_linear_regression(ds, merge=False, **params)
+        assert out["variant_linreg_beta"].data.chunks[0] == ds["call_dosage"].data.chunks[0]
+        assert_sgkits(out.compute(), case)
+
+
+def test_lazy_merged_and_runs_its_kernels():
+    ds = gwas_dataset({"variants": 37})
+    with raise_if_dask_computes():
+        out = sg.gwas_linear_regression(ds, **CASES["split"])
+    assert set(ds.variables) < set(out.variables)  # merge=True: the input's variables too
+    with kernels.recording() as calls:
+        assert_sgkits(out.compute(), "split")
+    assert set(calls) == {("linreg_block", "cpu"), ("linreg_p_value", "cpu")}
+    assert calls[("linreg_block", "cpu")] == len(ds["call_dosage"].data.chunks[0])
+
+
+def test_float32_inputs_give_float32_statistics():
+    ds = gwas_dataset()
+    ds = ds.assign(
+        call_dosage=ds["call_dosage"].astype(np.float32), sample_trait=ds["sample_trait"].astype(np.float32)
+    )
+    out = sg.gwas_linear_regression(ds, dosage="call_dosage", covariates=[], traits="sample_trait", merge=False)
+    assert out["variant_linreg_beta"].dtype == out["variant_linreg_t_value"].dtype == np.float32
+    assert out["variant_linreg_p_value"].dtype == np.float64
+    # computed in float64 and rounded to float32 (where sgkit computes in float32): within float32
+    # rounding of the float64 reference, relative to the largest value for those near 0
+    e = REF["intercept_beta"]
+    np.testing.assert_allclose(out["variant_linreg_beta"].values, e, rtol=2e-7, atol=2e-7 * np.nanmax(np.abs(e)))
+
+
+def test_errors_name_what_is_wrong():
+    ds = gwas_dataset()
+    run = sg.gwas_linear_regression
+    with pytest.raises(InputError, match="add_intercept must be True"):
+        run(ds, dosage="call_dosage", covariates=[], traits="sample_trait", add_intercept=False)
+    with pytest.raises(InputError, match="covariate variable 'variant_position' has dimensions"):
+        run(ds, dosage="call_dosage", covariates="variant_position", traits="sample_trait")
+    with pytest.raises(InputError, match="no traits given"):
+        run(ds, dosage="call_dosage", covariates=SPLIT, traits=[])
+    with pytest.raises(InputError, match="no variable 'dosage'"):
+        run(ds, dosage="dosage", covariates=SPLIT, traits="sample_trait")
+    with pytest.raises(InputError, match="'call_genotype' has dimensions"):
+        run(ds, dosage="call_genotype", covariates=SPLIT, traits="sample_trait")
+    few = ds.isel(samples=slice(0, 5))
+    with pytest.raises(InputError, match=r"samples \(5\) must outnumber the covariates, intercept included \(4\)"):
+        run(few, dosage="call_dosage", covariates=SPLIT, traits="sample_trait")
+
+
+def test_registered_as_a_dataset_op():
+    import pipeline
+
+    op = pipeline.ops.get("gwas_linear_regression")
+    assert op.dataset and op.backends == ("cpu", "gpu")
+    params = op.parameters()
+    assert params["dosage"]["required"] and params["add_intercept"]["default"] is True
+
+
+@pytest.mark.gpu
+def test_gpu_equals_cpu():
+    for chunks in ({"variants": 37}, {"variants": 100, "samples": 25}):
+        cpu, gpu = gwas_dataset(chunks), gwas_dataset(chunks, backend="gpu")
+        for case, params in CASES.items():
+            with kernels.recording() as calls:
+                got = sg.gwas_linear_regression(gpu, merge=False, **params)
+                assert all(B.backend_of(got[v].data) == "gpu" for v in got.data_vars)
+                got = B.to_numpy(got.compute())
+            assert {b for _, b in calls} == {"gpu"}
+            expected = sg.gwas_linear_regression(cpu, merge=False, **params).compute()
+            for v in got.data_vars:  # cuBLAS sums in another order than the host's BLAS
+                np.testing.assert_allclose(got[v].values, expected[v].values, rtol=RTOL, atol=0, equal_nan=True)
+            assert_sgkits(got, case)
+
+
+def test_the_gpus_whole_block_kernel_equals_the_cpus_slabs():
+    """The GPU's kernel takes a block whole, the CPU's slab by slab: both on NumPy here, on a
+    block of several slabs (int8 dosages, slabs of 2 MB of float64)."""
+    rng = np.random.default_rng(1)
+    g = rng.integers(0, 3, size=(40_000, 60), dtype=np.int8)
+    q, _ = np.linalg.qr(np.column_stack([np.ones(60), rng.normal(size=(60, 2))]))
+    y = rng.normal(size=(60, 2))
+    yp = y - q @ (q.T @ y)
+    args = dict(w=np.hstack([q, yp]), gram=q.T @ q, qyp=q.T @ yp, yps=(yp * yp).sum(axis=0), dof=60 - 3 - 1)
+    cpu = kernels.get("linreg_block", "cpu")
+    gpu = kernels.get("linreg_block", "gpu")
+    assert cpu.fn is not gpu.fn
+    whole, slabs = gpu(g, **args), cpu(g, **args)
+    assert slabs.shape == whole.shape == (40_000, 2, 2)
+    np.testing.assert_allclose(slabs, whole, rtol=1e-12, atol=0)
+    # and the t statistics are those of an explicit least-squares fit, for one variant
+    design = np.column_stack([q, g[7].astype(float)])
+    coef, rss, *_ = np.linalg.lstsq(design, y, rcond=None)
+    np.testing.assert_allclose(whole[7, :, 0], coef[-1], rtol=1e-10)
+    se = np.sqrt(rss / args["dof"] * np.linalg.inv(design.T @ design)[-1, -1])
+    np.testing.assert_allclose(whole[7, :, 1], coef[-1] / se, rtol=1e-10)

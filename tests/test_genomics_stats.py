@@ -1,0 +1,457 @@
+"""The counting statistics (pipeline.ops.genomics.stats) against sgkit's results.
+
+References: ``tests/fixtures/genomics/sgkit_stats.npz``, made by ``sgkit_stats.py`` beside it with
+sgkit 0.10 on the shared msprime data (missing calls whole and half, and fill values -2): the
+``bi`` and ``multi`` sets, and ``tri``, a triploid set made from ``multi`` (:func:`triploid`, as
+the script makes it). Counts are integers and must be equal; the ratios derived from them are the
+same float64 operations on the same integers as sgkit's, so they are equal too. HWE p-values
+agree within a few units of float64 rounding: sgkit compiles its test with ``fastmath``, which
+lets LLVM reorder its sums (its own test without fastmath differs from it as much).
+
+Chunkings put boundaries inside the data: 37 and 100 variants (641 and 556 variants), one block of
+1000, and blocks of 25 samples (60 samples), so per-variant counts sum partials over blocks of
+samples and per-sample counts over blocks of variants.
+
+The CUDA kernels run in Numba's CUDA simulator here (tiny data, small thread shapes so that rows
+span several tiles and threads have tails), and on a GPU against the CPU kernels, bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import pipeline
+import pipeline.genomics as sg
+from pipeline import backend as B
+from pipeline import kernels
+from pipeline.errors import InputError
+from pipeline.kernels import genotypes as K
+
+from .conftest import raise_if_dask_computes, requires_gpu
+from .genomics_data import dataset, inputs, sgkit
+
+REF = sgkit("stats")
+
+CHUNKINGS = [
+    {"variants": 100, "samples": -1},
+    {"variants": 37, "samples": 25},
+    {"variants": 1000, "samples": 25},
+]
+KINDS = ["bi", "multi", "tri"]
+
+VARIANT_STATS = ("variant_n_called", "variant_call_rate", "variant_n_het", "variant_n_hom_ref", "variant_n_hom_alt",
+                 "variant_n_non_ref", "variant_allele_count", "variant_allele_total", "variant_allele_frequency")
+SAMPLE_STATS = ("sample_n_called", "sample_call_rate", "sample_n_het", "sample_n_hom_ref", "sample_n_hom_alt",
+                "sample_n_non_ref")
+
+
+def triploid(g: np.ndarray) -> np.ndarray:
+    """The ``tri`` set's genotypes, as ``sgkit_stats.py`` makes them: a third allele a call, the
+    first allele of the previous sample's call."""
+    return np.concatenate([g, np.roll(g[..., :1], 1, axis=1)], axis=2)
+
+
+def data(kind: str, chunks: dict | None = None, backend: str = "cpu", fill: bool = True) -> xr.Dataset:
+    """Data set ``kind`` ("bi", "multi", "tri"); ``fill=False``: every -2 turned into -1, as the
+    fixture's ``*_nofill`` references."""
+    ds = dataset("multi" if kind == "tri" else kind, chunks, backend)
+    g = inputs()[f"{'multi' if kind == 'tri' else kind}_call_genotype"]
+    if kind == "tri":
+        g = triploid(g)
+    if kind == "tri" or not fill:
+        import dask.array as da
+
+        g = g if fill else np.where(g == -2, -1, g).astype(g.dtype)
+        c = {"variants": 100, "samples": -1, **(chunks or {})}
+        arr = B.to_backend(da.from_array(g, chunks=(c["variants"], c["samples"], -1)), backend)
+        ds = ds.drop_vars(["call_genotype", "call_genotype_mask"])
+        ds["call_genotype"] = (("variants", "samples", "ploidy"), arr)
+        ds["call_genotype"].attrs["mixed_ploidy"] = False
+    return ds
+
+
+def ref(kind: str, name: str) -> np.ndarray:
+    return REF[f"{kind}_{name}"]
+
+
+def assert_same(actual: xr.DataArray, expected: np.ndarray, name: str):
+    """Equal values (NaN where sgkit has NaN) and the same dtype."""
+    values = B.to_numpy(actual.data)
+    assert values.dtype == expected.dtype, (name, values.dtype, expected.dtype)
+    np.testing.assert_array_equal(values, expected, err_msg=name)
+
+
+# --- against sgkit ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunks", CHUNKINGS, ids=lambda c: f"v{c['variants']}s{c['samples']}")
+@pytest.mark.parametrize("kind", KINDS)
+def test_variant_and_sample_stats_equal_sgkit(kind, chunks):
+    ds = data(kind, chunks)
+    with raise_if_dask_computes():  # building the graphs computes nothing
+        vs = sg.variant_stats(ds, merge=False)
+        ss = sg.sample_stats(ds, merge=False)
+    assert list(vs.data_vars) == list(VARIANT_STATS)
+    assert list(ss.data_vars) == list(SAMPLE_STATS)
+    vs, ss = vs.compute(), ss.compute()
+    for name in VARIANT_STATS:
+        assert vs[name].dims == (("variants", "alleles") if name in ("variant_allele_count", "variant_allele_frequency")
+                                 else ("variants",))
+        assert_same(vs[name], ref(kind, name), name)
+    for name in SAMPLE_STATS:
+        assert ss[name].dims == ("samples",)
+        assert_same(ss[name], ref(kind, name), name)
+    # the data hold what the counts must handle: partly missing calls, fill values, non-called
+    g = ds["call_genotype"].values
+    assert ((g == -1).any(-1) & (g >= 0).any(-1)).any() and (g == -2).any()
+    assert (vs["variant_n_called"] < g.shape[1]).mean() > 0.5
+
+
+@pytest.mark.parametrize("chunks", CHUNKINGS[1:], ids=lambda c: f"v{c['variants']}s{c['samples']}")
+@pytest.mark.parametrize("kind", KINDS)
+def test_allele_counts_equal_sgkit(kind, chunks):
+    ds = data(kind, chunks)
+    cac = sg.count_call_alleles(ds, merge=False)
+    assert cac["call_allele_count"].dims == ("variants", "samples", "alleles")
+    assert cac["call_allele_count"].data.chunks[:2] == ds["call_genotype"].data.chunks[:2]
+    assert_same(cac["call_allele_count"], ref(kind, "call_allele_count"), "call_allele_count")
+    for using in ("call_allele_count", "call_genotype"):
+        vac = sg.count_variant_alleles(ds, using=using, merge=False)
+        assert list(vac.data_vars) == ["variant_allele_count"]
+        assert_same(vac["variant_allele_count"], ref(kind, "variant_allele_count"), using)
+    # from call_allele_count where the dataset has it: its values, summed
+    ds2 = sg.count_call_alleles(ds)
+    ds2["call_allele_count"] = ds2["call_allele_count"] * np.uint8(2)
+    vac = sg.count_variant_alleles(ds2, merge=False)["variant_allele_count"]
+    assert_same(vac, 2 * ref(kind, "variant_allele_count"), "from call_allele_count")
+
+
+def test_merge_as_sgkit():
+    ds = data("bi")
+    # sgkit defines call_allele_count first (counting from it, the default), and merges into that
+    out = sg.count_variant_alleles(ds)
+    assert {"variant_allele_count", "call_allele_count"} <= set(out.data_vars)
+    assert "call_allele_count" not in sg.count_variant_alleles(ds, using="call_genotype")
+    assert set(ds.data_vars) < set(sg.variant_stats(ds).data_vars)
+    # variant_stats takes the dataset's allele counts, and keeps them as they are when merging
+    ac = xr.DataArray(np.full((ds.sizes["variants"], 2), 3, np.uint64), dims=("variants", "alleles"))
+    out = sg.variant_stats(ds.assign(variant_allele_count=ac))
+    np.testing.assert_array_equal(out["variant_allele_count"].values, ac.values)
+    np.testing.assert_array_equal(out["variant_allele_total"].values, 6)
+    np.testing.assert_array_equal(out["variant_allele_frequency"].values, 0.5)
+    assert_same(out["variant_n_het"], ref("bi", "variant_n_het"), "variant_n_het")
+    # a copy under another name is used, and returned as variant_allele_count
+    out = sg.variant_stats(ds.assign(my_ac=ac), variant_allele_count="my_ac")
+    np.testing.assert_array_equal(out["variant_allele_count"].values, ac.values)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_genotype_counts_equal_sgkit(kind):
+    ds = data(kind, {"variants": 37, "samples": 25}, fill=False)
+    out = sg.count_variant_genotypes(ds)
+    assert_same(out["variant_genotype_count"], ref(kind, "variant_genotype_count_nofill"), "variant_genotype_count")
+    np.testing.assert_array_equal(out["genotype_id"].values, ref(kind, "genotype_id"))
+    np.testing.assert_array_equal(out.coords["genotypes"].values, ref(kind, "genotype_id"))
+    alone = sg.count_variant_genotypes(ds, merge=False)
+    assert list(alone.data_vars) == ["variant_genotype_count"] and "genotypes" in alone.coords
+    assert "genotypes" not in sg.count_variant_genotypes(ds, merge=False, assign_coords=False).coords
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_genotype_counts_refuse_fill_values_as_sgkit(kind):
+    assert str(ref(kind, "genotype_count_error")).startswith("ValueError: Mixed-ploidy genotype indicated by allele < -1")
+    out = sg.count_variant_genotypes(data(kind), merge=False)  # lazy: raises when computed
+    with pytest.raises(InputError, match="'call_genotype' holds .* calls .* fill value"):
+        out.compute()
+    assert str(REF["bi_hwe_error"]).startswith("ValueError: Mixed-ploidy")
+    if kind == "bi":
+        with pytest.raises(InputError, match="fill value"):
+            sg.hardy_weinberg_test(data(kind)).compute()
+
+
+def test_genotype_counts_biallelic_rules():
+    """sgkit's biallelic rule walks a call's alleles in order: (-1, -2) is missing, (0, -2) and
+    (-2, -1) are refused; with more alleles any -2 is refused."""
+    g = np.array([[[-1, -2], [0, 1], [1, 1], [-1, 0]]], np.int8)
+    np.testing.assert_array_equal(K.variant_genotype_counts_cpu(g, 2)[0, 0], [0, 1, 1, 0])
+    for bad in ([0, -2], [-2, -1], [0, 2]):
+        assert K.variant_genotype_counts_cpu(np.array([[bad]], np.int8), 2)[0, 0, -1] == 1
+    assert K.variant_genotype_counts_cpu(np.array([[[-1, -2]]], np.int8), 3)[0, 0, -1] == 1
+    assert K.variant_genotype_counts_cpu(np.array([[[0, 3]]], np.int8), 3)[0, 0, -1] == 1
+
+
+@pytest.mark.parametrize("chunks", CHUNKINGS, ids=lambda c: f"v{c['variants']}s{c['samples']}")
+def test_hardy_weinberg_test_equals_sgkit(chunks):
+    ds = data("bi", chunks, fill=False)
+    with raise_if_dask_computes():
+        out = sg.hardy_weinberg_test(ds)
+    assert {"variant_hwe_p_value", "variant_genotype_count", "genotype_id"} <= set(out.data_vars)
+    p = out["variant_hwe_p_value"]
+    assert p.dims == ("variants",) and p.dtype == np.float64
+    expected = ref("bi", "variant_hwe_p_value_nofill")
+    np.testing.assert_allclose(p.values, expected, rtol=1e-14, atol=0)
+    assert (expected < 1).sum() > 50 and expected.min() < 0.01  # not only trivial p-values
+
+
+def test_hardy_weinberg_test_on_given_counts():
+    """The ``genotype_count`` path: counts given with their coordinates, ploidy and alleles given
+    where the dataset has no such dimensions; edge cases (no calls: NaN) and counts in thousands."""
+    counts = REF["hwe_counts"]
+    expected = REF["hwe_counts_p_value"]
+    ds = xr.Dataset({"gc": (("variants", "genotypes"), counts)}, coords={"genotypes": ["0/0", "0/1", "1/1"]})
+    p = sg.hardy_weinberg_test(ds.chunk({"variants": 50}), genotype_count="gc", ploidy=2, alleles=2, merge=False)
+    p = p["variant_hwe_p_value"].values
+    assert np.isnan(expected[0]) and np.isnan(p[0])  # no calls
+    np.testing.assert_allclose(p, expected, rtol=1e-13, atol=0, equal_nan=True)
+    assert np.nanmin(expected) == 0 and expected[expected > 0].min() < 1e-100  # tails that underflow
+    # the same counts in another column order: read by coordinates, not by position
+    swapped = ds.isel(genotypes=[2, 0, 1])
+    p2 = sg.hardy_weinberg_test(swapped, genotype_count="gc", ploidy=2, alleles=2)["variant_hwe_p_value"].values
+    np.testing.assert_array_equal(p2, p)
+
+
+def test_hardy_weinberg_test_refuses():
+    ds = data("bi", fill=False)
+    with pytest.raises(InputError, match="biallelic"):
+        sg.hardy_weinberg_test(data("multi"))
+    with pytest.raises(InputError, match="diploid"):
+        sg.hardy_weinberg_test(data("tri"))
+    counts = xr.Dataset({"variant_genotype_count": (("variants", "genotypes"), REF["hwe_counts"][:5])})
+    with pytest.raises(InputError, match="ploidy must be given"):
+        sg.hardy_weinberg_test(counts)
+    with pytest.raises(InputError, match="no coordinates for dimension 'genotypes'"):
+        sg.hardy_weinberg_test(counts, ploidy=2, alleles=2)
+    wrong = counts.assign_coords(genotypes=["0/0", "0/1", "0/2"])
+    with pytest.raises(InputError, match="no counts for genotype '1/1'"):
+        sg.hardy_weinberg_test(wrong, ploidy=2, alleles=2)
+    negative = counts.assign_coords(genotypes=["0/0", "0/1", "1/1"])
+    negative["variant_genotype_count"] = negative["variant_genotype_count"].astype(np.int64) - 10
+    with pytest.raises(InputError, match="negative genotype counts"):
+        sg.hardy_weinberg_test(negative, ploidy=2, alleles=2).compute()
+    with pytest.raises(InputError, match="'my_counts'"):
+        sg.hardy_weinberg_test(ds, genotype_count="my_counts")
+
+
+# --- bad input ---------------------------------------------------------------------------------------
+
+OPS = ["count_call_alleles", "count_variant_alleles", "variant_stats", "sample_stats", "count_variant_genotypes"]
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_bad_genotypes_name_the_variable(name):
+    op = getattr(sg, name)
+    ds = data("bi")
+    kwargs = {"using": "call_genotype"} if name == "count_variant_alleles" else {}
+    with pytest.raises(InputError, match=f"{name}: the dataset has no variable 'call_genotype'"):
+        op(ds.drop_vars("call_genotype"), **kwargs)
+    with pytest.raises(InputError, match=r"variable 'call_genotype' has dimensions \('samples', 'variants', 'ploidy'\)"):
+        op(ds.assign(call_genotype=ds["call_genotype"].transpose("samples", "variants", "ploidy")), **kwargs)
+    with pytest.raises(InputError, match="variable 'call_genotype' has values of type float32, expected signed integers"):
+        op(ds.assign(call_genotype=ds["call_genotype"].astype(np.float32)), **kwargs)
+    with pytest.raises(InputError, match="expected an xarray.Dataset"):
+        op(ds["call_genotype"], **kwargs)
+    if name != "sample_stats":
+        with pytest.raises(InputError, match="no 'alleles' dimension"):
+            op(ds.drop_vars("variant_allele"), **kwargs)
+
+
+def test_other_bad_input():
+    ds = data("bi")
+    mixed = ds.copy()
+    mixed["call_genotype"] = mixed["call_genotype"].assign_attrs(mixed_ploidy=True)
+    for op in (sg.variant_stats, sg.sample_stats, sg.count_variant_genotypes):
+        with pytest.raises(InputError, match="mixed-ploidy"):
+            op(mixed)
+    with pytest.raises(InputError, match="using must be"):
+        sg.count_variant_alleles(ds, using="genotypes")
+    with pytest.raises(InputError, match="no variable 'my_cac'"):
+        sg.count_variant_alleles(ds, call_allele_count="my_cac")
+    with pytest.raises(InputError, match="no variable 'my_ac'"):
+        sg.variant_stats(ds, variant_allele_count="my_ac")
+    with pytest.raises(InputError, match="'call_allele_count' has values of type int64, expected unsigned"):
+        sg.count_variant_alleles(ds.assign(call_allele_count=sg.count_call_alleles(ds)["call_allele_count"].astype(np.int64)))
+
+
+# --- the registry and the kernels ---------------------------------------------------------------------
+
+
+def test_ops_are_registered_dataset_ops():
+    from pipeline.ops.genomics import stats
+
+    assert sorted(stats.__all__) == ["count_call_alleles", "count_variant_alleles", "count_variant_genotypes",
+                                     "hardy_weinberg_test", "sample_stats", "variant_stats"]
+    for name in ("count_call_alleles", "count_variant_alleles", "count_variant_genotypes", "variant_stats",
+                 "sample_stats", "hardy_weinberg_test"):
+        op = pipeline.ops.get(name)
+        assert op.dataset and op.backends == ("cpu", "gpu") and name in sg.__all__
+
+
+def test_each_op_runs_the_kernels_it_declares():
+    ds = data("bi", {"variants": 100, "samples": 25}, fill=False)
+    cases = {
+        "count_call_alleles": ("call_allele_count",),
+        "count_variant_alleles": ("variant_allele_count",),
+        "variant_stats": VARIANT_STATS,
+        "sample_stats": SAMPLE_STATS,
+        "count_variant_genotypes": ("variant_genotype_count",),
+    }
+    for name, outputs in cases.items():
+        op = pipeline.ops.get(name)
+        with kernels.recording() as calls:
+            out = op.func(ds, merge=False)
+            pipeline.compute(out[list(outputs)])
+        assert {k for k, _ in calls} == set(op.kernels["cpu"]), (name, calls)
+    counts = sg.count_variant_genotypes(ds).persist()  # the test alone, from given counts
+    with kernels.recording() as calls:
+        sg.hardy_weinberg_test(counts, merge=False)["variant_hwe_p_value"].compute()
+    assert {k for k, _ in calls} == {"hwe_exact"}
+
+
+def test_genotype_ids():
+    from pipeline.ops.genomics.stats import genotype_ids
+
+    assert list(genotype_ids(2, 2)) == ["0/0", "0/1", "1/1"]
+    assert list(genotype_ids(3, 2)) == ["0/0", "0/1", "1/1", "0/2", "1/2", "2/2"]
+    assert len(genotype_ids(11, 2)) == K.n_genotypes(11, 2) == 66 and genotype_ids(11, 2).dtype == "<U5"
+
+
+def random_calls(shape, n_alleles, seed=0, dtype=np.int8):
+    """Random calls with whole and partial missing calls and fill values."""
+    rng = np.random.default_rng(seed)
+    g = rng.integers(0, n_alleles, size=shape).astype(dtype)
+    u = rng.random(shape[:2])
+    g[u < 0.1] = -1
+    g[(u >= 0.1) & (u < 0.15), 0] = -1
+    g[(u >= 0.15) & (u < 0.18), -1] = -2
+    g[(u >= 0.18) & (u < 0.2), 0] = n_alleles  # beyond the alleles dimension: not counted
+    return g
+
+
+def reference_counts(g, n_alleles):
+    """sgkit's rules as NumPy formulas: (variants, 3 + alleles) and (samples, 3)."""
+    called = (g >= 0).all(-1)
+    hom = (g == g[..., :1]).all(-1)
+    classes = np.stack([called & hom & (g[..., 0] == 0), called & hom & (g[..., 0] > 0), called & ~hom], -1)
+    alleles = np.stack([(g == a).sum(-1) for a in range(n_alleles)], -1)
+    return np.concatenate([classes.sum(1), alleles.sum(1)], -1), classes.sum(0)
+
+
+@pytest.mark.parametrize("ploidy,n_alleles,dtype", [(2, 2, np.int8), (3, 4, np.int16), (2, 10, np.int8)])
+def test_cpu_kernels_against_formulas(ploidy, n_alleles, dtype):
+    g = random_calls((23, 41, ploidy), n_alleles, seed=ploidy, dtype=dtype)
+    per_variant, per_sample = reference_counts(g, n_alleles)
+    np.testing.assert_array_equal(K.variant_call_counts_cpu(g, n_alleles)[:, 0], per_variant)
+    # the GPU kernel's per-call function (counts in registers, alleles by comparisons), on the CPU
+    np.testing.assert_array_equal(K.call_counts_twin(g, n_alleles), per_variant)
+    np.testing.assert_array_equal(K.sample_call_counts_cpu(g)[0], per_sample)
+    expected = np.stack([(g == a).sum(-1) for a in range(n_alleles)], -1).astype(np.uint8)
+    np.testing.assert_array_equal(K.call_allele_counts_cpu(g, n_alleles), expected)
+    # genotype counts of the calls with no fill or out-of-range allele: their sorted alleles' index
+    gc = K.variant_genotype_counts_cpu(g, n_alleles)[:, 0]
+    ok = (g >= 0).all(-1) & (g < n_alleles).all(-1)
+    refused = ((g == -2).any(-1) & (n_alleles > 2)) | (g >= n_alleles).any(-1)
+    if n_alleles > 2:
+        np.testing.assert_array_equal(gc[:, -1], refused.sum(1))
+    from math import comb
+
+    index = np.zeros(g.shape[:2], np.int64)
+    s = np.sort(g, axis=-1).astype(np.int64)
+    for i in range(ploidy):
+        index += np.vectorize(lambda a, i=i: comb(a + i, i + 1) if a >= 0 else 0)(s[..., i])
+    expected = np.stack([((index == k) & ok).sum(1) for k in range(gc.shape[1] - 1)], -1)
+    np.testing.assert_array_equal(gc[:, :-1], expected)
+
+
+# --- the CUDA kernels: in the simulator here, on the GPU there ------------------------------------------
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("ploidy,n_alleles", [(2, 3), (3, 2)])
+def test_cuda_kernels_equal_the_cpu_kernels(ploidy, n_alleles):
+    g = random_calls((5, 13, ploidy), n_alleles, seed=ploidy)
+    # rows of 13 samples over 4-thread rows in tiles of 8 samples: two tiles, a partial step, tails;
+    # 5 variants in blocks of 2 rows: a block with a row past the end
+    shape = dict(tx=4, ty=2, unroll=2, tile=8)
+    np.testing.assert_array_equal(K.variant_call_counts_gpu(g, n_alleles, **shape), K.variant_call_counts_cpu(g, n_alleles))
+    np.testing.assert_array_equal(K.variant_genotype_counts_gpu(g, n_alleles, **shape),
+                                  K.variant_genotype_counts_cpu(g, n_alleles))
+    np.testing.assert_array_equal(K.sample_call_counts_gpu(g, threads=8, unroll=2, vtile=3), K.sample_call_counts_cpu(g))
+    np.testing.assert_array_equal(K.call_allele_counts_gpu(g, n_alleles, threads=32), K.call_allele_counts_cpu(g, n_alleles))
+
+
+@pytest.mark.cudasim
+def test_cuda_hwe_kernel_equals_the_cpu_kernel():
+    counts = REF["hwe_counts"][:60].astype(np.int64)
+    het, hom1, hom2 = counts[:, 1], counts[:, 0], counts[:, 2]
+    np.testing.assert_array_equal(K.hwe_exact_gpu(het, hom1, hom2, threads=32), K.hwe_exact_cpu(het, hom1, hom2))
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("ploidy,n_alleles,dtype", [(2, 2, np.int8), (2, 4, np.int8), (3, 3, np.int16), (4, 6, np.int8), (2, 12, np.int8)])
+def test_gpu_kernels_equal_the_cpu_kernels(ploidy, n_alleles, dtype):
+    import cupy
+
+    for shape in [(300, 5000, ploidy), (1000, 37, ploidy)]:  # 128 threads a row in tiles; 32 threads a row
+        g = random_calls(shape, n_alleles, seed=shape[1], dtype=dtype)
+        d = cupy.asarray(g)
+        for name, args in [("variant_call_counts", (n_alleles,)), ("variant_genotype_counts", (n_alleles,)),
+                           ("sample_call_counts", ()), ("call_allele_counts", (n_alleles,))]:
+            gpu = kernels.get(name, "gpu")(d, *args)
+            np.testing.assert_array_equal(cupy.asnumpy(gpu), kernels.get(name, "cpu")(g, *args), err_msg=name)
+    counts = np.random.default_rng(1).integers(0, 3000, size=(5000, 3))
+    gpu = K.hwe_exact_gpu(*(cupy.asarray(counts[:, k]) for k in (1, 0, 2)))
+    # no multiply-add in the test's arithmetic for the compiler to fuse: the same bits
+    np.testing.assert_array_equal(cupy.asnumpy(gpu), K.hwe_exact_cpu(counts[:, 1], counts[:, 0], counts[:, 2]))
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_ops_equal_cpu_ops(kind):
+    import cupy
+
+    chunks = {"variants": 37, "samples": 25}
+    runs = {}
+    for backend in ("cpu", "gpu"):
+        ds = data(kind, chunks, backend, fill=kind != "bi")
+        parts = [sg.variant_stats(ds, merge=False), sg.sample_stats(ds, merge=False),
+                 sg.count_call_alleles(ds, merge=False), sg.count_variant_alleles(ds, using="call_genotype", merge=False)]
+        if kind == "bi":
+            parts.append(sg.hardy_weinberg_test(ds, merge=False))
+        out = xr.merge(parts)
+        if backend == "gpu":
+            assert all(isinstance(b, cupy.ndarray) for v in out.data_vars for b in [out[v].data._meta])
+        runs[backend] = B.to_numpy(out.compute())
+    for name in runs["cpu"].data_vars:
+        np.testing.assert_array_equal(runs["gpu"][name].values, runs["cpu"][name].values, err_msg=name)
+
+
+def test_whole_results_compute_through_pipeline():
+    """Every op's merged result computes as one Dataset through pipeline.compute (Dask 2026.8
+    loses blocks of an output that another output of the same Dataset derives from)."""
+    from pipeline.ops.genomics import stats
+
+    ds = data("bi", {"variants": 100, "samples": 25}, fill=False)
+    for name in stats.__all__:
+        out = pipeline.compute(getattr(sg, name)(ds))
+        assert set(ds.data_vars) < set(out.data_vars), name
+    stats = pipeline.compute(sg.variant_stats(ds))
+    assert_same(stats["variant_n_non_ref"], ref("bi", "variant_n_non_ref"), "variant_n_non_ref")
+
+
+def test_benchmark_runs_tiny(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "genotype_counts.py"
+    spec = importlib.util.spec_from_file_location("genotype_counts", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(["--variants", "30", "--samples", "40", "--backend", "cpu", "--threads", "2", "--repeat", "1",
+                      "--json", str(tmp_path / "counts.json")])
+    assert {r["kernel"] for r in out["rows"]} == set(bench.KERNELS)
+    assert all(r["seconds"] > 0 and r["gb_per_s"] > 0 for r in out["rows"])
+    assert (tmp_path / "counts.json").exists()
