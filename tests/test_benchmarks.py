@@ -6,6 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -204,3 +205,16 @@ def test_previous_weighted_sums_source_compiles(previous, tmp_path, in_t):
     src.write_text(previous.weighted_source(in_t))
     r = subprocess.run(["nvcc", "-c", "-arch=sm_90", "--fmad=false", str(src), "-o", str(tmp_path / "w.o")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_genomics_linalg_smoke(tmp_path):
+    bench = load("genomics_linalg")
+    out = bench.main(["--backends", "cpu", "--variants", "300", "--samples", "40", "--variant-chunk", "70",
+                      "--distance-samples", "30", "--components", "3", "--repeat", "1", "--json", str(tmp_path / "g.json")])
+    assert {r["op"] for r in out["rows"]} == {"pca[tsqr]", "pca[randomized]", "pairwise_distance[euclidean]",
+                                              "pairwise_distance[correlation]"}
+    assert all(r["seconds"] > 0 for r in out["rows"])
+    assert json.loads((tmp_path / "g.json").read_text())["rows"] == out["rows"]
+    counts = bench.counts_block(np, 5, 50, 40, seed=0)
+    assert counts.dtype == np.int8 and set(np.unique(counts)) == {0, 1, 2}
+    assert (counts.min(axis=1) < counts.max(axis=1)).all()

@@ -84,6 +84,7 @@ FAMILIES: dict[str, str] = {
     "hwe_exact": "genotypes",
     # genomics: PCA and pairwise distances
     "alternate_allele_count": "alternate",
+    "patterson_moments": "linalg",
     "patterson_standardize": "linalg",
     "patterson_gram": "linalg",
     "top_eigenpairs": "linalg",

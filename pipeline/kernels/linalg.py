@@ -7,6 +7,8 @@ float64 with the BLAS of that module (cuBLAS on the GPU, where float64 products 
 cores of an H100 or H200). They work through a block ``SLAB`` variants at a time, so their
 float64 temporaries stay a few slabs whatever the block's size.
 
+- ``patterson_moments``: per variant, the count, sum and sum of squares of the values present
+  (the scaler's mean and scale, and the data's total variance, follow).
 - ``patterson_standardize``: alternate allele counts (variants, samples) -> (x - mean) / scale in
   float64, missing values (negative or NaN) as NaN: sgkit's ``PattersonScaler.transform``.
 - ``patterson_gram``: the Gram matrix ``Xi^T Xj`` of two tiles of samples of one block of variants,
@@ -34,6 +36,23 @@ DISTANCE_SUMS = {"euclidean": 1, "correlation": 6}
 
 
 # --- PCA ------------------------------------------------------------------------------------------
+
+
+def patterson_moments(ac):
+    """(variants, 3) float64 for a (variants, samples) block: per variant, over the samples
+    present (not negative, not NaN), their number, the sum of their values and of their squares.
+    One kernel a block (the dask formulas took a pass over the block for each of them); exact
+    sums for integer counts."""
+    xp = xp_of(ac)
+    out = xp.empty((ac.shape[0], 3), dtype=ACC)
+    for v in range(0, ac.shape[0], SLAB):
+        a = ac[v : v + SLAB]
+        present = a >= 0  # False for NaN too
+        x = xp.where(present, a, 0).astype(ACC)
+        out[v : v + SLAB, 0] = present.sum(axis=1)
+        out[v : v + SLAB, 1] = x.sum(axis=1)
+        out[v : v + SLAB, 2] = (x * x).sum(axis=1)
+    return out
 
 
 def patterson_standardize(ac, mean, scale):
@@ -97,7 +116,7 @@ def distance_sums(x_i, x_j, metric: str):
     with ``X``, ``Y`` the values (0 where missing) and ``M`` the masks of present values. Exact
     for integer counts (every product and sum is an integer below 2^53)."""
     xp = xp_of(x_i)
-    out = xp.zeros((x_i.shape[0], x_j.shape[0], DISTANCE_SUMS[metric]), dtype=ACC)
+    out = xp.zeros((DISTANCE_SUMS[metric], x_i.shape[0], x_j.shape[0]), dtype=ACC)  # each sum contiguous
     for c in range(0, x_i.shape[1], SLAB):
         s = slice(c, c + SLAB)
         xi, mi = _present(x_i[:, s], xp)
@@ -106,15 +125,15 @@ def distance_sums(x_i, x_j, metric: str):
         xxj = xxi if xj is xi else xj * xj
         xy = xi @ xj.T
         if metric == "euclidean":
-            out[..., 0] += xxi @ mj.T + mi @ xxj.T - 2.0 * xy
+            out[0] += xxi @ mj.T + mi @ xxj.T - 2.0 * xy
         else:
-            out[..., 0] += xi @ mj.T
-            out[..., 1] += mi @ xj.T
-            out[..., 2] += xxi @ mj.T
-            out[..., 3] += mi @ xxj.T
-            out[..., 4] += xy
-            out[..., 5] += mi @ mj.T
-    return out
+            out[0] += xi @ mj.T
+            out[1] += mi @ xj.T
+            out[2] += xxi @ mj.T
+            out[3] += mi @ xxj.T
+            out[4] += xy
+            out[5] += mi @ mj.T
+    return xp.moveaxis(out, 0, -1)
 
 
 def distance_from_sums(sums, metric: str, diagonal: bool, dtype):

@@ -10,8 +10,11 @@ values (0 where missing) and ``M`` the masks of present values, the pairs' sums 
 both have are ``X M^T``, ``M X^T``, ``(X*X) M^T``, ``M (X*X)^T``, ``X X^T`` and ``M M^T``
 (:func:`pipeline.kernels.linalg.distance_sums`), in float64, on NumPy or CuPy: a GEMM reaches the
 arithmetic peak of the device where a loop per pair does not, and the sums of integer counts are
-exact. They are summed over the column chunks by dask's tree reduction (``split_every``, as
-sgkit's), and the distances computed from them as sgkit's reduce functions do.
+exact. Measured on a 2-core host (shared, so roughly), 1,000 rows x 20,000 columns with missing
+values: euclidean 3.6 s and correlation 8.5 s, against sgkit's 172 s and 391 s. The sums are
+added up over the column chunks by dask's tree reduction (``split_every``, as sgkit's), and the
+distances computed from them as sgkit's reduce functions do. The products run on the device's
+BLAS in float64 (on H100 and H200, float64 products use the tensor cores).
 
 Rows are worked through in square tiles of at most ``TILE[metric]`` rows (as sgkit, by blocks of
 rows, but of a size that bounds a tile's partial sums: 4096^2 float64 for euclidean, 2048^2 x 6
