@@ -542,6 +542,9 @@ def run(
     if not set(backends) <= {"gpu", "cpu"}:
         raise InputError(f"backends: expected 'gpu' and/or 'cpu', got {', '.join(map(repr, backends))}")
     flow = load_flow(flow_path)
+    if flow.source.dataset:
+        raise InputError(f"{flow_path}: pipeline bench compares flows of one variable with xarray; a flow of Dataset ops "
+                         "(genomics) compares with sgkit: python benchmarks/genomics_sgkit.py STORE")
     if input is not None:
         flow = with_source(flow, input)
     else:
