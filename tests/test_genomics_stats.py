@@ -421,7 +421,7 @@ def test_gpu_ops_equal_cpu_ops(kind):
                  sg.count_call_alleles(ds, merge=False), sg.count_variant_alleles(ds, using="call_genotype", merge=False)]
         if kind == "bi":
             parts.append(sg.hardy_weinberg_test(ds, merge=False))
-        out = xr.merge(parts)
+        out = xr.merge(parts, compat="override")  # variables two ops both give are compared below, not by xarray
         if backend == "gpu":
             assert all(isinstance(b, cupy.ndarray) for v in out.data_vars for b in [out[v].data._meta])
         runs[backend] = B.to_numpy(out.compute())

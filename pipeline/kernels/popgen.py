@@ -342,8 +342,9 @@ def _window_sum_loop(x, starts, stops, out):
 
 def _window_inputs(x2d, starts, stops, xp):
     x2d = xp.ascontiguousarray(x2d, dtype=np.float64)
-    starts = np.asarray(starts, dtype=np.int64)
-    stops = np.maximum(np.asarray(stops, dtype=np.int64), starts)
+    rows = x2d.shape[0]  # windows are cut to the block's rows: the loops index without bounds checks
+    starts = np.clip(np.asarray(starts, dtype=np.int64), 0, rows)
+    stops = np.clip(np.asarray(stops, dtype=np.int64), starts, rows)
     return x2d, starts, stops
 
 

@@ -166,6 +166,8 @@ def open_dataset(
         if unpack:
             data, attrs, encoding = cf.decode(data, attrs, encoding, str(var_name))
         elif fmt.stored_values:
+            if var.dtype == bool and data.dtype != bool:  # booleans stored as int8 (sgkit's), read raw on the GPU
+                data = data.astype(bool)
             data, attrs, encoding = _as_stored(data, attrs, encoding, str(var_name))
         ds[var_name] = xr.Variable(var.dims, data, attrs, encoding)
     return ds

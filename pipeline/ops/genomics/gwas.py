@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from ...backend import meta, to_backend
+from ...backend import meta, module, to_backend, to_numpy
 from ...deferred import module as _deferred
 from ...errors import InputError
 from ..registry import register
@@ -105,7 +105,10 @@ def gwas_linear_regression(
             f"{op.name}: too few samples for the regression's statistics: the samples ({n}) must "
             f"outnumber the covariates, intercept included ({p}), by at least two"
         )
-    q = da.linalg.qr(x)[0]  # in the covariates' dtype, as sgkit's (float32 for the lone intercept)
+    # in the covariates' dtype, as sgkit's (float32 for the lone intercept); on the host whatever
+    # the backend: a (samples, covariates) matrix is small, and cuSOLVER's float32 Q differs from
+    # LAPACK's (sgkit's) in the last places, which moved GPU betas by 2e-5 relative
+    q = x.map_blocks(_qr_on_host, backend, dtype=x.dtype, meta=meta(backend, x.dtype, 2))
     y = da.concatenate([c.rechunk((-1, -1)) for c in _columns(ds, traits, "trait", op.name)], axis=1)
     out_dtype = np.result_type(g.dtype, q.dtype, y.dtype)
     out_dtype = out_dtype if out_dtype.kind == "f" and out_dtype.itemsize >= 4 else np.dtype(np.float64)
@@ -138,3 +141,10 @@ def gwas_linear_regression(
 
 
 __all__ = ["gwas_linear_regression"]
+
+
+def _qr_on_host(block, backend: str):
+    """The reduced QR's Q of one (samples, covariates) block, computed by NumPy (LAPACK, as
+    sgkit's ``dask.array.linalg.qr`` of one block), on ``backend``."""
+    q = np.linalg.qr(np.asarray(to_numpy(block)))[0]
+    return module(backend).asarray(q) if backend == "gpu" else q
