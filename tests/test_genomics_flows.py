@@ -1,0 +1,139 @@
+"""Flows of Dataset ops (the genomics flows), and the QC ops they use: filter_variants,
+filter_samples and impute_mean against NumPy formulas on the shared test data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+import yaml
+
+import pipeline.genomics as sg
+from pipeline.errors import FlowError, InputError
+from pipeline.flows import parse_flow, run_flow
+
+from .genomics_data import dataset, inputs
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytest.importorskip("msprime")
+pytest.importorskip("bio2zarr")
+
+
+def _alleles_called(g):
+    called = (g >= 0).all(axis=2)
+    return called
+
+
+def test_filter_variants_against_numpy():
+    a = inputs()
+    g = a["bi_call_genotype"]
+    ds = dataset("bi", {"variants": 37})
+    out = sg.filter_variants(ds, min_call_rate=0.97, min_maf=0.05)
+    rate = _alleles_called(g).mean(axis=1)
+    alt = np.where(g >= 0, g == 1, 0).sum(axis=(1, 2))
+    n = (g >= 0).sum(axis=(1, 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = alt / n
+    maf = np.minimum(p, 1 - p)
+    keep = (rate >= 0.97) & (maf >= 0.05)
+    assert 0 < keep.sum() < keep.size
+    np.testing.assert_array_equal(out.variant_position.values, a["bi_variant_position"][keep])
+    np.testing.assert_array_equal(out.call_genotype.values, g[keep])
+
+
+def test_filter_variants_max_alleles_cuts_the_alleles_dimension():
+    ds = dataset("multi", {"variants": 100})
+    a = inputs()
+    g = a["multi_call_genotype"]
+    # the test data name every allele of the dimension: biallelic variants by their genotypes here
+    ds = ds.assign(variant_allele=(("variants", "alleles"), np.where(
+        np.arange(3)[None, :] <= np.maximum(g.max(axis=(1, 2)), 1)[:, None], "A", "").astype(object)))
+    out = sg.filter_variants(ds, max_alleles=2)
+    assert out.sizes["alleles"] == 2
+    np.testing.assert_array_equal(out.call_genotype.values, g[g.max(axis=(1, 2)) <= 1])
+    p = sg.hardy_weinberg_test(out.assign(call_genotype=out.call_genotype.where(out.call_genotype >= -1, -1)))
+    assert np.isfinite(p.variant_hwe_p_value.values).any()
+
+
+def test_filter_samples_and_bad_bounds():
+    a = inputs()
+    g = a["bi_call_genotype"]
+    ds = dataset("bi", {"variants": 100})
+    rate = (g >= 0).all(axis=2).mean(axis=0)
+    bound = float(np.quantile(rate, 0.5))
+    out = sg.filter_samples(ds, min_call_rate=bound)
+    np.testing.assert_array_equal(out.call_genotype.values, g[:, rate >= bound])
+    with pytest.raises(InputError, match="min_call_rate must be between 0 and 1"):
+        sg.filter_samples(ds, min_call_rate=1.5)
+    with pytest.raises(InputError, match="no variants remain"):
+        sg.filter_variants(ds, min_call_rate=1.0, min_maf=0.5)
+
+
+def test_impute_mean_against_numpy():
+    ds = sg.count_call_alternate_alleles(dataset("bi", {"variants": 37, "samples": 25}))
+    ac = ds.call_alternate_allele_count.values.astype(np.float64)
+    missing = ac < 0
+    with np.errstate(invalid="ignore"):
+        mean = np.where(missing, 0, ac).sum(axis=1) / (~missing).sum(axis=1)
+    want = np.where(missing, mean[:, None], ac)
+    got = sg.impute_mean(ds).call_alternate_allele_count
+    assert missing.any()
+    np.testing.assert_allclose(got.values, want, rtol=1e-15)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from pipeline.demo_genomics import write_genomics_demo
+
+    path = tmp_path_factory.mktemp("genomics") / "g.vcz"
+    write_genomics_demo(path, samples=120, variants=1500, seed=3)
+    return path
+
+
+def _flow(name: str, store: Path, out: Path) -> dict:
+    data = yaml.safe_load((REPO / "flows" / f"{name}.yaml").read_text())
+    data["source"] = {**data["source"], "path": str(store)}
+    data["source"].pop("demo")
+    data["sink"]["path"] = str(out)
+    return data
+
+
+def test_gwas_flow_equals_the_python_calls(store, tmp_path):
+    run_flow(parse_flow(_flow("gwas", store, tmp_path / "gwas.zarr"), "gwas.yaml"), backend="cpu")
+    got = xr.open_zarr(tmp_path / "gwas.zarr")
+    ds = sg.load_dataset(store, backend="cpu")
+    ds = sg.filter_variants(ds, max_alleles=2, min_call_rate=0.95, min_maf=0.01)
+    ds = sg.impute_mean(sg.count_call_alternate_alleles(ds))
+    want = sg.gwas_linear_regression(ds, dosage="call_alternate_allele_count", covariates=["sample_covariate"],
+                                     traits=["sample_trait"]).compute()
+    np.testing.assert_array_equal(got.variant_position.values, want.variant_position.values)
+    np.testing.assert_allclose(got.variant_linreg_p_value.values, want.variant_linreg_p_value.values, rtol=1e-12)
+    assert got.attrs["pipeline_flow"] == "gwas"
+
+
+def test_qc_flow_writes_a_pca_of_the_samples(store, tmp_path):
+    run_flow(parse_flow(_flow("genomics_qc", store, tmp_path / "qc.zarr"), "genomics_qc.yaml"), backend="cpu")
+    got = xr.open_zarr(tmp_path / "qc.zarr")
+    assert got.sample_pca_projection.shape == (got.sizes["samples"], 10)
+    ratio = got.sample_pca_explained_variance_ratio.values
+    assert np.all(np.diff(ratio) <= 0) and 0 < ratio.sum() < 1
+    # three simulated populations: the first two components separate them
+    pc = got.sample_pca_projection.values[:, :2]
+    cohort = got.sample_cohort.values
+    centres = np.array([pc[cohort == c].mean(axis=0) for c in np.unique(cohort)])
+    spread = max(pc[cohort == c].std(axis=0).max() for c in np.unique(cohort))
+    assert np.min([np.linalg.norm(a - b) for i, a in enumerate(centres) for b in centres[i + 1:]]) > spread
+
+
+def test_dataset_flow_validation():
+    data = _flow("gwas", Path("x.vcz"), Path("o.zarr"))
+    data["steps"].append({"op": "standardized_anomaly"})
+    with pytest.raises(FlowError, match=r"steps\[4\].op: 'standardized_anomaly' takes one variable"):
+        parse_flow(data, "f.yaml")
+    data = _flow("gwas", Path("x.vcz"), Path("o.zarr"))
+    data["source"]["variable"] = "call_genotype"
+    with pytest.raises(FlowError, match="give either variable"):
+        parse_flow(data, "f.yaml")
