@@ -56,3 +56,13 @@ def test_climate_analysis_after_quickstart(tmp_path, monkeypatch):
     for name in figures:
         assert (tmp_path / "out" / f"{name}.png").is_file(), name
     assert "all checks match xarray" in text
+
+
+def test_genomics(tmp_path, monkeypatch):
+    pytest.importorskip("msprime")
+    text = run_notebook("genomics.ipynb", tmp_path, monkeypatch, PIPELINE_GENOMICS_SAMPLES="150",
+                        PIPELINE_GENOMICS_VARIANTS="2000")
+    for name in ("genomics_qc", "genomics_pca", "genomics_manhattan"):
+        assert (tmp_path / "out" / f"{name}.png").is_file(), name
+    assert "variants after QC and LD pruning" in text
+    assert "all checks match NumPy" in text
