@@ -445,30 +445,10 @@ def write_zarr(
         if why:
             warnings.warn(f"{partial}: not resumed, starting over: {why}", stacklevel=2)
         _clear_leftovers(final, previous, keep_partial=resume and why is None)
-        check_target(path, mode=mode, protect=protect, kind=kind)  # again, under the lock
-        reserved = False
-        try:
-            if mode == "fail":
-                try:
-                    os.mkdir(final)  # atomic: of two runs, one reserves the path
-                except FileExistsError:
-                    raise InputError(f"{path}: already exists (another run created it meanwhile)") from None
-                reserved = True
-                note(reserved=True)
+        # with resume, what a failed run wrote stays for the next run to complete
+        with _published(path, final, partial, note, mode=mode, protect=protect, kind=kind, keep_on_failure=resume):
             written = _write(ds, partial, encoding, zarr_format, fingerprint, kind, progress, threads, fresh=not partial.exists(),
                              store_block=store_block)
-            if reserved:
-                os.rename(partial, final)  # onto the empty reserved directory: atomic
-            else:
-                _replace(partial, final)
-            note()
-        except BaseException:
-            if not resume:  # with resume, what was written stays for the next run to complete
-                _remove(partial)
-            if reserved:
-                with contextlib.suppress(OSError):
-                    final.rmdir()
-            raise
     written.path = final
     return written
 
@@ -488,31 +468,43 @@ def staged(path: str | os.PathLike, *, mode: str = "fail", kind: str = "output",
     partial = _siblings(final)[0]
     with _locked(final) as (previous, note):
         _clear_leftovers(final, previous, keep_partial=False)
-        check_target(path, mode=mode, protect=protect, kind=kind)  # again, under the lock
-        reserved = False
-        try:
-            if mode == "fail":
-                try:
-                    os.mkdir(final)  # atomic: of two runs, one reserves the path
-                except FileExistsError:
-                    raise InputError(f"{path}: already exists (another run created it meanwhile)") from None
-                reserved = True
-                note(reserved=True)
+        with _published(path, final, partial, note, mode=mode, protect=protect, kind=kind):
             yield partial
             if not partial.is_dir():
                 raise RuntimeError(f"{partial}: the store was not written")
             _write_manifest(partial, kind=kind, complete=True, **manifest)
-            if reserved:
-                os.rename(partial, final)  # onto the empty reserved directory: atomic
-            else:
-                _replace(partial, final)
-            note()
-        except BaseException:
+
+
+@contextlib.contextmanager
+def _published(path, final: Path, partial: Path, note, *, mode: str, protect, kind: str, keep_on_failure: bool = False):
+    """Under the lock of ``final`` (``note`` from :func:`_locked`): check the target again,
+    reserve ``final`` atomically where ``mode`` is "fail", run the block that writes ``partial``,
+    then rename it into place; on failure or interrupt, remove ``partial`` (unless
+    ``keep_on_failure``) and the reservation. The one way :func:`write_zarr` and :func:`staged`
+    put a store in place."""
+    check_target(path, mode=mode, protect=protect, kind=kind)  # again, under the lock
+    reserved = False
+    try:
+        if mode == "fail":
+            try:
+                os.mkdir(final)  # atomic: of two runs, one reserves the path
+            except FileExistsError:
+                raise InputError(f"{path}: already exists (another run created it meanwhile)") from None
+            reserved = True
+            note(reserved=True)
+        yield
+        if reserved:
+            os.rename(partial, final)  # onto the empty reserved directory: atomic
+        else:
+            _replace(partial, final)
+        note()
+    except BaseException:
+        if not keep_on_failure:
             _remove(partial)
-            if reserved:
-                with contextlib.suppress(OSError):
-                    final.rmdir()
-            raise
+        if reserved:
+            with contextlib.suppress(OSError):
+                final.rmdir()
+        raise
 
 
 def _write(ds, partial: Path, encoding, zarr_format, fingerprint, kind, progress, threads, fresh: bool, store_block=store_with_zarr) -> Written:

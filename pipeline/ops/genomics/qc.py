@@ -23,7 +23,7 @@ __all__ = ["filter_samples", "filter_variants", "impute_mean"]
 
 
 def _computed(x: xr.DataArray) -> np.ndarray:
-    return np.asarray(to_numpy(x.data if not hasattr(x.data, "compute") else x.data.compute()))
+    return np.asarray(to_numpy(x.data))
 
 
 def _keep(ds: xr.Dataset, dim: str, keep: np.ndarray, what: str) -> xr.Dataset:
@@ -68,9 +68,8 @@ def filter_variants(
         if max_alleles < 1:
             raise InputError(f"{name}: max_alleles must be 1 or more, got {max_alleles}")
         alleles = variable(ds, "variant_allele", ("variants", "alleles"), "OUST", op=name)
-        values = np.asarray(alleles.values)
-        n_alleles = (values != values[:0, :1].dtype.type("")).sum(axis=1) if values.dtype.kind in "US" else \
-            np.array([[bool(a) for a in row] for row in values]).sum(axis=1)
+        # VCF Zarr pads with empty strings (bytes, str, object or NumPy's StringDType alike)
+        n_alleles = np.vectorize(bool, otypes=[bool])(np.asarray(alleles.values)).sum(axis=1)
         ds = _keep(ds, "variants", n_alleles <= max_alleles, name)
         if ds.sizes["alleles"] > max_alleles:
             ds = ds.isel(alleles=slice(0, max_alleles))
