@@ -182,13 +182,16 @@ def _stage_runs(stage: str, store: str, slab, blocks: int, backend: str, repeat:
     return total, {"register": reg, "mapped": runs}
 
 
-def _worker(rank: int, n: int, store: str, stages: list[str], repeat: int, backend: str, barrier, queue) -> None:
+def _worker(rank: int, n: int, store: str, stages: list[str], repeat: int, backend: str, barrier, queue, steps: int | None = None) -> None:
     if backend == "gpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)  # before CuPy starts in this process
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import pipeline
 
     chunks = pipeline.open_dataset(store, backend="cpu")["tas"].data.chunks[0]
+    if steps:  # the blocks of the first ``steps`` steps only
+        ends = list(itertools.accumulate(chunks))
+        chunks = chunks[:next((i + 1 for i, e in enumerate(ends) if e >= steps), len(chunks))]
     per = -(-len(chunks) // n)
     slab = sum(chunks[:rank * per]), sum(chunks[:(rank + 1) * per])
     blocks = len(chunks[rank * per:(rank + 1) * per])
@@ -202,11 +205,11 @@ def _worker(rank: int, n: int, store: str, stages: list[str], repeat: int, backe
         queue.put((stage, rank, nbytes, runs))
 
 
-def measure(store: str, n: int, repeat: int, backend: str = "gpu", stages=("pipeline",)) -> list[dict]:
+def measure(store: str, n: int, repeat: int, backend: str = "gpu", stages=("pipeline",), steps: int | None = None) -> list[dict]:
     """One dict per timed stage: the slowest process's median time and the aggregate rate."""
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, n, store, list(stages), repeat, backend, barrier, queue)) for r in range(n)]
+    procs = [ctx.Process(target=_worker, args=(r, n, store, list(stages), repeat, backend, barrier, queue, steps)) for r in range(n)]
     for p in procs:
         p.start()
     got = []
@@ -235,11 +238,12 @@ def measure(store: str, n: int, repeat: int, backend: str = "gpu", stages=("pipe
 
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--store", required=True, help="a store with a tas variable, in pipeline convert's layout")
+    ap.add_argument("--store", required=True, help="a store with a tas variable (any layout pipeline reads)")
     ap.add_argument("--gpus", default="1,2,4")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--stages", default="pipeline", help=f"comma-separated, of {', '.join(STAGES)}")
     ap.add_argument("--backend", default="gpu", choices=("gpu", "cpu"), help="cpu: processes without a GPU (a smoke run)")
+    ap.add_argument("--steps", type=int, default=None, help="only the blocks of the first STEPS steps (whole blocks), shared by the processes")
     args = ap.parse_args(argv)
     stages = [s for s in args.stages.split(",") if s]
     bad = [s for s in stages if s not in STAGES]
@@ -249,7 +253,7 @@ def main(argv=None) -> list[dict]:
         ap.error(f"stages {sorted(GPU_ONLY & set(stages))} need the GPU backend")
     out = []
     for n in (int(k) for k in args.gpus.split(",")):
-        for r in measure(args.store, n, args.repeat, args.backend, stages):
+        for r in measure(args.store, n, args.repeat, args.backend, stages, args.steps):
             out.append(r)
             if "error" in r:
                 print(f"{n} process(es), {r['stage']}: failed: {r['error']}", flush=True)

@@ -30,6 +30,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+CLIMATE = ("standardized_anomaly", "monthly_anomaly", "rolling")
+GENOMICS = ("pca", "gwas")
+
+
 def flows(tas):
     import pipeline
 
@@ -41,12 +45,64 @@ def flows(tas):
     }
 
 
-def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, memory_limit: str | None,
+def genomics_flows(ds):
+    """``pca`` and ``gwas_linear_regression`` as benchmarks/genomics_sgkit.py runs them against
+    sgkit (its selection of variants made once, before any timing): each a list of arrays."""
+    from genomics_sgkit import _analysis
+
+    import pipeline.genomics as sg
+
+    return {name: (lambda name=name: [v.data for v in _analysis(name, sg, ds, None).values()]) for name in GENOMICS}
+
+
+def open_genomics(store: str, variant_chunk: int):
+    """The genomics store on the GPU in blocks of ``variant_chunk`` variants, with
+    genomics_sgkit.py's selection (biallelic, polymorphic; the dosage with missing calls as the
+    reference allele), computed on the current cluster."""
+    from genomics_sgkit import _dosage, _select
+
+    import pipeline
+
+    ds = pipeline.open_dataset(store, backend="gpu", chunks={"variants": variant_chunk})
+    return _dosage(_select(ds, "pipeline-gpu"))
+
+
+def build_flows(store: str | None, genomics_store: str | None, names: list[str], variant_chunk: int) -> dict:
+    import pipeline
+
+    out = {}
+    if any(n in CLIMATE for n in names):
+        out.update(flows(pipeline.open_dataset(store, backend="gpu")["tas"]))
+    if any(n in GENOMICS for n in names):
+        out.update(genomics_flows(open_genomics(genomics_store, variant_chunk)))
+    return out
+
+
+def as_numpy(value) -> list:
+    import pipeline
+
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return [np.ascontiguousarray(pipeline.to_numpy(v)) for v in values]
+
+
+def digest(values: list) -> str:
+    """sha256 of the results' bytes: equal digests are bitwise equal results (NaNs included)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for v in values:
+        h.update(str((v.dtype.str, v.shape)).encode())
+        h.update(v.tobytes())
+    return h.hexdigest()
+
+
+def run(stores: dict, n_gpus: int, names: list[str], repeat: int, threads: int, memory_limit: str | None,
         stealing: bool = True, locality: bool = True, device_memory_limit: str | None = None, protocol: str | None = None,
         worker_saturation: float | None = None) -> dict:
-    """Each flow of ``names`` on ``n_gpus`` GPUs. Under ``memory_limit`` each flow gets as many
-    threads a worker as its memory plan allows (at most ``threads``), one cluster for each such
-    count."""
+    """Each flow of ``names`` on ``n_gpus`` GPUs. Under ``memory_limit`` each climate flow gets as
+    many threads a worker as its memory plan allows (at most ``threads``), one cluster for each
+    such count; the genomics flows take ``threads`` (the workers' own memory check refuses a count
+    that does not fit)."""
     import dask
     import distributed  # noqa: F401  # its defaults in dask's config before any setting of its own is set:
     # a set() entered before distributed is imported takes the whole "distributed" section away on exit
@@ -64,17 +120,17 @@ def run(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, me
     with dask.config.set(settings):
         for name in names:
             n = threads
-            if memory_limit:  # this process sees the same GPUs as the workers
-                tas = pipeline.open_dataset(store, backend="gpu")["tas"]
+            if memory_limit and name in CLIMATE:  # this process sees the same GPUs as the workers
+                tas = pipeline.open_dataset(stores["climate"], backend="gpu")["tas"]
                 n = min(threads, compute_threads(flows(tas)[name]()) or threads)
             by_threads.setdefault(n, []).append(name)
     out = {}
     for n, group in by_threads.items():
-        out.update(run_on_cluster(store, n_gpus, group, repeat, n, settings, device_memory_limit, protocol))
+        out.update(run_on_cluster(stores, n_gpus, group, repeat, n, settings, device_memory_limit, protocol))
     return out
 
 
-def run_on_cluster(store: str, n_gpus: int, names: list[str], repeat: int, threads: int, settings: dict,
+def run_on_cluster(stores: dict, n_gpus: int, names: list[str], repeat: int, threads: int, settings: dict,
                    device_memory_limit: str | None = None, protocol: str | None = None) -> dict:
     import dask
     from dask_cuda import LocalCUDACluster
@@ -84,20 +140,26 @@ def run_on_cluster(store: str, n_gpus: int, names: list[str], repeat: int, threa
 
     visible = ",".join(str(i) for i in range(n_gpus))
     out = {}
+    t_start = time.perf_counter()
     with dask.config.set(settings), LocalCUDACluster(
             CUDA_VISIBLE_DEVICES=visible, threads_per_worker=threads,
             **({"device_memory_limit": device_memory_limit} if device_memory_limit else {}),
             **({"protocol": protocol} if protocol else {})) as cluster, Client(cluster) as client:
         client.run(dask.config.set, settings)  # workers read the same settings
+        out["cluster_start_s"] = round(time.perf_counter() - t_start, 2)
         out["workers"] = workers(client)
         if n_gpus > 1:
             out["transfer_200MB_s"] = transfer_seconds(client)
             print(f"{n_gpus} GPU(s): 200 MB from one worker's GPU to another's: {out['transfer_200MB_s']:.3f} s", flush=True)
-        tas = pipeline.open_dataset(store, backend="gpu")["tas"]
+        t = time.perf_counter()
+        built = build_flows(stores.get("climate"), stores.get("genomics"), names, stores.get("variant_chunk", 10_000))
+        out["open_s"] = round(time.perf_counter() - t, 2)  # the genomics selection computes on the cluster
         for name in names:
-            build = flows(tas)[name]
+            build = built[name]
             try:
-                result = pipeline.to_numpy(pipeline.compute(build()))  # warm-up
+                t = time.perf_counter()
+                result = as_numpy(pipeline.compute(build()))  # the first run: the workers compile their kernels
+                first = time.perf_counter() - t
             except Exception as e:  # report it, and go on with the other flows
                 out[name] = {"failed": f"{type(e).__name__}: {e}"}
                 print(f"{n_gpus} GPU(s) {name} ({threads} threads a worker): FAILED {out[name]['failed'][:300]}", flush=True)
@@ -107,19 +169,21 @@ def run_on_cluster(store: str, n_gpus: int, names: list[str], repeat: int, threa
                 clear_transfer_logs(client)
                 with get_task_stream() as stream:
                     t, t0 = time.perf_counter(), time.time()  # the task stream's clock is time.time()
-                    value = pipeline.to_numpy(pipeline.compute(build()))
+                    value = as_numpy(pipeline.compute(build()))
                     times.append(time.perf_counter() - t)
             from pipeline.gpu.pinned import pinned_files_bytes
 
-            out[name] = {"seconds": statistics.median(times), "all": times, "threads": threads,
+            out[name] = {"seconds": statistics.median(times), "first_seconds": first, "all": times, "threads": threads,
                          "pinned_files_bytes": client.run(pinned_files_bytes),  # chunk files pinned by each worker
-                         "checksum": float(np.nansum(np.asarray(value, dtype=np.float64))),
+                         "digest": digest(value), "first_digest": digest(result),
+                         "checksum": float(sum(np.nansum(np.asarray(v, dtype=np.float64)) for v in value)),
                          "last_run": task_summary(stream.data, received(client), t0),
                          "timeline": timeline(stream.data, t0)}
             received_mb = sum(w.get("received_bytes", 0) for w in out[name]["last_run"].values()) / 1e6
             pinned_gb = sum(out[name]["pinned_files_bytes"].values()) / 1e9
-            print(f"{n_gpus} GPU(s) {name} ({threads} threads a worker): {out[name]['seconds']:.3f} s, {received_mb:.0f} MB moved between workers, "
-                  f"{pinned_gb:.1f} GB of files pinned; "
+            print(f"{n_gpus} GPU(s) {name} ({threads} threads a worker): first {first:.3f} s, warm {out[name]['seconds']:.3f} s "
+                  f"({', '.join(f'{x:.3f}' for x in times)}), {received_mb:.0f} MB moved between workers, "
+                  f"{pinned_gb:.1f} GB of files pinned; digest {out[name]['digest'][:12]}; "
                   f"last run per worker: {out[name]['last_run']}", flush=True)
             del result
     return out
@@ -233,10 +297,12 @@ def task_summary(records: list[dict], incoming: dict | None = None, t0: float | 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", help="a store with a tas variable (default: generate one of --shape)")
+    ap.add_argument("--genomics-store", help="a VCF Zarr store, for the flows pca and gwas")
+    ap.add_argument("--variant-chunk", type=int, default=10_000, help="variants a block of the genomics store")
     ap.add_argument("--shape", default="4380,721,1440", help="time,lat,lon of the generated store")
     ap.add_argument("--workdir", default="data/bench")
     ap.add_argument("--gpus", default="1,2,4")
-    ap.add_argument("--flows", default="standardized_anomaly")
+    ap.add_argument("--flows", default="standardized_anomaly", help=f"of {', '.join(CLIMATE + GENOMICS)}")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--memory-limit", default=None,
@@ -255,8 +321,14 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     import xarray as xr
 
-    if not args.store:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    names = args.flows.split(",")
+    unknown = [n for n in names if n not in CLIMATE + GENOMICS]
+    if unknown:
+        raise SystemExit(f"unknown flows {unknown}: expected some of {', '.join(CLIMATE + GENOMICS)}")
+    if any(n in GENOMICS for n in names) and not args.genomics_store:
+        raise SystemExit("the flows pca and gwas need --genomics-store")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if not args.store and any(n in CLIMATE for n in names):
         from peers import ensure_store
 
         import pipeline
@@ -266,13 +338,17 @@ def main(argv=None) -> dict:
         if not sharded.exists():
             pipeline.convert(plain, sharded)
         args.store = str(sharded)
-    nbytes = xr.open_zarr(args.store)["tas"].nbytes
-    names = args.flows.split(",")
+    stores = {"climate": args.store, "genomics": args.genomics_store, "variant_chunk": args.variant_chunk}
+    sizes = {}
+    if args.store:
+        sizes["climate"] = xr.open_zarr(args.store)["tas"].nbytes
+    if args.genomics_store:
+        sizes["genomics"] = xr.open_zarr(args.genomics_store, concat_characters=False)["call_genotype"].nbytes
     counts = [int(n) for n in args.gpus.split(",")]
     results = {}
     for n in counts:
         try:
-            results[n] = run(args.store, n, names, args.repeat, args.threads, args.memory_limit, stealing=not args.no_work_stealing,
+            results[n] = run(stores, n, names, args.repeat, args.threads, args.memory_limit, stealing=not args.no_work_stealing,
                              locality=not args.no_locality, device_memory_limit=args.device_memory_limit,
                              protocol=args.protocol, worker_saturation=args.worker_saturation)
         except Exception as e:  # report it, and go on with the other counts
@@ -280,20 +356,21 @@ def main(argv=None) -> dict:
     counts = [n for n in counts if n in results]
     if not counts:
         raise SystemExit("no GPU count ran")
-    table = {"store": args.store, "bytes": nbytes, "results": results}
-    print(f"store {args.store}: {nbytes / 1e9:.1f} GB of tas")
+    table = {"stores": stores, "bytes": sizes, "memory_limit": args.memory_limit, "results": results}
+    for kind, nbytes in sizes.items():
+        print(f"{kind} store {stores[kind]}: {nbytes / 1e9:.1f} GB")
     base = results[counts[0]]
-    print(f"{'flow':<22}" + "".join(f"{n:>4} GPU s  speed-up" for n in counts))
+    print(f"{'flow':<22}" + "".join(f"{n:>3} GPU first  warm  speed-up" for n in counts))
     for name in names:
         ran = [n for n in counts if "seconds" in results[n].get(name, {})]
-        first = base.get(name, {}).get("seconds")
-        row = "".join(f"{results[n][name]['seconds']:>10.3f} {first / results[n][name]['seconds']:>8.2f}x" if n in ran and first
-                      else f"{results[n][name]['seconds']:>10.3f} {'':>9}" if n in ran else f"{'failed':>10} {'':>9}" for n in counts)
+        ref = base.get(name, {}).get("seconds")
+        row = "".join(f"{results[n][name]['first_seconds']:>9.2f} {results[n][name]['seconds']:>6.2f} "
+                      + (f"{ref / results[n][name]['seconds']:>7.2f}x" if ref else f"{'':>8}")
+                      if n in ran else f"{'failed':>24}" for n in counts)
         print(f"{name:<22}{row}")
-        sums = [results[n][name]["checksum"] for n in ran]
-        agree = bool(sums) and all(abs(s - sums[0]) <= 1e-6 * max(1.0, abs(sums[0])) for s in sums)
-        table.setdefault("agree", {})[name] = agree
-        print(f"  results agree across GPU counts: {agree}")
+        digests = {results[n][name]["digest"] for n in ran} | {results[n][name]["first_digest"] for n in ran}
+        table.setdefault("identical", {})[name] = len(ran) == len(counts) and len(digests) == 1
+        print(f"  results bitwise identical across GPU counts and runs: {table['identical'][name]}")
     if args.json:
         Path(args.json).write_text(json.dumps(table, indent=1, default=str))
     return table

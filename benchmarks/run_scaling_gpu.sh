@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Strong scaling over the GPUs of one machine, from the stores users have, in one command a stage
+# (outputs under $OUT; stores under $WORK, reused while they exist):
+#   data      the climate store as xarray writes it (Zarr v3, zarr's default zstd, 73 steps a chunk;
+#             benchmarks/user_stores.py) of STEPS steps, and a VCF Zarr store: `pipeline demo --kind
+#             genomics` (msprime, bio2zarr's layout) repeated REPS times along variants
+#             (benchmarks/tile_genomics.py);
+#   ceiling   what the host gives N GPUs: pipeline's reader alone over the climate store, and the bus
+#             from pinned memory (benchmarks/host_read.py);
+#   climate   the three climate flows on 1..N GPUs under a device budget (benchmarks/scaling.py);
+#   genomics  pca and gwas_linear_regression on 1..N GPUs, same budget;
+#   tests     the cluster tests on the GPU, and the fixed cost of a distributed run on a tiny flow.
+# Usage: OUT=dir GPUS=1,2 bash benchmarks/run_scaling_gpu.sh data ceiling climate
+set -u
+OUT=${OUT:-out}; WORK=${WORK:-/tmp/scaling}; mkdir -p "$OUT" "$WORK"
+GPUS=${GPUS:-1,2}; STEPS=${STEPS:-12100}; BUDGET=${BUDGET:-24GB}
+SAMPLES=${SAMPLES:-10000}; VARIANTS=${VARIANTS:-20000}; REPS=${REPS:-125}
+CLIMATE="$WORK/${STEPS}x721x1440/v3-default.zarr"; BASE="$WORK/genomics_base.vcz"; GENOMICS="$WORK/genomics.vcz"
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+for stage in "$@"; do
+  echo "== $stage $(date +%T)"
+  case $stage in
+    data)
+      nvidia-smi topo -m > "$OUT/topology.txt" 2>&1; nproc >> "$OUT/topology.txt"
+      if [ ! -d "$BASE" ]; then
+        ( /usr/bin/time -v python3 -m pipeline demo --kind genomics "$BASE" --samples "$SAMPLES" --variants "$VARIANTS" ) > "$OUT/demo_genomics.txt" 2>&1 &
+        demo=$!
+      fi
+      /usr/bin/time -v python3 benchmarks/user_stores.py --shape "$STEPS,721,1440" --workdir "$WORK" --only v3-default > "$OUT/climate_store.txt" 2>&1
+      grep -E "v3-default|Elapsed" "$OUT/climate_store.txt"; du -sh "$CLIMATE"
+      if [ -n "${demo:-}" ]; then wait "$demo"; fi
+      grep -E "wrote|Elapsed" "$OUT/demo_genomics.txt"
+      [ -d "$GENOMICS" ] || python3 benchmarks/tile_genomics.py "$BASE" "$GENOMICS" --reps "$REPS" 2>/dev/null
+      du -sh "$GENOMICS" ;;
+    ceiling)
+      timeout 200 python3 benchmarks/host_read.py --store "$CLIMATE" --gpus "$GPUS" --stages pipeline --repeat 2 2>&1 | grep -v Warn | tee "$OUT/ceiling_read.txt"
+      timeout 100 python3 benchmarks/host_read.py --store "$CLIMATE" --gpus "$GPUS" --stages h2d --repeat 3 --steps 2920 2>&1 | grep -v Warn | tee "$OUT/ceiling_bus.txt" ;;
+    climate)
+      timeout "${CLIMATE_TIMEOUT:-420}" python3 benchmarks/scaling.py --store "$CLIMATE" --gpus "$GPUS" --repeat 2 --threads 8 \
+        --flows standardized_anomaly,monthly_anomaly,rolling --memory-limit "$BUDGET" --worker-saturation 1.0 \
+        --json "$OUT/scaling_climate.json" > "$OUT/scaling_climate.txt" 2>&1
+      grep -v -E "Warning|warn" "$OUT/scaling_climate.txt" | cut -c1-400 | tail -30 ;;
+    genomics)
+      timeout "${GENOMICS_TIMEOUT:-480}" python3 benchmarks/scaling.py --genomics-store "$GENOMICS" --gpus "$GPUS" --repeat 2 --threads 4 \
+        --flows pca,gwas --memory-limit "$BUDGET" --worker-saturation 1.0 \
+        --json "$OUT/scaling_genomics.json" > "$OUT/scaling_genomics.txt" 2>&1
+      grep -v -E "Warning|warn" "$OUT/scaling_genomics.txt" | cut -c1-400 | tail -30 ;;
+    tests)
+      timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attach.py tests/test_cluster.py tests/test_locality.py > "$OUT/cluster_tests.txt" 2>&1
+      tail -5 "$OUT/cluster_tests.txt"
+      [ -f benchmarks/fixed_cost.py ] && timeout 150 python3 benchmarks/fixed_cost.py --cluster local-cuda --gpus "$GPUS" --json "$OUT/fixed_cost.json" 2>&1 | grep -v -i warn | tail -20 ;;
+  esac
+done
