@@ -212,7 +212,7 @@ def test_an_attach_profile_reaches_the_same_workers(tmp_path, cpu_cluster, store
 @pytest.mark.gpu
 def test_a_flow_runs_on_two_dask_cuda_workers(tmp_path_factory, tmp_path, store):
     """Two `dask cuda worker` processes, one a GPU: GPUs 0 and 1 where there are two, else both
-    on GPU 0 (each with under half of its memory as its budget)."""
+    on GPU 0 (each spilling to host past 40% of its memory)."""
     cupy = pytest.importorskip("cupy")
     pytest.importorskip("dask_cuda")
     gpus = cupy.cuda.runtime.getDeviceCount()
