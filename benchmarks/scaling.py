@@ -47,7 +47,7 @@ def flows(tas):
 
 def genomics_flows(ds):
     """``pca`` and ``gwas_linear_regression`` as benchmarks/genomics_sgkit.py runs them against
-    sgkit (its selection of variants made once, before any timing): each a list of arrays."""
+    sgkit: each a list of arrays."""
     from genomics_sgkit import _analysis
 
     import pipeline.genomics as sg
@@ -58,13 +58,22 @@ def genomics_flows(ds):
 def open_genomics(store: str, variant_chunk: int):
     """The genomics store on the GPU in blocks of ``variant_chunk`` variants, with
     genomics_sgkit.py's selection (biallelic, polymorphic; the dosage with missing calls as the
-    reference allele), computed on the current cluster."""
-    from genomics_sgkit import _dosage, _select
+    reference allele), computed on the current cluster, each block keeping its own variants
+    (``keep_in_blocks``: dask's ``take`` would move variants between blocks, and workers)."""
+    import dask
 
     import pipeline
+    from pipeline.ops.genomics._dataset import keep_in_blocks
 
     ds = pipeline.open_dataset(store, backend="gpu", chunks={"variants": variant_chunk})
-    return _dosage(_select(ds, "pipeline-gpu"))
+    alleles = np.asarray(ds["variant_allele"].values)
+    biallelic = np.array([[bool(a) for a in row] for row in alleles]).sum(axis=1) == 2
+    ds = keep_in_blocks(ds, "variants", biallelic).isel(alleles=slice(0, 2))
+    ac = ds["call_genotype"].clip(0).sum("ploidy", dtype="int8")  # int8: no int64 block in between
+    (total,) = dask.compute(ac.sum("samples", dtype="int32").data)
+    total = np.asarray(pipeline.to_numpy(total))
+    ds = ds.assign(call_alternate_allele_count=ac, call_dosage=ac.astype("float64"))
+    return keep_in_blocks(ds, "variants", (total > 0) & (total < 2 * ds.sizes["samples"]))
 
 
 def build_flows(store: str | None, genomics_store: str | None, names: list[str], variant_chunk: int) -> dict:

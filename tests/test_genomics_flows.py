@@ -137,3 +137,35 @@ def test_dataset_flow_validation():
     data["source"]["variable"] = "call_genotype"
     with pytest.raises(FlowError, match="give either variable"):
         parse_flow(data, "f.yaml")
+
+
+def test_kept_variants_stay_in_their_blocks():
+    """A selection along variants keeps each block's own variants in that block: the values equal
+    ``isel``'s, and every block of the result reads one block of the input (no task gathers from
+    two, so on a cluster no block crosses workers)."""
+    import dask
+    import numpy as np
+    import xarray as xr
+
+    from pipeline.ops.genomics._dataset import keep_in_blocks
+
+    rng = np.random.default_rng(3)
+    g = rng.integers(-1, 2, size=(103, 7, 2)).astype("int8")
+    ds = xr.Dataset({"call_genotype": (("variants", "samples", "ploidy"), g),
+                     "variant_position": ("variants", np.arange(103) * 10),
+                     "sample_id": ("samples", np.array([f"s{i}" for i in range(7)]))}).chunk({"variants": 20})
+    keep = rng.random(103) < 0.6
+    out = keep_in_blocks(ds, "variants", keep)
+    ref = ds.isel(variants=np.flatnonzero(keep))
+    assert out.call_genotype.chunks[0] == tuple(int(keep[i:i + 20].sum()) for i in range(0, 103, 20))
+    for name in ref.variables:
+        np.testing.assert_array_equal(out[name].values, ref[name].values)
+    graph = dict(out.call_genotype.data.__dask_graph__())
+    dependencies = {k: v.dependencies for k, v in graph.items() if k[0].startswith("keep-")}
+    assert len(dependencies) == 6 and all(sum(1 for d in deps if "genotype" in str(d) or "array" not in str(d)) <= 2 for deps in dependencies.values())
+    for key, deps in dependencies.items():
+        inputs = [d for d in deps if d[0] == ds.call_genotype.data.name]
+        assert len(inputs) == 1 and inputs[0][1] == key[1]
+    # a block with nothing kept: None, and filter_variants' other selection takes over
+    assert keep_in_blocks(ds, "variants", np.r_[np.zeros(20, bool), np.ones(83, bool)]) is None
+    del dask

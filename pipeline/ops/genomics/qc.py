@@ -16,7 +16,7 @@ import xarray as xr
 from ...backend import to_numpy
 from ...errors import InputError
 from ..registry import register
-from ._dataset import variable
+from ._dataset import keep_in_blocks, variable
 from ._dataset import variable as _variable
 
 __all__ = ["filter_samples", "filter_variants", "impute_mean"]
@@ -29,8 +29,10 @@ def _computed(x: xr.DataArray) -> np.ndarray:
 def _keep(ds: xr.Dataset, dim: str, keep: np.ndarray, what: str) -> xr.Dataset:
     if not keep.any():
         raise InputError(f"{what}: no {dim} remain after the filters (all {keep.size} removed)")
-    index = np.flatnonzero(keep)
-    out = ds.isel({dim: index})
+    blocks = keep_in_blocks(ds, dim, keep)
+    if blocks is not None:  # each block keeps its own: no task gathers from two blocks
+        return blocks
+    out = ds.isel({dim: np.flatnonzero(keep)})
     # keep blocks of the input's size along the filtered dimension, not shrunken pieces of them
     chunks = {}
     for v in ds.data_vars.values():
