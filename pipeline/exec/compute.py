@@ -194,13 +194,21 @@ def _submit(client, obj, optimize: bool):
     ``client.compute`` would add a task that assembles each result on a worker: one more round of
     scheduling after the last block, and the blocks of other workers moved to that one before the
     result comes here. The blocks are gathered here instead, straight from the workers that hold
-    them, and assembled by the collection's own finalizer (the same function that task runs)."""
+    them, and assembled by the collection's own finalizer (the same function that task runs).
+    Unless ``optimize`` is False (a graph that :func:`pipeline.exec.locality.place` optimized), the
+    graph is optimized here as ``client.compute`` would, without the aliases fusion leaves
+    (:func:`pipeline.exec.locality.without_aliases`)."""
+    import dask
     from dask.base import collections_to_expr, unpack_collections
+
+    from .locality import without_aliases
 
     collections, repack = unpack_collections(obj)
     if not collections:
         return [], lambda _: obj
-    expr = collections_to_expr(list(collections), optimize).optimize()
+    if optimize:
+        collections = without_aliases(list(dask.optimize(*collections)))
+    expr = collections_to_expr(list(collections), optimize_graph=False).optimize()
     futures = client.get(expr, [c.__dask_keys__() for c in collections], sync=False)
 
     def finish(blocks):

@@ -154,6 +154,31 @@ class ReleasePins(SchedulerPlugin):
         scheduler.transitions(stranded, stimulus_id=stimulus_id)
 
 
+def without_aliases(collections: list) -> list:
+    """``collections`` (optimized) without the aliases that dask's linear fusion leaves behind.
+
+    Fusing a chain of tasks renames it, and the chain's last key (an output block, often) becomes
+    an alias of the fused task: a task of its own that does nothing, yet costs a round of
+    scheduling, a few milliseconds each on a cluster, after the last read. dask's own
+    ``resolve_aliases`` gives the fused task the alias's key where nothing else takes it; the
+    tasks that run are the same, so are the results."""
+    from dask._task_spec import Alias, DependenciesMapping, resolve_aliases
+    from dask.core import flatten, reverse_dict
+
+    graph = {}
+    for c in collections:
+        graph.update(c.__dask_graph__())
+    if not any(isinstance(task, Alias) for task in graph.values()):
+        return collections
+    keys = set(flatten([c.__dask_keys__() for c in collections]))
+    resolved = resolve_aliases(graph, keys, reverse_dict(DependenciesMapping(graph)))
+    out = []
+    for c in collections:
+        rebuild, args = c.__dask_postpersist__()
+        out.append(rebuild(resolved, *args))
+    return out
+
+
 def place(obj, nthreads: Mapping[str, int]):
     """``obj`` (what ``client.compute`` takes) with its graphs optimized and its block tasks
     pinned to the workers of ``nthreads`` (``{address: threads}``), and whether anything was
@@ -166,7 +191,7 @@ def place(obj, nthreads: Mapping[str, int]):
     collections, repack = unpack_collections(obj)
     if len(nthreads) < 2 or not collections:
         return obj, False
-    optimized = dask.optimize(*collections)
+    optimized = without_aliases(list(dask.optimize(*collections)))
     graph = {}
     for c in optimized:
         graph.update(c.__dask_graph__())
