@@ -152,7 +152,7 @@ def test_results_are_bitwise_those_of_dask_threads(client, store, flow):
     assert {w for r in stream.data for w in [r["worker"]]} == set(client.nthreads()), "the run used one worker"
     # no task of the run was an alias, nor assembled the result on a worker
     (optimized,) = dask.optimize(build().data)
-    (resolved,) = locality.without_aliases([optimized])
+    (resolved,) = locality.lean([optimized])
     if flow != "anomaly_field":  # the weighted mean's output blocks were aliases of fused tasks
         assert len(resolved.__dask_graph__()) < len(optimized.__dask_graph__())
     assert len(stream.data) == len(resolved.__dask_graph__())

@@ -196,18 +196,18 @@ def _submit(client, obj, optimize: bool):
     result comes here. The blocks are gathered here instead, straight from the workers that hold
     them, and assembled by the collection's own finalizer (the same function that task runs).
     Unless ``optimize`` is False (a graph that :func:`pipeline.exec.locality.place` optimized), the
-    graph is optimized here as ``client.compute`` would, without the aliases fusion leaves
-    (:func:`pipeline.exec.locality.without_aliases`)."""
+    graph is optimized here as ``client.compute`` would, then without its tasks that do next to
+    nothing (:func:`pipeline.exec.locality.lean`)."""
     import dask
     from dask.base import collections_to_expr, unpack_collections
 
-    from .locality import without_aliases
+    from .locality import lean
 
     collections, repack = unpack_collections(obj)
     if not collections:
         return [], lambda _: obj
     if optimize:
-        collections = without_aliases(list(dask.optimize(*collections)))
+        collections = lean(list(dask.optimize(*collections)))
     expr = collections_to_expr(list(collections), optimize_graph=False).optimize()
     futures = client.get(expr, [c.__dask_keys__() for c in collections], sync=False)
 
