@@ -169,3 +169,13 @@ def test_a_list_and_a_dataset_come_back_as_they_went(client, store):
     assert isinstance(ds, xr.Dataset)
     np.testing.assert_array_equal(ds["mean"].values, got[0].values)
     assert pipeline.compute(np.arange(3)).tolist() == [0, 1, 2]  # no graph: given back as it is
+
+
+def test_a_graph_of_plain_tuples_runs(client):
+    """A Delayed's tasks may be written the old way, as tuples (pipeline's own writes are)."""
+    import operator
+
+    from dask.delayed import Delayed
+
+    graph = {"a": (operator.add, 1, 2), "b": (operator.getitem, [5, 6, 7], 1), "k": (operator.mul, "a", "b")}
+    assert pipeline.compute(Delayed("k", graph)) == 18

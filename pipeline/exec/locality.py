@@ -192,12 +192,13 @@ def lean(collections: list) -> list:
       take its statistics apart.
 
     The same functions run on the same values: the results are the same, bit for bit."""
-    from dask._task_spec import Alias, DependenciesMapping, resolve_aliases
+    from dask._task_spec import Alias, DependenciesMapping, convert_legacy_graph, resolve_aliases
     from dask.core import flatten, reverse_dict
 
     graph = {}
     for c in collections:
         graph.update(c.__dask_graph__())
+    graph = convert_legacy_graph(graph)  # a Delayed's tasks may still be tuples
     keys = set(flatten([c.__dask_keys__() for c in collections]))
     dependencies = DependenciesMapping(graph)
     dependents = reverse_dict(dependencies)
