@@ -179,3 +179,28 @@ def test_a_graph_of_plain_tuples_runs(client):
 
     graph = {"a": (operator.add, 1, 2), "b": (operator.getitem, [5, 6, 7], 1), "k": (operator.mul, "a", "b")}
     assert pipeline.compute(Delayed("k", graph)) == 18
+
+
+def test_lean_inlines_small_values_and_statistics_but_not_cuts_of_blocks_nor_large_values():
+    import operator
+
+    from dask._task_spec import DataNode, Task, TaskRef
+    from dask.array.chunk import getitem
+
+    n = 4
+    graph = {
+        "handle": DataNode("handle", np.arange(4.0)),  # small: inlined into the reads
+        "large": DataNode("large", np.zeros(2**17)),  # 1 MB: stays a task
+        ("stat", 0): Task(("stat", 0), np.outer, TaskRef("handle"), TaskRef("handle")),  # one block
+    }
+    for i in range(n):
+        graph[("blk", i)] = Task(("blk", i), operator.add, TaskRef("handle"), float(i))
+        graph[("cut", i)] = Task(("cut", i), getitem, TaskRef(("blk", i)), slice(0, 1))  # a block's: stays
+        graph[("mean", i)] = Task(("mean", i), getitem, TaskRef(("stat", 0)), i % 2)  # the statistics': inlined
+        graph[("out", i)] = Task(("out", i), lambda c, m, z: c + m[:1] + z[:1], TaskRef(("cut", i)), TaskRef(("mean", i)), TaskRef("large"))
+    x = da.Array(graph, "out", chunks=((1,) * n,), dtype=float)
+    (leaned,) = locality.lean([x])
+    kept = dict(leaned.__dask_graph__())
+    assert "handle" not in kept and not any(k[0] == "mean" for k in kept if isinstance(k, tuple))
+    assert "large" in kept and all(("cut", i) in kept for i in range(n))
+    np.testing.assert_array_equal(leaned.compute(scheduler="sync"), x.compute(scheduler="sync"))

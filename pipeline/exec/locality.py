@@ -158,23 +158,30 @@ class ReleasePins(SchedulerPlugin):
 INLINE_BYTES = 64 * 2**10
 
 
-def _inlinable(task) -> bool:
+def _inlinable(task, blocks: Mapping[str, int]) -> bool:
     """Whether ``task`` costs less inside each task that takes it than as a task of its own: a
-    small value (the handle of a store's array, that every read takes) or a getitem of another
-    task's output (a reduction's statistics taken apart; dask's getitem of a block, which copies
-    a small part of a large one)."""
+    small value (the handle of a store's array, that every read takes), or a getitem of a task's
+    output that is not one of many blocks (a reduction's statistics taken apart). A getitem of a
+    block stays a task: it may cut a halo, or a small part of a large block, that goes to another
+    worker without the rest (``blocks``: blocks along the first axis, per name of an indexed key)."""
     import operator
     import pickle
 
     from dask._task_spec import DataNode, Task
     from dask.array.chunk import getitem
+    from dask.sizeof import sizeof
 
     if isinstance(task, DataNode):
+        if sizeof(task.value) > INLINE_BYTES:  # an estimate, without copying a large value
+            return False
         try:
             return len(pickle.dumps(task.value, protocol=5)) <= INLINE_BYTES
         except Exception:  # what pickle cannot take, the cluster's cloudpickle will: keep it a task
             return False
-    return isinstance(task, Task) and task.func in (operator.getitem, getitem) and len(task.dependencies) == 1
+    if not (isinstance(task, Task) and task.func in (operator.getitem, getitem) and len(task.dependencies) == 1):
+        return False
+    (source,) = task.dependencies
+    return block_index(source) is None or blocks.get(source[0], 1) <= 1
 
 
 def lean(collections: list) -> list:
@@ -202,7 +209,11 @@ def lean(collections: list) -> list:
     keys = set(flatten([c.__dask_keys__() for c in collections]))
     dependencies = DependenciesMapping(graph)
     dependents = reverse_dict(dependencies)
-    inline = {k: t for k, t in graph.items() if k not in keys and dependents[k] and _inlinable(t)}
+    blocks: dict[str, int] = {}
+    for key in graph:
+        if (i := block_index(key)) is not None:
+            blocks[key[0]] = max(blocks.get(key[0], 0), i + 1)
+    inline = {k: t for k, t in graph.items() if k not in keys and dependents[k] and _inlinable(t, blocks)}
     # one level only: what an inlined task takes stays a task
     inline = {k: t for k, t in inline.items() if not (t.dependencies & inline.keys())}
     if not inline and not any(isinstance(t, Alias) for t in graph.values()):
