@@ -236,6 +236,8 @@ def measure(client, store: Path, backend: str, names: list[str], repeat: int, lo
         build = flows(tas)[name]
         reads = read_keys(build())
         expected = np.asarray(pipeline.to_numpy(pipeline.compute(build())))  # the warm-up
+        # the same flow on dask's threads in this process: equal bit for bit, whatever the workers
+        here = np.asarray(pipeline.to_numpy(build().compute(scheduler="threads")))
         runs = []
         for _ in range(repeat):
             figures, value = one_run(client, build, reads, local)
@@ -243,7 +245,8 @@ def measure(client, store: Path, backend: str, names: list[str], repeat: int, lo
             if not np.array_equal(value, expected, equal_nan=True):
                 raise RuntimeError(f"{name}: a run's result differs from the warm-up's")
             runs.append(figures)
-        out["flows"][name] = {"median": {k: statistics.median(r[k] for r in runs) for k in runs[0]}, "runs": runs}
+        out["flows"][name] = {"median": {k: statistics.median(r[k] for r in runs) for k in runs[0]}, "runs": runs,
+                              "equal_to_threads": bool(np.array_equal(expected, here, equal_nan=True))}
     return out
 
 
@@ -256,12 +259,13 @@ def table(results: dict) -> str:
     columns = ["before_first_read", *BEFORE, "after_last_read", *AFTER]
     short = {"before_first_read": "BEFORE", "after_last_read": "AFTER"}
     lines = [f"milliseconds, medians of {results['repeat']} runs; workers: {results['workers']}",
-             f"{'flow':<22}" + "".join(f"{short.get(c, c):>9}" for c in columns) + "    tasks (after the last read)"]
+             f"{'flow':<22}" + "".join(f"{short.get(c, c):>10}" for c in columns) + "   tasks (after the last read), equal to threads"]
     for name, r in results["flows"].items():
         m = r["median"]
-        lines.append(f"{name:<22}" + "".join(f"{1e3 * m[c]:9.1f}" for c in columns) + f"    {m['tasks']:.0f} ({m['tasks_after_last_read']:.0f})")
+        lines.append(f"{name:<22}" + "".join(f"{1e3 * m[c]:10.1f}" for c in columns)
+                     + f"   {m['tasks']:.0f} ({m['tasks_after_last_read']:.0f}), {r['equal_to_threads']}")
     f = results["floor"]
-    lines.append(f"{'floor (one task)':<22}{1e3 * f['before']:9.1f}" + " " * 9 * len(BEFORE) + f"{1e3 * f['after']:9.1f}")
+    lines.append(f"{'floor (one task)':<22}{1e3 * f['before']:10.1f}" + " " * 10 * len(BEFORE) + f"{1e3 * f['after']:10.1f}")
     return "\n".join(lines)
 
 
