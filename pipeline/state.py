@@ -19,6 +19,9 @@ process holds between computations, each under its own lock:
   (:mod:`pipeline.gpu.nvcomp`).
 - ``encode``: the threads that compress the frames of the shards ``pipeline convert`` writes
   (:mod:`pipeline.sinks.convert`), started on first use.
+- ``cluster``: per distributed client, the workers' answers to the memory check
+  (:mod:`pipeline.exec.memory`) and the schedulers that hold pipeline's plugin
+  (:mod:`pipeline.exec.compute`), so that a second computation asks neither again.
 
 Tests that need a clean slate replace a part with a fresh instance (``monkeypatch.setattr(
 state.pinned, "files", OrderedDict())``).
@@ -83,6 +86,13 @@ class EncodeState:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+@dataclass
+class ClusterState:
+    answers: OrderedDict = field(default_factory=OrderedDict)  # (client, workers, plan) -> answers
+    plugins: set = field(default_factory=set)  # (client id, scheduler id) holding the plugin
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 io = IOState()
 streams = StreamState()
 pinned = PinnedState()
@@ -91,3 +101,4 @@ device = DeviceState()
 nvcomp = NvcompState()
 decode = DecodeState()
 encode = EncodeState()
+cluster = ClusterState()

@@ -109,34 +109,7 @@ def compute(obj, progress: bool = False, threads: int | None = None):
 
     client = active_client()
     if client is not None:
-        from . import memory
-
-        sizes = _graph_sizes(obj)
-        # the memory plan, with each worker's own budget and threads
-        fits = memory.check_workers(client, *sizes) if sizes is not None else {}
-        placed = False
-        if config.get("cluster.locality", True) and _room_to_read_ahead(obj, fits, client.nthreads()):
-            # each worker reads, maps and reduces a contiguous slab of blocks, in both passes of a
-            # two-pass op, so that only partials and statistics cross workers (pipeline.exec.locality)
-            from .locality import ReleasePins, place
-
-            try:
-                client.register_plugin(ReleasePins())  # unpins the blocks of a worker that leaves
-            except Exception as e:  # e.g. a scheduler that cannot import pipeline
-                warnings.warn(f"blocks are left to the scheduler to place: {type(e).__name__}: {e}", stacklevel=2)
-            else:
-                obj, placed = place(obj, client.nthreads())
-        future = client.compute(obj, optimize_graph=not placed)  # place() optimized it already
-        try:
-            if progress:
-                from distributed import progress as show_progress
-
-                show_progress(future)
-            return client.gather(future)  # one future, or a list of them for a list of collections
-        except BaseException:
-            client.cancel(future)
-            _wait_idle(client, _tokens(obj))
-            raise
+        return _compute_on_cluster(client, obj, progress)
     if dask.config.get("scheduler", None) not in (None, "threads", "threading"):
         return dask.compute(obj)[0]  # a scheduler the user chose: leave it alone
     import functools
@@ -161,6 +134,87 @@ def compute(obj, progress: bool = False, threads: int | None = None):
     finally:
         # dask's own pool would leave running tasks behind after an error; this one is joined
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _compute_on_cluster(client, obj, progress: bool):
+    """``obj`` computed on ``client``'s cluster: the memory plan checked with each worker's own
+    budget and threads, blocks placed in slabs (:mod:`pipeline.exec.locality`), the result's
+    blocks gathered here."""
+    from . import memory
+
+    nthreads = client.nthreads()  # one round trip: the workers now, for every step below
+    sizes = _graph_sizes(obj)
+    fits = memory.check_workers(client, *sizes, nthreads=nthreads) if sizes is not None else {}
+    placed = False
+    if config.get("cluster.locality", True) and _room_to_read_ahead(obj, fits, nthreads) and _release_pins_on(client, nthreads):
+        # each worker reads, maps and reduces a contiguous slab of blocks, in both passes of a
+        # two-pass op, so that only partials and statistics cross workers (pipeline.exec.locality)
+        from .locality import place
+
+        obj, placed = place(obj, nthreads)
+    futures, finish = _submit(client, obj, optimize=not placed)  # place() optimized it already
+    try:
+        if progress:
+            from distributed import progress as show_progress
+
+            show_progress(futures)
+        return finish(client.gather(futures))
+    except BaseException:
+        client.cancel(futures)
+        _wait_idle(client, _tokens(obj))
+        raise
+
+
+def _release_pins_on(client, nthreads: dict) -> bool:
+    """Whether the scheduler holds :class:`pipeline.exec.locality.ReleasePins` (which unpins the
+    blocks of a worker that leaves), registering it once per client and cluster
+    (:func:`pipeline.exec.memory.cluster_key`): registering costs a round trip to the scheduler."""
+    from .. import state
+    from .locality import ReleasePins
+    from .memory import cluster_key
+
+    key = cluster_key(client, nthreads)
+    with state.cluster.lock:
+        if key in state.cluster.plugins:
+            return True
+    try:
+        client.register_plugin(ReleasePins())
+    except Exception as e:  # e.g. a scheduler that cannot import pipeline
+        warnings.warn(f"blocks are left to the scheduler to place: {type(e).__name__}: {e}", stacklevel=4)
+        return False
+    with state.cluster.lock:
+        state.cluster.plugins.add(key)
+    return True
+
+
+def _submit(client, obj, optimize: bool):
+    """Submit the graphs of ``obj`` (what ``client.compute`` takes) and return the futures of their
+    output blocks and the function that makes the result of them here.
+
+    ``client.compute`` would add a task that assembles each result on a worker: one more round of
+    scheduling after the last block, and the blocks of other workers moved to that one before the
+    result comes here. The blocks are gathered here instead, straight from the workers that hold
+    them, and assembled by the collection's own finalizer (the same function that task runs).
+    Unless ``optimize`` is False (a graph that :func:`pipeline.exec.locality.place` optimized), the
+    graph is optimized here as ``client.compute`` would, then without its tasks that do next to
+    nothing (:func:`pipeline.exec.locality.lean`)."""
+    import dask
+    from dask.base import collections_to_expr, unpack_collections
+
+    from .locality import lean
+
+    collections, repack = unpack_collections(obj)
+    if not collections:
+        return [], lambda _: obj
+    if optimize:
+        collections = lean(list(dask.optimize(*collections)))
+    expr = collections_to_expr(list(collections), optimize_graph=False).optimize()
+    futures = client.get(expr, [c.__dask_keys__() for c in collections], sync=False)
+
+    def finish(blocks):
+        return repack([post(b, *args) for b, (post, args) in zip(blocks, (c.__dask_postcompute__() for c in collections))])[0]
+
+    return futures, finish
 
 
 def _tokens(obj) -> set[str]:

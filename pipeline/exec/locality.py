@@ -154,6 +154,80 @@ class ReleasePins(SchedulerPlugin):
         scheduler.transitions(stranded, stimulus_id=stimulus_id)
 
 
+# a value inlined into the tasks that take it is sent with each of them: only small ones are
+INLINE_BYTES = 64 * 2**10
+
+
+def _inlinable(task, blocks: Mapping[str, int]) -> bool:
+    """Whether ``task`` costs less inside each task that takes it than as a task of its own: a
+    small value (the handle of a store's array, that every read takes), or a getitem of a task's
+    output that is not one of many blocks (a reduction's statistics taken apart). A getitem of a
+    block stays a task: it may cut a halo, or a small part of a large block, that goes to another
+    worker without the rest (``blocks``: blocks along the first axis, per name of an indexed key)."""
+    import operator
+    import pickle
+
+    from dask._task_spec import DataNode, Task
+    from dask.array.chunk import getitem
+    from dask.sizeof import sizeof
+
+    if isinstance(task, DataNode):
+        if sizeof(task.value) > INLINE_BYTES:  # an estimate, without copying a large value
+            return False
+        try:
+            return len(pickle.dumps(task.value, protocol=5)) <= INLINE_BYTES
+        except Exception:  # what pickle cannot take, the cluster's cloudpickle will: keep it a task
+            return False
+    if not (isinstance(task, Task) and task.func in (operator.getitem, getitem) and len(task.dependencies) == 1):
+        return False
+    (source,) = task.dependencies
+    return block_index(source) is None or blocks.get(source[0], 1) <= 1
+
+
+def lean(collections: list) -> list:
+    """``collections`` (optimized) with fewer tasks that do next to nothing, each of which costs a
+    round of scheduling (a few milliseconds on a cluster, more where it moves data between
+    workers):
+
+    - the aliases that dask's linear fusion leaves behind: fusing a chain renames it, and the
+      chain's last key (often an output block) becomes an alias of the fused task, a task of its
+      own after the last read. dask's own ``resolve_aliases`` gives the fused task that key where
+      nothing else takes it;
+    - small values and getitems (:func:`_inlinable`), inlined into the tasks that take them: the
+      reads no longer wait for the task that hands out the store's array (nor fetch it from the
+      worker that ran it), and the second pass of a two-pass op no longer waits for the tasks that
+      take its statistics apart.
+
+    The same functions run on the same values: the results are the same, bit for bit."""
+    from dask._task_spec import Alias, DependenciesMapping, convert_legacy_graph, resolve_aliases
+    from dask.core import flatten, reverse_dict
+
+    graph = {}
+    for c in collections:
+        graph.update(c.__dask_graph__())
+    graph = convert_legacy_graph(graph)  # a Delayed's tasks may still be tuples
+    keys = set(flatten([c.__dask_keys__() for c in collections]))
+    dependencies = DependenciesMapping(graph)
+    dependents = reverse_dict(dependencies)
+    blocks: dict[str, int] = {}
+    for key in graph:
+        if (i := block_index(key)) is not None:
+            blocks[key[0]] = max(blocks.get(key[0], 0), i + 1)
+    inline = {k: t for k, t in graph.items() if k not in keys and dependents[k] and _inlinable(t, blocks)}
+    # one level only: what an inlined task takes stays a task
+    inline = {k: t for k, t in inline.items() if not (t.dependencies & inline.keys())}
+    if not inline and not any(isinstance(t, Alias) for t in graph.values()):
+        return collections
+    graph = {k: t.substitute({d: inline[d] for d in dependencies[k] & inline.keys()}) if dependencies[k] & inline.keys() else t
+             for k, t in graph.items() if k not in inline}
+    graph = resolve_aliases(graph, keys, reverse_dict(DependenciesMapping(graph)))
+    out = []
+    for c in collections:
+        rebuild, args = c.__dask_postpersist__()
+        out.append(rebuild(graph, *args))
+    return out
+
+
 def place(obj, nthreads: Mapping[str, int]):
     """``obj`` (what ``client.compute`` takes) with its graphs optimized and its block tasks
     pinned to the workers of ``nthreads`` (``{address: threads}``), and whether anything was
@@ -166,7 +240,7 @@ def place(obj, nthreads: Mapping[str, int]):
     collections, repack = unpack_collections(obj)
     if len(nthreads) < 2 or not collections:
         return obj, False
-    optimized = dask.optimize(*collections)
+    optimized = lean(list(dask.optimize(*collections)))
     graph = {}
     for c in optimized:
         graph.update(c.__dask_graph__())

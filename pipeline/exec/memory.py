@@ -253,24 +253,60 @@ def _fit_and_budget(backend: str, block_bytes: int, partial_bytes: int, blocks: 
     return threads_that_fit(backend, block_bytes, partial_bytes, blocks, held_bytes, dask_worker), int(B.memory_budget(backend))
 
 
-def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0) -> dict[str, tuple[int, int]]:
+def cluster_key(client, nthreads: dict) -> tuple:
+    """What identifies a cluster's workers as this client sees them: the client, its scheduler and
+    every worker's address and threads (a worker that joins or leaves, or is restarted under a new
+    address, changes it)."""
+    return client.id, client.scheduler.address, frozenset(nthreads.items())
+
+
+# answers kept: one a cluster, flow shape and setting in use at once, in practice a few
+ANSWERS_KEPT = 32
+
+
+def worker_answers(client, nthreads: dict, *plan) -> dict:
+    """Each worker's :func:`_fit_and_budget` for ``plan`` (backend, block, partial and held bytes,
+    blocks a thread), asked once per cluster (:func:`cluster_key`), plan and ``pipeline``
+    settings: a second computation of the same shape does not pay ``client.run``'s round trip.
+    An answer counts the worker's memory when it was asked (on the CPU, its resident set outside
+    the data it holds for the scheduler, which moves little between computations)."""
+    import dask
+    from dask.base import tokenize
+
+    key = (cluster_key(client, nthreads), plan, tokenize(dask.config.get("pipeline", {})))
+    with state.cluster.lock:
+        if key in state.cluster.answers:
+            state.cluster.answers.move_to_end(key)
+            return state.cluster.answers[key]
+    answers = client.run(_fit_and_budget, *plan)
+    with state.cluster.lock:
+        state.cluster.answers[key] = answers
+        while len(state.cluster.answers) > ANSWERS_KEPT:
+            state.cluster.answers.popitem(last=False)
+    return answers
+
+
+def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0,
+                  nthreads: dict | None = None) -> dict[str, tuple[int, int]]:
     """On a distributed cluster the workers' threads are the cluster's, not the plan's: raise
     InputError, before anything runs, when a worker has more threads than its own budget holds
-    (each worker evaluates :func:`threads_that_fit` with its own device and settings). Returns,
-    for each worker, the threads that fit and its budget in bytes (``{}`` when nothing was
-    checked)."""
+    (each worker evaluates :func:`threads_that_fit` with its own device and settings; the answers
+    are kept, :func:`worker_answers`). ``nthreads``: the workers' threads, as ``client.nthreads()``
+    answered. Returns, for each worker, the threads that fit and its budget in bytes (``{}`` when
+    nothing was checked)."""
     from dask.utils import format_bytes
 
     if not block_bytes and not partial_bytes:
         return {}
+    if nthreads is None:
+        nthreads = client.nthreads()
     try:
-        answers = client.run(_fit_and_budget, backend, block_bytes, partial_bytes, blocks, held_bytes)
+        answers = worker_answers(client, nthreads, backend, block_bytes, partial_bytes, blocks, held_bytes)
     except Exception as e:  # e.g. workers that cannot import pipeline: nothing to check with
         import warnings
 
         warnings.warn(f"the workers' memory budgets were not checked: {type(e).__name__}: {e}", stacklevel=3)
         return {}
-    nthreads = client.nthreads()
     over = {w: (nthreads[w], n) for w, (n, _) in answers.items() if n is not None and w in nthreads and nthreads[w] > n}
     if not over:
         return {w: (n, budget) for w, (n, budget) in answers.items() if n is not None}
