@@ -308,3 +308,27 @@ def test_alternate_allele_count_gpu_equals_cpu():
         out = sg.count_call_alternate_alleles(dataset(kind, {"variants": 37}, "gpu"))["call_alternate_allele_count"]
         assert B.backend_of(out.data) == "gpu"
         np.testing.assert_array_equal(B.to_numpy(out.data), REF[f"{kind}_alt"])
+
+
+def test_pca_tsqr_out_of_core_reads_its_input_again():
+    """Under a budget smaller than twice the counts, the Gram pass reads its blocks again after
+    the statistics rather than holding every block until they are done (the statistics need the
+    whole first pass): the graph has a second copy of the input's reads, and the results are
+    sgkit's as in core."""
+    import dask
+
+    data = pca_data(np.float64, (100, -1))
+    with dask.config.set({"pipeline.cpu.memory-limit": "64kB"}):
+        out = sg.pca(data, n_components=4, merge=False)
+    in_core = sg.pca(data, n_components=4, merge=False)
+
+    def gram_inputs(ds):
+        graph = ds["sample_pca_explained_variance"].data.__dask_graph__()
+        (gram,) = [name for name in graph.layers if name.startswith("gram_tile")]
+        return graph, set(graph.dependencies[gram])
+
+    _, held = gram_inputs(in_core)
+    _, read = gram_inputs(out)
+    # in core the Gram tiles take the blocks the statistics took; out of core blocks of their own
+    assert read - held and held - read  # the same statistics, other blocks
+    assert_pca(out.compute(), "tsqr64", F64)

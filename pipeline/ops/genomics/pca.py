@@ -247,8 +247,12 @@ def _tsqr(x, stats, check, k: int, scaled, op, backend):
     ``S`` (k,) and the components ``V`` (variants, k), signs as dask's ``svd_flip``."""
     n = x.shape[1]
     gram_kernel = op.kernel("patterson_gram", backend)
+    # the Gram pass needs the statistics of the whole first pass: out of core its blocks are read
+    # again (or come back from host memory) rather than held, all of them, until the statistics
+    # are done; held, 50 GB of genotypes overran a 32 GB device budget on the GPU machine
+    xg = spill.second_pass(x, stats["mean"], stats["scale"])
     parts = da.blockwise(
-        _gram_tile, "ijk", x, "ki", x, "kj", stats["mean"], "k", stats["scale"], "k",
+        _gram_tile, "ijk", xg, "ki", xg, "kj", stats["mean"], "k", stats["scale"], "k",
         kernel=gram_kernel, adjust_chunks={"k": 1}, dtype=ACC, meta=B.meta(backend, ACC, 3),
     )
     gram = upper_mirrored(parts.sum(axis=2)).rechunk((n, n))  # G is symmetric: half its tiles
