@@ -324,7 +324,7 @@ def test_pca_tsqr_out_of_core_reads_its_input_again():
 
     def gram_inputs(ds):
         graph = ds["sample_pca_explained_variance"].data.__dask_graph__()
-        (gram,) = [name for name in graph.layers if name.startswith("gram_tile")]
+        (gram,) = [name for name in graph.layers if name.startswith("patterson-gram-")]
         return graph, set(graph.dependencies[gram])
 
     _, held = gram_inputs(in_core)

@@ -61,7 +61,7 @@ from ...deferred import module as _deferred
 from ...errors import InputError
 from ...exec import spill
 from ..registry import register
-from ._dataset import as_dask, backend_of_dataset, even_chunks, upper_mirrored
+from ._dataset import _transposed, as_dask, backend_of_dataset, even_chunks
 from ._dataset import merge as _merge
 from ._dataset import variable as _variable
 
@@ -72,6 +72,9 @@ ALT = "call_alternate_allele_count"
 # samples a side of the Gram matrix's tiles: a tile's partial is TILE^2 float64 (134 MB), however
 # many samples there are; blocks of variants are the input's
 TILE = 4096
+# chains a tile of the Gram matrix is folded in along the blocks of variants (:func:`_gram_folded`):
+# independent tasks for the threads (tiles x chains of them), one sum a tile and a chain held
+CHAINS = 8
 # dask's svd_compressed: the sampled subspace is max(MIN_SUBSPACE, n_components + OVERSAMPLES)
 OVERSAMPLES = 10
 MIN_SUBSPACE = 20
@@ -251,11 +254,7 @@ def _tsqr(x, stats, check, k: int, scaled, op, backend):
     # again (or come back from host memory) rather than held, all of them, until the statistics
     # are done; held, 50 GB of genotypes overran a 32 GB device budget on the GPU machine
     xg = spill.second_pass(x, stats["mean"], stats["scale"])
-    parts = da.blockwise(
-        _gram_tile, "ijk", xg, "ki", xg, "kj", stats["mean"], "k", stats["scale"], "k",
-        kernel=gram_kernel, adjust_chunks={"k": 1}, dtype=ACC, meta=B.meta(backend, ACC, 3),
-    )
-    gram = upper_mirrored(parts.sum(axis=2)).rechunk((n, n))  # G is symmetric: half its tiles
+    gram = _gram_folded(xg, stats["mean"], stats["scale"], gram_kernel, backend).rechunk((n, n))
     eig = da.map_blocks(
         _eigenpairs, gram, check["n_missing"], check["n_flat"], kernel=op.kernel("top_eigenpairs", backend), k=k,
         variable=check["variable"], check_missing=check["check_missing"],
@@ -267,8 +266,58 @@ def _tsqr(x, stats, check, k: int, scaled, op, backend):
     return u * signs, s, v * signs
 
 
-def _gram_tile(ac_i, ac_j, mean, scale, *, kernel):
-    return kernel(ac_i, ac_j, mean, scale)[:, :, None]
+def _gram_folded(x, mean, scale, kernel, backend) -> "da.Array":
+    """``X^T X`` by tiles of samples, each tile folded along the blocks of variants in ``CHAINS``
+    chains: the task of block ``k`` adds its part to what the chain's task of block ``k - 1``
+    passed it, and the chains' sums are added at the end. Only tiles on and above the diagonal are
+    computed; those below are their transposes (the matrix is symmetric: half the work).
+
+    A tree sum over the blocks (``parts.sum(axis=...)``) holds, for every tile, a few partials on
+    each of its levels, and the blocks' own parts waiting for their siblings: 81 partials and 36
+    parts held at once for 6 tiles of 240 blocks (measured, one thread, distributed), and on the
+    GPU machine 50 GB of genotypes in 10,000 samples (tiles of 89 MB) overran a 32 GB device
+    budget. A chain holds one sum a tile. Keys lead with the block of variants, so that on a
+    cluster each task runs where its block is read (:mod:`pipeline.exec.locality`)."""
+    import functools
+
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    tiles = x.chunks[1]
+    nk, nt = x.numblocks
+    token = tokenize(x.name, mean.name, scale.name, "gram-fold")
+    fold, total = f"patterson-gram-fold-{token}", f"patterson-gram-{token}"
+    step = functools.partial(_gram_step, kernel=kernel)
+    edges = np.linspace(0, nk, min(nk, CHAINS) + 1).round().astype(int)
+    dsk, ends = {}, {}
+    for i in range(nt):
+        for j in range(i, nt):
+            for a, b in zip(edges[:-1], edges[1:]):
+                prev = None
+                for k in range(a, b):
+                    dsk[(fold, k, i, j)] = (step, prev, (x.name, k, i), (x.name, k, j), (mean.name, k), (scale.name, k))
+                    prev = (fold, k, i, j)
+                ends.setdefault((i, j), []).append(prev)
+    for i in range(nt):
+        for j in range(nt):
+            dsk[(total, i, j)] = (_summed, ends[(i, j)]) if i <= j else (_transposed, (total, j, i))
+    graph = HighLevelGraph.from_collections(total, dsk, dependencies=[x, mean, scale])
+    return da.Array(graph, total, (tiles, tiles), meta=B.meta(backend, ACC, 2))
+
+
+def _gram_step(prev, ac_i, ac_j, mean, scale, *, kernel):
+    part = kernel(ac_i, ac_j, mean, scale)  # a new array: the sum is made in it
+    if prev is not None:
+        part += prev
+    return part
+
+
+def _summed(parts):
+    out = parts[0].copy()
+    for p in parts[1:]:
+        out += p
+    return out
+
 
 
 def _eigenpairs(gram, n_missing, n_flat, *, kernel, k: int, variable: str, check_missing: bool):
