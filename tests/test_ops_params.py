@@ -177,3 +177,38 @@ def test_run_command_exits_2_for_a_window_longer_than_the_series(small_source):
     assert len(r.stderr.strip().splitlines()) <= 4
     assert not (small_source / "out").exists()
     xr.open_zarr("data/x.zarr", consolidated=False)  # the source is untouched
+
+
+@pytest.mark.parametrize(
+    "op_name, params",
+    [
+        ("rolling_mean", {"window": 11}),
+        ("coarsen_mean", {"factors": {"lat": 4}}),
+        ("weighted_mean", {"dims": "height"}),
+        ("climatology", {"dim": "lat"}),
+    ],
+)
+def test_ops_refuse_bad_data_with_the_checks_that_validate_runs(monkeypatch, op_name, params):
+    """Building a graph runs the data checks of :mod:`pipeline.ops.shapes` on the input's
+    metadata, those that ``pipeline validate`` runs: the same error with the same message, raised
+    by that check itself (replaced, the replacement is what the op runs)."""
+    from pipeline.ops import get, shapes
+
+    x = climate_array(shape=(10, 3, 4), chunks={"time": 5})
+    op = get(op_name)
+    full = op.params(**params).model_dump()
+    with pytest.raises(InputError) as from_metadata:
+        shapes.check(op, shapes.meta_of(x), full)
+    with raise_if_dask_computes(), pytest.raises(InputError) as from_graph:
+        op.func(x, **full)
+    assert str(from_graph.value) == str(from_metadata.value)
+
+    class Checked(Exception):
+        pass
+
+    def refuse(*args, **kwargs):
+        raise Checked
+
+    monkeypatch.setitem(shapes.CHECKS, op_name, refuse)
+    with pytest.raises(Checked):
+        op.func(x, **full)

@@ -8,6 +8,7 @@ import xarray as xr
 from ..backend import backend_of, meta
 from ..deferred import module as _deferred
 from ..errors import InputError
+from . import shapes
 
 da = _deferred("dask.array")  # imported when the first graph is built
 
@@ -28,11 +29,10 @@ def _finish(template: xr.DataArray, data: da.Array, eager: bool, **kwargs) -> xr
     return out.compute() if eager else out
 
 
-def _axis(x: xr.DataArray, dim: str) -> int:
-    """The axis of dimension ``dim`` of ``x``; InputError naming both where it has none."""
-    if dim not in x.dims:
-        raise InputError(f"variable {x.name!r} has no dimension {dim!r} (its dimensions: {', '.join(map(str, x.dims))})")
-    return x.dims.index(dim)
+def _check(op, x: xr.DataArray, **params) -> None:
+    """``op``'s data checks on ``x``'s metadata, the very ones ``pipeline validate`` runs
+    (:mod:`pipeline.ops.shapes`), so that each check and its message live in one place."""
+    shapes.check(op, shapes.meta_of(x), params)
 
 
 def _is_int(v) -> bool:

@@ -18,10 +18,11 @@ from ..errors import InputError
 from ..exec import spill
 from ..reduce import aggregation as agg
 from ..reduce.overlap import map_halo
-from ._common import _as_dask, _axis, _finish, _is_int, float_dtype  # noqa: F401  (float_dtype: for callers of this module)
+from ._common import _as_dask, _check, _finish, _is_int, float_dtype  # noqa: F401  (float_dtype: for callers of this module)
 from .metadata import Produces, cell_names, input_name
 from .params import Count, Dim, Dims, MinPeriods, Weights
 from .registry import register
+from .shapes import _is_latitude
 
 da = _deferred("dask.array")  # imported when the first graph is built
 
@@ -43,10 +44,11 @@ def standardized_anomaly(x: xr.DataArray, dim: Dim = "time") -> xr.DataArray:
     --------
     >>> z = pipeline.ops.standardized_anomaly(ds["tas"], dim="time")  # doctest: +SKIP
     """
-    data, eager = _as_dask(x)
-    axis = _axis(x, dim)
-    backend = backend_of(data)
     op = standardized_anomaly.op
+    data, eager = _as_dask(x)
+    _check(op, x, dim=dim)
+    axis = x.get_axis_num(dim)
+    backend = backend_of(data)
     mean, std = agg.nanmean_std(data, axis, kernel=op.kernel("moments", backend))
     out_dtype = float_dtype(x.dtype)
     kernel = op.kernel("standardize", backend)
@@ -60,15 +62,8 @@ def standardized_anomaly(x: xr.DataArray, dim: Dim = "time") -> xr.DataArray:
 
 
 def _latitude(x: xr.DataArray) -> xr.DataArray:
-    for name, coord in x.coords.items():
-        if name in ("lat", "latitude") or coord.attrs.get("standard_name") == "latitude" or coord.attrs.get(
-            "units"
-        ) in ("degrees_north", "degree_north"):
-            return coord
-    raise InputError(
-        f"weights='coslat' needs a latitude coordinate on {x.name!r} "
-        "(named lat or latitude, or with standard_name 'latitude')"
-    )
+    """The latitude coordinate of ``x``, which the op's checks have found there."""
+    return next(coord for name, coord in x.coords.items() if _is_latitude(name, coord.attrs))
 
 
 def _is_longitude(x: xr.DataArray, name: str) -> bool:
@@ -111,14 +106,8 @@ def _weighted_cell_methods(x: xr.DataArray, p: dict) -> str:
 def _weights(x: xr.DataArray, weights) -> xr.DataArray | None:
     if weights is None:
         return None
-    if isinstance(weights, str):
-        if weights == "coslat":
-            return np.cos(np.deg2rad(_latitude(x).astype(np.float64)))
-        if weights in x.coords:
-            return x.coords[weights]
-        raise InputError(
-            f"weights must be 'coslat', the name of a coordinate of {x.name!r}, a DataArray or None; got {weights!r}"
-        )
+    if isinstance(weights, str):  # the op's checks have found the latitude or the coordinate named
+        return np.cos(np.deg2rad(_latitude(x).astype(np.float64))) if weights == "coslat" else x.coords[weights]
     if isinstance(weights, xr.DataArray):
         return weights
     raise InputError(f"weights must be 'coslat', a coordinate name, a DataArray or None; got {type(weights).__name__}")
@@ -142,7 +131,8 @@ def weighted_mean(
     if isinstance(dims, str):
         dims = (dims,)
     data, eager = _as_dask(x)
-    axes = tuple(_axis(x, d) for d in dims)
+    _check(weighted_mean.op, x, dims=dims, weights=weights)
+    axes = tuple(x.get_axis_num(d) for d in dims)
     w = _weights(x, weights)
     if w is None:
         w = xr.DataArray(np.ones(()), name="weights")
@@ -206,12 +196,8 @@ def rolling_mean(
     if not _is_int(min_periods) or not 1 <= min_periods <= window:
         raise InputError(f"min_periods must be an integer between 1 and window={window}, got {min_periods!r}")
     data, eager = _as_dask(x)
-    axis = _axis(x, dim)
-    if window > x.sizes[dim]:
-        raise InputError(
-            f"window: {window} steps is longer than dimension {dim!r} of variable {x.name!r} ({x.sizes[dim]} steps); "
-            f"give a window of at most {x.sizes[dim]}"
-        )
+    _check(rolling_mean.op, x, dim=dim, window=window)
+    axis = x.get_axis_num(dim)
     before, after = (window // 2, window - 1 - window // 2) if center else (window - 1, 0)
     out_dtype = float_dtype(x.dtype)
     backend = backend_of(data)

@@ -20,7 +20,7 @@ from ..errors import InputError
 from ..exec import spill
 from ..reduce import aggregation as agg
 from ..reduce.declare import declare, declared
-from ._common import _as_dask, _axis, _finish, _is_int, float_dtype
+from ._common import _as_dask, _check, _finish, _is_int, float_dtype
 from .metadata import Produces, cell_names, input_name as _name
 from .params import Count, Degree, Dim, Quantiles
 from .registry import register
@@ -57,15 +57,12 @@ def coarsen_mean(x: xr.DataArray, factors: Annotated[dict[Dim, Count], Field(min
     """
     if not isinstance(factors, dict) or not factors:
         raise InputError(f"factors must be a non-empty mapping of dimension to factor, got {factors!r}")
-    data, eager = _as_dask(x)
-    axes = {}
     for dim, f in factors.items():
-        axis = _axis(x, dim)
         if not _is_int(f) or f < 1:
             raise InputError(f"coarsening factor of dimension {dim!r} must be a positive integer, got {f!r}")
-        if f > x.sizes[dim]:
-            raise InputError(f"coarsening factor of dimension {dim!r} ({f}) exceeds its size ({x.sizes[dim]})")
-        axes[axis] = int(f)
+    data, eager = _as_dask(x)
+    _check(coarsen_mean.op, x, factors=factors)
+    axes = {x.get_axis_num(dim): int(f) for dim, f in factors.items()}
     data = data[tuple(slice(0, n - n % axes[i]) if i in axes else slice(None) for i, n in enumerate(data.shape))]
     data = data.rechunk({i: _multiple_chunks(data.chunks[i], f) for i, f in axes.items()})
     out_dtype = float_dtype(x.dtype)
@@ -125,12 +122,8 @@ def detrend(x: xr.DataArray, dim: Dim = "time", deg: Degree = 1) -> xr.DataArray
         raise InputError(f"deg must be a non-negative integer, got {deg!r}")
     deg = int(deg)
     data, eager = _as_dask(x)
-    axis = _axis(x, dim)
-    if x.sizes[dim] <= deg:
-        raise InputError(
-            f"deg: a polynomial of degree {deg} needs at least {deg + 1} steps along dimension {dim!r}; "
-            f"variable {x.name!r} has {x.sizes[dim]}"
-        )
+    _check(detrend.op, x, dim=dim, deg=deg)
+    axis = x.get_axis_num(dim)
     backend = backend_of(data)
     u = _trend_coordinate(x, dim).reshape([-1 if i == axis else 1 for i in range(x.ndim)])
     u_chunks = tuple(c if i == axis else (1,) for i, c in enumerate(data.chunks))
@@ -288,7 +281,8 @@ def quantile(x: xr.DataArray, q: Quantiles, dim: Dim = "time") -> xr.DataArray:
     if not qs or not all(0.0 <= v <= 1.0 for v in qs):
         raise InputError(f"quantiles q must lie in [0, 1], got {q!r}")
     data, eager = _as_dask(x)
-    axis = _axis(x, dim)
+    _check(quantile.op, x, q=q, dim=dim)
+    axis = x.get_axis_num(dim)
     budget = memory_budget(backend_of(data))
     out_of_core = len(data.chunks[axis]) > 1 and data.nbytes > budget / 2
     # out of core, slabs of the grid cut along one axis only (the outermost): a chunk is a slab

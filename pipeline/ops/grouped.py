@@ -19,66 +19,34 @@ from pydantic import StrictBool
 
 from ..backend import backend_of, meta, xp_of
 from ..deferred import module as _deferred
-from ..errors import InputError
 from ..exec import spill
 from ..kernels.launch import from_2d, to_2d
 from ..reduce import aggregation as agg
-from ._common import _as_dask, _axis, _finish, float_dtype
+from ._common import _as_dask, _check, _finish, float_dtype
 from .metadata import Produces, group_name, input_name as _name, is_daily, on_daily, period, steps_units
-from .params import TO_KELVIN, Dim, Frequency, Threshold, check_threshold, parse_quantity
+from .params import Dim, Frequency, Threshold
 from .registry import register
+from .shapes import threshold_in_units_of
 
 da = _deferred("dask.array")  # imported when the first graph is built
 
 Freq = Literal["month", "dayofyear"]
 
 
-def _time(x: xr.DataArray, dim: str = "time") -> xr.DataArray:
-    _axis(x, dim)
-    t = x[dim]
-    if not (np.issubdtype(t.dtype, np.datetime64) or t.dtype == object):
-        raise InputError(f"dimension {dim!r} of {x.name!r} must hold dates (datetime64 or cftime), got {t.dtype}")
-    return t
-
-
 def _group_labels(x: xr.DataArray, freq: str, dim: str) -> np.ndarray:
-    if freq not in ("month", "dayofyear"):
-        raise InputError(f"freq must be 'month' or 'dayofyear', got {freq!r}")
-    return np.asarray(getattr(_time(x, dim).dt, freq).values, dtype=np.int64)
+    """The month or day of year of every step (the op's checks have found dates along ``dim``)."""
+    return np.asarray(getattr(x[dim].dt, freq).values, dtype=np.int64)
 
 
 def _bins(x: xr.DataArray, freq: str, dim: str) -> tuple[np.ndarray, pd.Index]:
     """Bin number of every step and the label of every bin (empty bins included), as xarray's
-    ``resample({dim: freq})`` makes them."""
-    t = _time(x, dim)
-    try:
-        index = t.to_index()
-        grouped = pd.Series(np.arange(index.size), index=index).groupby(pd.Grouper(freq=freq))
-        return grouped.ngroup().to_numpy(np.int64), grouped.size().index
-    except (ValueError, TypeError) as e:
-        raise InputError(f"freq {freq!r} is not a pandas frequency for dimension {dim!r} of {x.name!r}: {e}") from None
+    ``resample({dim: freq})`` makes them (the op's checks have found dates and a frequency)."""
+    index = x[dim].to_index()
+    grouped = pd.Series(np.arange(index.size), index=index).groupby(pd.Grouper(freq=freq))
+    return grouped.ngroup().to_numpy(np.int64), grouped.size().index
 
 
 # --- thresholds with units --------------------------------------------------------------------------
-
-
-def threshold_in_units_of(x: xr.DataArray, threshold: float | str) -> float:
-    """A threshold in the data's units: a number is taken as is; ``"25 degC"`` is converted, as
-    xclim's quantities are, for temperatures in K, degC or degF."""
-    try:
-        threshold = check_threshold(threshold)
-        if not isinstance(threshold, str):
-            return threshold
-        value, units = parse_quantity(threshold)
-    except ValueError:
-        raise InputError(f"threshold must be a number or a temperature such as '25 degC', got {threshold!r}") from None
-    data_units = x.attrs.get("units")
-    if data_units not in TO_KELVIN:
-        raise InputError(f"threshold {threshold!r} has units but {x.name!r} has units {data_units!r} (expected K, degC or degF)")
-    scale, offset = TO_KELVIN[units]
-    kelvin = value * scale + offset
-    scale, offset = TO_KELVIN[data_units]
-    return (kelvin - offset) / scale
 
 
 def _threshold_text(x: xr.DataArray, threshold: float | str) -> str:
@@ -113,7 +81,8 @@ def _new_time_dim(x, data, axis, name, labels, eager):
 
 def _climatology_data(op, x: xr.DataArray, freq: str, dim: str):
     data, eager = _as_dask(x)
-    axis = _axis(x, dim)
+    _check(op, x, freq=freq, dim=dim)
+    axis = x.get_axis_num(dim)
     labels = _group_labels(x, freq, dim)
     kernel = op.kernel(agg.GROUP_MEAN.chunk, backend_of(data))
     clim = agg.group_reduce(data, agg.GROUP_MEAN, labels, axis, np.float64, kernel=kernel)
@@ -176,7 +145,8 @@ def _subtract_block(block, position, clim, kernel, axis, out_dtype):
 
 def _binned(op, x: xr.DataArray, red: agg.Aggregation, freq: str, dim: str, out_dtype) -> xr.DataArray:
     data, eager = _as_dask(x)
-    axis = _axis(x, dim)
+    _check(op, x, freq=freq, dim=dim)
+    axis = x.get_axis_num(dim)
     bins, labels = _bins(x, freq, dim)
     kernel = op.kernel(red.chunk, backend_of(data))
     out = agg.binned_reduce(data, red, bins, len(labels), axis, out_dtype, kernel=kernel)

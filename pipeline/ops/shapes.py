@@ -5,9 +5,10 @@ a graph, so without importing dask.array.
 xarray imports dask.array (where it is installed) as soon as it wraps a NumPy array, so the checks
 hold no xarray object: a :class:`Meta` holds a variable's dimensions and sizes, the indexes of its
 dimension coordinates (pandas, as xarray opened them, nothing read), the names and attributes of
-its coordinates and its own attributes. :func:`check` runs an op's checks on its input's Meta,
-with the op's own messages, and returns its result's Meta, so the steps of a flow are checked in
-a chain as its graph would be built.
+its coordinates and its own attributes. :func:`check` runs an op's checks on its input's Meta
+and returns its result's Meta, so the steps of a flow are checked in a chain as its graph would be
+built; the ops run the same checks on their input as they build their graphs, so each check and
+its message live here alone.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
-from .grouped import threshold_in_units_of
 from .metadata import SAME
+from .params import TO_KELVIN, check_threshold, parse_quantity
 from .registry import Op
 
 
@@ -29,7 +30,7 @@ class Meta:
     """What the checks know of a variable: ``coords`` maps each coordinate's name to its
     attributes, ``indexes`` each dimension coordinate to its pandas index."""
 
-    name: str
+    name: str | None
     dims: tuple[str, ...]
     sizes: dict[str, int]
     coords: dict[str, dict] = field(default_factory=dict)
@@ -37,13 +38,14 @@ class Meta:
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
-def meta_of(ds, name: str) -> Meta:
-    """The Meta of variable ``name`` of a dataset opened lazily by xarray (nothing is read)."""
-    v = ds[name]
+def meta_of(ds, name: str | None = None) -> Meta:
+    """The Meta of variable ``name`` of a dataset opened lazily by xarray (nothing is read), or
+    of the DataArray ``ds`` itself where no name is given (an op's input, as it builds its graph)."""
+    v = ds if name is None else ds[name]
     return Meta(
-        name, tuple(map(str, v.dims)), {str(d): int(n) for d, n in v.sizes.items()},
+        v.name, tuple(map(str, v.dims)), {str(d): int(n) for d, n in v.sizes.items()},
         coords={str(k): dict(c.attrs) for k, c in v.coords.items()},
-        indexes={str(k): ds.indexes[k] for k in v.dims if k in ds.indexes},
+        indexes={str(k): v.indexes[k] for k in v.dims if k in v.indexes},
         attrs=dict(v.attrs),
     )
 
@@ -99,7 +101,7 @@ def _weighted_mean(x, dims, weights):
     dims = (dims,) if isinstance(dims, str) else tuple(dims)
     for d in dims:
         _axis(x, d)
-    if weights == "coslat" and not any(_is_latitude(k, a) for k, a in x.coords.items()):
+    if isinstance(weights, str) and weights == "coslat" and not any(_is_latitude(k, a) for k, a in x.coords.items()):
         raise InputError(
             f"weights='coslat' needs a latitude coordinate on {x.name!r} "
             "(named lat or latitude, or with standard_name 'latitude')"
@@ -146,6 +148,9 @@ def _saturation_vapor_pressure(x, method):
 
 
 def _groups(x: Meta, freq: str, dim: str) -> pd.Index:
+    _axis(x, dim)
+    if freq not in ("month", "dayofyear"):
+        raise InputError(f"freq must be 'month' or 'dayofyear', got {freq!r}")
     index = _dates(x, dim)
     attr = "day_of_year" if freq == "dayofyear" and isinstance(index, pd.DatetimeIndex) else freq  # cftime: dayofyear
     return pd.Index(np.unique(np.asarray(getattr(index, attr), dtype=np.int64)), name=freq)
@@ -158,6 +163,25 @@ def _climatology(x, freq, dim):
 def _anomaly(x, freq, dim):
     _groups(x, freq, dim)
     return x
+
+
+def threshold_in_units_of(x, threshold: float | str) -> float:
+    """A threshold in the units of ``x`` (a DataArray or a Meta): a number is taken as is;
+    ``"25 degC"`` is converted, as xclim's quantities are, for temperatures in K, degC or degF."""
+    try:
+        threshold = check_threshold(threshold)
+        if not isinstance(threshold, str):
+            return threshold
+        value, units = parse_quantity(threshold)
+    except ValueError:
+        raise InputError(f"threshold must be a number or a temperature such as '25 degC', got {threshold!r}") from None
+    data_units = x.attrs.get("units")
+    if data_units not in TO_KELVIN:
+        raise InputError(f"threshold {threshold!r} has units but {x.name!r} has units {data_units!r} (expected K, degC or degF)")
+    scale, offset = TO_KELVIN[units]
+    kelvin = value * scale + offset
+    scale, offset = TO_KELVIN[data_units]
+    return (kelvin - offset) / scale
 
 
 def _binned(x, freq, dim, threshold=None, **_):
