@@ -7,7 +7,8 @@ pipeline.genomics`` (the names and parameters are sgkit's), each in a fresh proc
 - ``popgen``: ``window_by_variant`` (1,000 variants), then ``diversity`` + ``Fst`` by cohort;
 - ``gwas``: ``gwas_linear_regression`` of ``sample_trait`` on the alternate-allele dosage with
   ``sample_covariate``;
-- ``pca``: ``pca`` (10 components, tsqr) of the alternate-allele counts;
+- ``pca``: ``pca`` (10 components; ``--pca-algorithm`` tsqr or randomized) of the alternate-allele
+  counts;
 - ``distance``: ``pairwise_distance`` (euclidean) between the first ``--distance-samples``
   samples over the first ``--distance-variants`` variants.
 
@@ -15,7 +16,13 @@ Every group works on the store's biallelic variants (the HWE test and PCA need t
 and ``gwas`` missing calls count as the reference allele and monomorphic variants are left out,
 as sgkit's PCA requires. That selection is made once, before any timing, the same for both. A
 process times its import and opening, the first run of its group and a second (warm) run; the
-parent times the whole process and checks that pipeline's results equal sgkit's.
+parent times the whole process and checks that pipeline's results equal sgkit's (or, without
+sgkit, the first tool's).
+
+A tool named ``pipeline-gpu@4GB`` runs under that device budget (``pipeline.gpu.memory-limit``;
+``pipeline-cpu@4GB``: ``pipeline.cpu.memory-limit``), to show an out-of-core run; pipeline's
+processes report the most device memory CuPy's pool held and the host's peak resident set.
+``--sgkit-runs 1`` times sgkit's first run only, where its runs on a large store take minutes.
 
 sgkit 0.10 pins zarr<3; its code runs on current numpy/dask/xarray when installed without its
 pins (``pip install --no-deps --target DIR sgkit==0.10.0 scikit-learn``; ``--sgkit DIR``), and
@@ -60,7 +67,7 @@ def _dosage(ds):
     return ds.assign(call_alternate_allele_count=ac, call_dosage=ac.astype("float64")).isel(variants=keep)
 
 
-def _analysis(group: str, sg, ds, distance_shape):
+def _analysis(group: str, sg, ds, distance_shape, pca_algorithm: str = "tsqr"):
     if group == "counting":
         v = sg.variant_stats(ds, merge=False)
         s = sg.sample_stats(ds, merge=False)
@@ -76,7 +83,7 @@ def _analysis(group: str, sg, ds, distance_shape):
         return {"variant_linreg_beta": r.variant_linreg_beta, "variant_linreg_p_value": r.variant_linreg_p_value}
     if group == "pca":
         d = ds.assign(call_alternate_allele_count=ds.call_alternate_allele_count.chunk({"samples": -1}))
-        r = sg.pca(d, n_components=10, algorithm="tsqr", merge=False)
+        r = sg.pca(d, n_components=10, algorithm=pca_algorithm, merge=False)
         return {"sample_pca_explained_variance": r.sample_pca_explained_variance}
     if group == "distance":
         nv, ns = distance_shape
@@ -85,11 +92,13 @@ def _analysis(group: str, sg, ds, distance_shape):
     raise ValueError(group)
 
 
-def one(tool: str, group: str, store: str, distance_shape) -> dict:
-    """Run ``group`` with ``tool`` in this process: seconds of import + open, first run, warm run."""
+def one(tool: str, group: str, store: str, distance_shape, pca_algorithm: str = "tsqr", runs: int = 2) -> dict:
+    """Run ``group`` with ``tool`` in this process: seconds of import + open, first run, warm run
+    (None where ``runs`` is 1)."""
     import numpy as np
 
-    if tool == "sgkit":
+    base = tool.split("@")[0]
+    if base == "sgkit":
         import dask
         import sgkit as sg
         import xarray as xr
@@ -101,7 +110,7 @@ def one(tool: str, group: str, store: str, distance_shape) -> dict:
         import pipeline
         import pipeline.genomics as sg
 
-        ds = pipeline.open_dataset(store, backend=tool.removeprefix("pipeline-"))
+        ds = pipeline.open_dataset(store, backend=base.removeprefix("pipeline-"))
         compute, to_numpy = (lambda *xs: pipeline.compute(list(xs))), pipeline.to_numpy
     t_ready = time.perf_counter()
     ds = _select(ds, tool)
@@ -109,15 +118,21 @@ def one(tool: str, group: str, store: str, distance_shape) -> dict:
         ds = _dosage(ds)
     t_selected = time.perf_counter()
     times, values = [], None
-    for _ in range(2):
+    for _ in range(runs):
         t = time.perf_counter()
-        out = _analysis(group, sg, ds, distance_shape)
+        out = _analysis(group, sg, ds, distance_shape, pca_algorithm)
         keys = list(out)
         results = compute(*[v.data if hasattr(v, "dims") else v for v in out.values()])
         times.append(time.perf_counter() - t)
         values = {k: np.asarray(to_numpy(r), dtype=np.float64) for k, r in zip(keys, results)}
+    memory = {}
+    if base != "sgkit":
+        from pipeline.exec.memory import usage
+
+        memory = usage(base.removeprefix("pipeline-"))
     return {"tool": tool, "group": group, "import_open_seconds": t_ready - T_START,
-            "select_seconds": t_selected - t_ready, "first_seconds": times[0], "warm_seconds": times[1],
+            "select_seconds": t_selected - t_ready, "first_seconds": times[0],
+            "warm_seconds": times[1] if len(times) > 1 else None, "memory": memory,
             "values": {k: v.tolist() if v.size <= 64 else None for k, v in values.items()},
             "digest": {k: [float(np.nansum(v)), float(np.nanmax(np.abs(v))) if np.isfinite(v).any() else 0.0,
                            int(np.isnan(v).sum()), list(v.shape)] for k, v in values.items()}}
@@ -143,22 +158,30 @@ def main(argv=None) -> int:
     p.add_argument("--distance-variants", type=int, default=20_000)
     p.add_argument("--distance-samples", type=int, default=2_000)
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--pca-algorithm", choices=("tsqr", "randomized"), default="tsqr")
+    p.add_argument("--sgkit-runs", type=int, choices=(1, 2), default=2,
+                   help="runs of sgkit in each process (1: its first only)")
     p.add_argument("--json")
     p.add_argument("--one", nargs=2, metavar=("TOOL", "GROUP"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     shape = (a.distance_variants, a.distance_samples)
     if a.one:
-        print("RESULT " + json.dumps(one(a.one[0], a.one[1], a.store, shape)), flush=True)
+        runs = a.sgkit_runs if a.one[0] == "sgkit" else 2
+        print("RESULT " + json.dumps(one(a.one[0], a.one[1], a.store, shape, a.pca_algorithm, runs)), flush=True)
         return 0
     rows = []
     for group in a.groups.split(","):
         by_tool = {}
         for tool in a.tools.split(","):
             env = dict(os.environ)
+            if "@" in tool:  # a budget: pipeline-gpu@4GB
+                side = "GPU" if tool.startswith("pipeline-gpu") else "CPU"
+                env[f"DASK_PIPELINE__{side}__MEMORY_LIMIT"] = tool.split("@", 1)[1]
             if tool == "sgkit" and a.sgkit:
                 env["PYTHONPATH"] = os.pathsep.join([a.sgkit, env.get("PYTHONPATH", "")])
             cmd = [sys.executable, __file__, a.store, "--one", tool, group, "--distance-variants", str(shape[0]),
-                   "--distance-samples", str(shape[1])]
+                   "--distance-samples", str(shape[1]), "--pca-algorithm", a.pca_algorithm,
+                   "--sgkit-runs", str(a.sgkit_runs)]
             t = time.perf_counter()
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
@@ -173,15 +196,27 @@ def main(argv=None) -> int:
             r = json.loads(line[-1][7:]) | {"process_seconds": wall}
             by_tool[tool] = r
             rows.append(r)
-            print(f"{group:9s} {tool:13s} process {wall:7.2f} s  first {r['first_seconds']:7.3f} s  warm {r['warm_seconds']:7.3f} s"
-                  f"  (import+open {r['import_open_seconds']:.2f} s, selection {r['select_seconds']:.2f} s)", flush=True)
-        ref = by_tool.get("sgkit")
+            warm = "-" if r["warm_seconds"] is None else f"{r['warm_seconds']:7.3f}"
+            held = ""
+            if r["memory"].get("gpu_pool_peak_bytes"):
+                held = f", device pool peak {r['memory']['gpu_pool_peak_bytes'] / 1e9:.2f} GB"
+            if r["memory"].get("host_peak_rss_bytes"):
+                held += f", host peak RSS {r['memory']['host_peak_rss_bytes'] / 1e9:.2f} GB"
+            print(f"{group:9s} {tool:13s} process {wall:7.2f} s  first {r['first_seconds']:7.3f} s  warm {warm} s"
+                  f"  (import+open {r['import_open_seconds']:.2f} s, selection {r['select_seconds']:.2f} s{held})", flush=True)
+        ref_name = "sgkit" if "sgkit" in by_tool else next(iter(by_tool), None)
+        ref = by_tool.get(ref_name)
         for tool, r in by_tool.items():
-            if ref is not None and tool != "sgkit":
-                r["agrees_with_sgkit"] = _agree(r, ref)
-                print(f"{group:9s} {tool:13s} vs sgkit: first {ref['first_seconds'] / r['first_seconds']:.1f}x, "
-                      f"warm {ref['warm_seconds'] / r['warm_seconds']:.1f}x, process {ref['process_seconds'] / r['process_seconds']:.1f}x; "
-                      f"results differ by {r['agrees_with_sgkit']}", flush=True)
+            if ref is None or tool == ref_name:
+                continue
+            r["agrees_with"] = ref_name
+            r["agrees_with_sgkit" if ref_name == "sgkit" else "agrees_with_first"] = diff = _agree(r, ref)
+            # sgkit's warm run, or its only run where it ran once
+            ref_warm = ref["warm_seconds"] or ref["first_seconds"]
+            warm = f"{ref_warm / r['warm_seconds']:.1f}x" if r["warm_seconds"] else "-"
+            print(f"{group:9s} {tool:13s} vs {ref_name}: first {ref['first_seconds'] / r['first_seconds']:.1f}x, "
+                  f"warm {warm}, process {ref['process_seconds'] / r['process_seconds']:.1f}x; "
+                  f"results differ by {diff}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -332,3 +332,28 @@ def test_pca_tsqr_out_of_core_reads_its_input_again():
     # in core the Gram tiles take the blocks the statistics took; out of core blocks of their own
     assert read - held and held - read  # the same statistics, other blocks
     assert_pca(out.compute(), "tsqr64", F64)
+
+
+def test_gram_chains_fewer_where_tiles_are_many():
+    """About CHAINS independent chains in all: 8 chains for one tile, one a tile for 28 tiles, so
+    that 25,000 samples hold 28 partials of 134 MB rather than 224."""
+    from pipeline.ops.genomics.pca import CHAINS, chains_per_tile, tsqr_device_bytes
+
+    assert chains_per_tile(1) == CHAINS
+    assert chains_per_tile(2) == 3  # 3 tiles on and above the diagonal
+    assert chains_per_tile(3) == 2
+    assert chains_per_tile(7) == 1
+    assert tsqr_device_bytes(25_000) == 3 * 25_000**2 * 8
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_pca_tsqr_refuses_a_device_budget_below_its_eigendecomposition():
+    import dask
+
+    data = pca_data(np.float64, (100, -1), backend="gpu")
+    n = data.sizes["samples"]
+    with dask.config.set({"pipeline.gpu.memory-limit": f"{3 * n * n * 8 - 1}B"}):
+        with pytest.raises(InputError, match="algorithm='randomized'"):
+            sg.pca(data, n_components=4, merge=False)
+        sg.pca(data, n_components=4, algorithm="randomized", merge=False)  # no such limit

@@ -24,7 +24,9 @@ variants x 25,000 samples (10 GB of int8 genotypes) on one GPU in bounded memory
   the same blocks). Memory depends on the samples only: ``G`` is N^2 float64 (5 GB at 25,000
   samples), summed from tiles of at most ``TILE`` samples a side (partials of 134 MB), and the
   eigendecomposition (LAPACK's or cuSOLVER's syevd, O(N^3): the step that grows fastest, tens of
-  seconds at 25,000 samples on one GPU) holds about three N^2 arrays. In float64 the squared
+  seconds at 25,000 samples on one GPU) holds about three N^2 arrays: on the GPU, a device budget
+  below that (15 GB at 25,000 samples) is refused when the op is called, naming the randomized
+  algorithm, whose memory does not grow with N^2. In float64 the squared
   condition number costs nothing that matters: a singular value ``s_i`` comes out within about
   1e-16 (s_1 / s_i)^2 relative, far below float32 rounding for the leading components PCA keeps.
   dask's tsqr on the same data would need blocks of more variants than samples (25,000 x 25,000,
@@ -72,9 +74,13 @@ ALT = "call_alternate_allele_count"
 # samples a side of the Gram matrix's tiles: a tile's partial is TILE^2 float64 (134 MB), however
 # many samples there are; blocks of variants are the input's
 TILE = 4096
-# chains a tile of the Gram matrix is folded in along the blocks of variants (:func:`_gram_folded`):
-# independent tasks for the threads (tiles x chains of them), one sum a tile and a chain held
+# independent chains of the Gram fold (:func:`_gram_folded`), about: tiles x chains a tile, each
+# chain holding one partial of its tile; a tile is folded in fewer chains where there are many
+# tiles (25,000 samples: 28 tiles of 134 MB, one chain each rather than 8 x 28 partials)
 CHAINS = 8
+# device memory the exact algorithm holds at its peak, in Gram matrices (N^2 float64): the matrix,
+# and the eigenvectors and workspace of syevd (cuSOLVER's measured at about twice the matrix)
+EIGH_MATRICES = 3
 # dask's svd_compressed: the sampled subspace is max(MIN_SUBSPACE, n_components + OVERSAMPLES)
 OVERSAMPLES = 10
 MIN_SUBSPACE = 20
@@ -184,6 +190,7 @@ def pca(
                             meta=B.meta(backend, ACC, 2), token=token)
 
     if algorithm == "tsqr":
+        _check_fits(n_samples, backend, name)
         u, s, components = _tsqr(x, stats, check, k, scaled, op, backend)
         projection = u * s
     else:
@@ -267,8 +274,8 @@ def _tsqr(x, stats, check, k: int, scaled, op, backend):
 
 
 def _gram_folded(x, mean, scale, kernel, backend) -> "da.Array":
-    """``X^T X`` by tiles of samples, each tile folded along the blocks of variants in ``CHAINS``
-    chains: the task of block ``k`` adds its part to what the chain's task of block ``k - 1``
+    """``X^T X`` by tiles of samples, each tile folded along the blocks of variants in a few chains
+    (:func:`chains_per_tile`): the task of block ``k`` adds its part to what the chain's task of block ``k - 1``
     passed it, and the chains' sums are added at the end. Only tiles on and above the diagonal are
     computed; those below are their transposes (the matrix is symmetric: half the work).
 
@@ -288,7 +295,7 @@ def _gram_folded(x, mean, scale, kernel, backend) -> "da.Array":
     token = tokenize(x.name, mean.name, scale.name, "gram-fold")
     fold, total = f"patterson-gram-fold-{token}", f"patterson-gram-{token}"
     step = functools.partial(_gram_step, kernel=kernel)
-    edges = np.linspace(0, nk, min(nk, CHAINS) + 1).round().astype(int)
+    edges = np.linspace(0, nk, min(nk, chains_per_tile(nt)) + 1).round().astype(int)
     dsk, ends = {}, {}
     for i in range(nt):
         for j in range(i, nt):
@@ -303,6 +310,37 @@ def _gram_folded(x, mean, scale, kernel, backend) -> "da.Array":
             dsk[(total, i, j)] = (_summed, ends[(i, j)]) if i <= j else (_transposed, (total, j, i))
     graph = HighLevelGraph.from_collections(total, dsk, dependencies=[x, mean, scale])
     return da.Array(graph, total, (tiles, tiles), meta=B.meta(backend, ACC, 2))
+
+
+def chains_per_tile(n_tiles: int) -> int:
+    """Chains a tile is folded in: about ``CHAINS`` independent chains in all, at least one a tile
+    (of the tiles on and above the diagonal, ``n_tiles`` a side)."""
+    upper = n_tiles * (n_tiles + 1) // 2
+    return -(-CHAINS // upper)
+
+
+def tsqr_device_bytes(n_samples: int) -> int:
+    """Device bytes the exact algorithm holds at its peak: the eigendecomposition of the
+    ``n_samples``-square Gram matrix (``EIGH_MATRICES`` of them), which is not done by blocks."""
+    return EIGH_MATRICES * n_samples * n_samples * np.dtype(ACC).itemsize
+
+
+def _check_fits(n_samples: int, backend, name: str) -> None:
+    """Refuse, when the op is called, an exact PCA whose eigendecomposition cannot fit the device
+    budget (``pipeline.gpu.memory-limit``) rather than fail with CuPy's out-of-memory error far into
+    the run. Only where this process sees the GPU (a distributed client may not)."""
+    if backend != "gpu" or not B.gpu_available():
+        return
+    need, budget = tsqr_device_bytes(n_samples), B.memory_budget("gpu")
+    if need > budget:
+        from dask.utils import format_bytes
+
+        raise InputError(
+            f"{name}: algorithm='tsqr' on {n_samples:,} samples decomposes a {n_samples:,}-square float64 Gram matrix "
+            f"on the GPU, about {format_bytes(need)}, above the device budget of {format_bytes(budget)} "
+            "(pipeline.gpu.memory-limit): raise the budget, or use algorithm='randomized', whose memory grows with "
+            "the samples times the components"
+        )
 
 
 def _gram_step(prev, ac_i, ac_j, mean, scale, *, kernel):
