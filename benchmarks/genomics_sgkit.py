@@ -55,13 +55,12 @@ def _select(ds, sg_name: str):
     return ds
 
 
-def _dosage(ds):
+def _dosage(ds, compute):
     import numpy as np
-    import dask
 
     ac = ds["call_genotype"].clip(0).sum("ploidy").astype("int8")
-    total = ac.sum("samples").data
-    (total,) = dask.compute(total)
+    total = ac.sum("samples", dtype="int32").data
+    (total,) = compute(total)
     total = np.asarray(total.get() if hasattr(total, "get") else total)
     keep = np.flatnonzero((total > 0) & (total < 2 * ds.sizes["samples"]))
     return ds.assign(call_alternate_allele_count=ac, call_dosage=ac.astype("float64")).isel(variants=keep)
@@ -115,7 +114,7 @@ def one(tool: str, group: str, store: str, distance_shape, pca_algorithm: str = 
     t_ready = time.perf_counter()
     ds = _select(ds, tool)
     if group in ("gwas", "pca", "distance"):
-        ds = _dosage(ds)
+        ds = _dosage(ds, compute)
     t_selected = time.perf_counter()
     times, values = [], None
     for _ in range(runs):

@@ -164,3 +164,16 @@ def test_the_gpus_whole_block_kernel_equals_the_cpus_slabs():
     np.testing.assert_allclose(whole[7, :, 0], coef[-1], rtol=1e-10)
     se = np.sqrt(rss / args["dof"] * np.linalg.inv(design.T @ design)[-1, -1])
     np.testing.assert_allclose(whole[7, :, 1], coef[-1] / se, rtol=1e-10)
+
+
+def test_gpu_blocks_split_to_the_block_size(monkeypatch):
+    """On the GPU a block read holds several stored chunks of int8 calls; the regression's float64
+    copy of it is split into blocks of the read block size (splits only, never merges)."""
+    from pipeline.exec import memory
+    from pipeline.ops.genomics.gwas import _split_rows
+
+    monkeypatch.setattr(memory, "block_target", lambda backend: 400 * 25_000 * 8)
+    assert _split_rows((1000, 1000, 37), 25_000, "gpu") == (334, 333, 333, 334, 333, 333, 37)
+    assert _split_rows((1000, 37), 25_000, "cpu") == (1000, 37)
+    monkeypatch.setattr(memory, "block_target", lambda backend: 0)
+    assert _split_rows((1000, 37), 25_000, "gpu") == (1000, 37)

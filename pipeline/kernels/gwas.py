@@ -43,7 +43,7 @@ def linreg_block(g, *, w, gram, qyp, yps, dof: int):
     variant does not vary once the covariates are out (0 / 0), as in sgkit. Written against the
     array module of ``g``: on the GPU, the whole block at once."""
     xp = xp_of(g)
-    gf = g.astype(ACC)
+    gf = g.astype(ACC, copy=False)  # float64 dosages are used as they are
     p = gram.shape[0]
     gw = gf @ w  # (variants, p + traits): A = G Q, and G Y_P
     a, gy = gw[:, :p], gw[:, p:]

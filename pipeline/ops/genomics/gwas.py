@@ -121,7 +121,10 @@ def gwas_linear_regression(
     qyp = (q.T @ yp).rechunk((-1, -1))
     yps = (yp * yp).sum(axis=0).rechunk(-1)
 
-    gd = as_dask(g).rechunk({1: -1})  # every sample of a block of variants in one task
+    gd = as_dask(g)
+    # blocks of variants split first (views of the blocks read), then every sample of a block of
+    # variants in one task
+    gd = gd.rechunk({0: _split_rows(gd.chunks[0], n, backend)}).rechunk({1: -1})
     stats = da.blockwise(
         _linreg_task, "vtk",
         op.kernel("linreg_block", backend), None, gd, "vs", w, "sc", gram, "pq", qyp, "pt", yps, "t", dof, None,
@@ -141,6 +144,23 @@ def gwas_linear_regression(
 
 
 __all__ = ["gwas_linear_regression"]
+
+
+def _split_rows(chunks: tuple[int, ...], n_samples: int, backend: str) -> tuple[int, ...]:
+    """Blocks of variants whose float64 copy (the kernel's working block) fits the block size the
+    backend reads (:func:`pipeline.exec.memory.block_target`): on the GPU a block reads several
+    stored chunks of int8 calls, and its float64 copy is eight times larger (30,000 variants x
+    25,000 samples: 6 GB a block, which eight threads overran 120 GB of device memory with).
+    Stored blocks are split, never merged (a split is a view of the block read). The CPU's
+    kernel works in slabs of its own (``pipeline.kernels.gwas.linreg_block_cpu``)."""
+    from ...exec.memory import block_target
+    from ._dataset import even_chunks
+
+    target = block_target(backend) if backend == "gpu" else 0
+    if not target:
+        return chunks
+    rows = max(1, target // (max(1, n_samples) * np.dtype(np.float64).itemsize))
+    return tuple(c for chunk in chunks for c in even_chunks(chunk, rows))
 
 
 def _qr_on_host(block, backend: str):
