@@ -58,7 +58,8 @@ def _select(ds, sg_name: str):
 def _dosage(ds, compute):
     import numpy as np
 
-    ac = ds["call_genotype"].clip(0).sum("ploidy").astype("int8")
+    # int8 throughout (a sum over the ploidy in NumPy's default int64 would be 8 bytes a call)
+    ac = ds["call_genotype"].clip(0).sum("ploidy", dtype="int8")
     total = ac.sum("samples", dtype="int32").data
     (total,) = compute(total)
     total = np.asarray(total.get() if hasattr(total, "get") else total)
