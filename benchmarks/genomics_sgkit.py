@@ -64,7 +64,9 @@ def _dosage(ds, compute):
     (total,) = compute(total)
     total = np.asarray(total.get() if hasattr(total, "get") else total)
     keep = np.flatnonzero((total > 0) & (total < 2 * ds.sizes["samples"]))
-    return ds.assign(call_alternate_allele_count=ac, call_dosage=ac.astype("float64")).isel(variants=keep)
+    # the variants kept first, then the float64 dosage (8 bytes a call) from the kept counts
+    ds = ds.assign(call_alternate_allele_count=ac).isel(variants=keep)
+    return ds.assign(call_dosage=ds["call_alternate_allele_count"].astype("float64"))
 
 
 def _analysis(group: str, sg, ds, distance_shape, pca_algorithm: str = "tsqr"):
