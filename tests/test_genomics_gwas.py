@@ -177,3 +177,16 @@ def test_gpu_blocks_split_to_the_block_size(monkeypatch):
     assert _split_rows((1000, 37), 25_000, "cpu") == (1000, 37)
     monkeypatch.setattr(memory, "block_target", lambda backend: 0)
     assert _split_rows((1000, 37), 25_000, "gpu") == (1000, 37)
+
+
+def test_memory_plan_counts_the_chunks_of_samples_a_block_is_cut_from():
+    """A block of all samples holds a block of each chunk of samples until it is cut: the plan
+    counts that many more blocks a thread."""
+    from pipeline.exec import memory
+
+    ds = gwas_dataset()
+    one = sg.gwas_linear_regression(ds, **CASES["split"], merge=False)
+    chunked = ds.chunk({"samples": ds.sizes["samples"] // 3 + 1})
+    three = sg.gwas_linear_regression(chunked, **CASES["split"], merge=False)
+    base = memory.graph_blocks_per_thread(one.variant_linreg_beta.data)
+    assert memory.graph_blocks_per_thread(three.variant_linreg_beta.data) == base + 3

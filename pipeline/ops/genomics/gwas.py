@@ -18,6 +18,7 @@ import xarray as xr
 from ...backend import meta, module, to_backend, to_numpy
 from ...deferred import module as _deferred
 from ...errors import InputError
+from ...reduce.declare import declare
 from ..registry import register
 from ._dataset import as_dask, backend_of_dataset, merge as merge_datasets, variable
 
@@ -122,6 +123,7 @@ def gwas_linear_regression(
     yps = (yp * yp).sum(axis=0).rechunk(-1)
 
     gd = as_dask(g)
+    sample_chunks = len(gd.chunks[1])
     # blocks of variants split first (views of the blocks read), then every sample of a block of
     # variants in one task
     gd = gd.rechunk({0: _split_rows(gd.chunks[0], n, backend)}).rechunk({1: -1})
@@ -130,6 +132,12 @@ def gwas_linear_regression(
         op.kernel("linreg_block", backend), None, gd, "vs", w, "sc", gram, "pq", qyp, "pt", yps, "t", dof, None,
         new_axes={"k": 2}, concatenate=True, dtype=np.float64, meta=meta(backend, np.float64, 3),
     )
+    if sample_chunks > 1:
+        # a block of all samples is cut from a block of each chunk of samples, which stay alive
+        # until every cut of them is made: that many more blocks a thread, for the memory plan
+        # (10 GB of float64 dosages in 3 chunks of samples overran a 3.3 GB device budget at 5
+        # threads, planned with two blocks a thread)
+        declare(stats, extra_blocks=sample_chunks)
     beta = stats[..., 0].astype(out_dtype)
     t = stats[..., 1].astype(out_dtype)
     pval = t.map_blocks(op.kernel("linreg_p_value", backend), dof, dtype=np.float64, meta=meta(backend, np.float64, 2))
