@@ -8,7 +8,9 @@ compiles):
 - GPU: the arrays on the device, timed with CUDA events; a device-to-device copy of the array is
   timed in the same run for comparison (``gb_per_s``: bytes read + written; ``copy_read_gb_per_s``:
   read only). A counting kernel reads the array once and writes little: the copy's total is the
-  ceiling for its GB/s read;
+  ceiling for its GB/s read. ``path`` says which kernel counted: ``words`` (int8, ploidy 2, two
+  alleles: the word kernels) or ``generic``; where the word kernels run, the generic kernel is
+  timed too, on the same array, for comparison;
 - CPU: the Numba loops, on one thread over the whole array, and on ``--threads`` threads over
   slabs of variants (the loops release the GIL, as Dask's threads run them).
 
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline import backend as B  # noqa: E402
 from pipeline import kernels  # noqa: E402
+from pipeline.kernels import genotypes  # noqa: E402
 
 KERNELS = ("variant_call_counts", "sample_call_counts", "variant_genotype_counts", "call_allele_counts")
 
@@ -81,8 +84,13 @@ def gpu_rows(g: np.ndarray, alleles: int, repeat: int) -> list[dict]:
                  "copy_read_gb_per_s": g.nbytes / seconds / 1e9})
     for name in KERNELS:
         kernel = kernels.get(name, "gpu")
-        seconds = median_seconds(timed(lambda k=kernel, n=name: k(d, *args_of(n, alleles))), repeat)
-        rows.append({"backend": "gpu", "kernel": name, "seconds": seconds, "gb_per_s": g.nbytes / seconds / 1e9})
+        args = args_of(name, alleles)
+        paths = ["words", "generic"] if genotypes.word_path(d, *args[:1]) else ["generic"]
+        for path in paths:
+            run = timed(lambda k=kernel, a=args, w=path == "words": k(d, *a, words=w))
+            seconds = median_seconds(run, repeat)
+            rows.append({"backend": "gpu", "kernel": name, "path": path, "seconds": seconds,
+                         "gb_per_s": g.nbytes / seconds / 1e9})
     return rows
 
 
@@ -136,7 +144,8 @@ def main(argv=None) -> dict:
     print(f"call_genotype {g.shape} int8, {g.nbytes / 1e9:.3f} GB, {a.alleles} alleles")
     for r in rows:
         where = r["backend"] + (f" ({r['threads']})" if "threads" in r else "")
-        print(f"  {where:<18} {r['kernel']:<26} {r['seconds'] * 1e3:9.3f} ms  {r['gb_per_s']:8.2f} GB/s read")
+        print(f"  {where:<18} {r['kernel']:<26} {r.get('path', ''):<8} {r['seconds'] * 1e3:9.3f} ms"
+              f"  {r['gb_per_s']:8.2f} GB/s read")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2))
     return out

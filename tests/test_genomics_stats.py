@@ -388,19 +388,136 @@ def test_cuda_hwe_kernel_equals_the_cpu_kernel():
     np.testing.assert_array_equal(K.hwe_exact_gpu(het, hom1, hom2, threads=32), K.hwe_exact_cpu(het, hom1, hom2))
 
 
+# --- the word kernels: int8, diploid, biallelic --------------------------------------------------------
+
+
+def word_calls(shape, seed=0):
+    """Diploid biallelic int8 calls, a kind of row in turn: only 0 and 1 (every word counted by
+    bit operations); 0, 1, -1 and -2 anywhere in a call (still by bit operations); and other values
+    too (alleles 2 and 3, -3, -128, 127: those words call by call)."""
+    rng = np.random.default_rng(seed)
+    g = rng.integers(0, 2, size=shape, dtype=np.int8)
+    u = rng.random(shape)
+    kind = (np.arange(shape[0]) % 3)[:, None, None]
+    g = np.where((kind >= 1) & (u < 0.25), rng.choice(np.array([-1, -2], np.int8), size=shape), g)
+    return np.where((kind == 2) & (u > 0.95), rng.choice(np.array([2, 3, -3, -128, 127], np.int8), size=shape), g)
+
+
+def bit_counts(words):
+    return np.unpackbits(words.view(np.uint8).reshape(-1, 8), axis=1).sum(1)
+
+
+def test_word_functions_count_as_the_call_functions():
+    """Every word of four calls of 0, 1, -1 and -2 (4**8 words), counted by the bit operations,
+    against the CPU kernels on the same calls; every byte value in every place, for the test that
+    sends a word to the per-call functions."""
+    values = np.array([0, 1, -1, -2], np.int8)
+    choice = np.arange(4**8)[:, None] >> 2 * np.arange(8) & 3  # every choice of a value for each byte
+    calls = values[choice].reshape(-1, 4, 2)  # a variant a word
+    words = calls.reshape(-1, 8).view(np.uint64).ravel()
+    bad, neg, low = K._word_bytes(words)
+    assert not bad.any()
+    hom_ref, hom_alt, het = K._word_classes(neg, low)
+    zeros, ones = K._word_alleles(neg, low)
+    counts = np.stack([bit_counts(c) for c in (hom_ref, hom_alt, het, zeros, ones)], -1)
+    np.testing.assert_array_equal(counts, K.variant_call_counts_cpu(calls, 2)[:, 0])
+    genotypes = np.stack([bit_counts(c) for c in (hom_ref, het, hom_alt, K._word_refused(neg, low))], -1)
+    np.testing.assert_array_equal(genotypes, K.variant_genotype_counts_cpu(calls, 2)[:, 0])
+    per_call = K.call_allele_counts_cpu(calls, 2).reshape(-1, 8).view(np.uint64).ravel()
+    np.testing.assert_array_equal(K._word_call_alleles(neg, low), per_call)
+    for place in range(8):
+        b = np.zeros((256, 8), np.uint8)
+        b[:, place] = np.arange(256)
+        bad = K._word_bytes(b.view(np.uint64).ravel())[0]
+        np.testing.assert_array_equal(bad != 0, ~np.isin(b[:, place].view(np.int8), values))
+    b = np.random.default_rng(0).integers(0, 128, size=(1000, 8), dtype=np.uint8)  # lanes up to 254
+    np.testing.assert_array_equal([K._lane_sum(K._halves(w)) for w in b.view(np.uint64).ravel()], b.sum(1))
+
+
+def test_word_path():
+    g = word_calls((7, 23, 2))
+    assert K.word_path(g) and K.word_path(g, 2)
+    assert not K.word_path(g, 3)
+    assert not K.word_path(g.astype(np.int16))
+    assert not K.word_path(np.zeros((7, 23, 3), np.int8))
+    assert not K.word_path(g[:, ::2])  # not C-contiguous (the kernels copy it first)
+    assert not K.word_path(g[:1, :3])  # fewer than four calls
+    shifted = np.empty(g.size + 8, np.int8)[2 : 2 + g.size].reshape(g.shape)  # an address not a multiple of 8
+    assert not K.word_path(shifted)
+    with pytest.raises(ValueError, match="word kernels"):
+        K.variant_call_counts_gpu(g, 3, words=True)
+    with pytest.raises(ValueError, match="word kernels"):
+        K.word_row_shape(23, tx=4, ty=2)  # 8 threads: not whole warps
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("n_samples", [24, 23, 22, 3])
+def test_word_kernels_equal_the_cpu_kernels(n_samples):
+    # rows of 24 samples are 6 whole words; of 22 and 23, 5 words and part of one, rows starting at
+    # every byte offset of a word, the last row's last words past the block's whole words; of 3,
+    # part of a word. Rows of 4 threads in tiles of 5 words: a thread's unrolled step and tails, a
+    # row over two tiles; 7 variants in blocks of 8 rows, one past the end; 4 of the 7 variants
+    # with words counted call by call.
+    g = word_calls((7, n_samples, 2), seed=n_samples)
+    assert K.word_path(g)
+    shape = dict(tx=4, ty=8, unroll=2, tile=20, words=True)
+    np.testing.assert_array_equal(K.variant_call_counts_gpu(g, 2, **shape), K.variant_call_counts_cpu(g, 2))
+    np.testing.assert_array_equal(K.variant_genotype_counts_gpu(g, 2, **shape), K.variant_genotype_counts_cpu(g, 2))
+    # tiles of 3 variants: an unrolled step and a tail
+    np.testing.assert_array_equal(K.sample_call_counts_gpu(g, threads=32, unroll=2, vtile=3, words=True),
+                                  K.sample_call_counts_cpu(g))
+    np.testing.assert_array_equal(K.call_allele_counts_gpu(g, 2, threads=32, unroll=2, words=True),
+                                  K.call_allele_counts_cpu(g, 2))
+
+
+@pytest.mark.cudasim
+def test_word_kernels_in_their_own_shapes():
+    """The shapes the kernels pick: rows of 37 samples, a thread a row; an array at an address
+    that is not a multiple of 8 goes to the generic kernel."""
+    g = word_calls((40, 37, 2), seed=1)
+    assert K.word_row_shape(37)[0] == 1
+    for name, args in [("variant_call_counts", (2,)), ("variant_genotype_counts", (2,)), ("sample_call_counts", ()),
+                       ("call_allele_counts", (2,))]:
+        np.testing.assert_array_equal(getattr(K, f"{name}_gpu")(g, *args), getattr(K, f"{name}_cpu")(g, *args),
+                                      err_msg=name)
+    shifted = np.empty(g[:3].size + 8, np.int8)[2 : 2 + g[:3].size].reshape((3, 37, 2))
+    shifted[...] = g[:3]
+    np.testing.assert_array_equal(K.variant_call_counts_gpu(shifted, 2), K.variant_call_counts_cpu(g[:3], 2))
+
+
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize("ploidy,n_alleles,dtype", [(2, 2, np.int8), (2, 4, np.int8), (3, 3, np.int16), (4, 6, np.int8), (2, 12, np.int8)])
 def test_gpu_kernels_equal_the_cpu_kernels(ploidy, n_alleles, dtype):
     import cupy
 
-    for shape in [(300, 5000, ploidy), (1000, 37, ploidy)]:  # 128 threads a row in tiles; 32 threads a row
+    # generic kernels: 128 threads a row in tiles; 32 threads a row. Word kernels (int8, diploid,
+    # biallelic): rows of whole words (5000 samples), rows starting mid-word (4998: every other row;
+    # 4999 and 20001: three rows in four; 37: a thread a row), rows of 20001 samples over two tiles
+    words = ploidy == 2 and n_alleles == 2 and dtype == np.int8
+    for shape in [(300, 5000, ploidy), (300, 4999, ploidy), (257, 4998, ploidy), (100, 20001, ploidy),
+                  (1000, 37, ploidy)]:
         g = random_calls(shape, n_alleles, seed=shape[1], dtype=dtype)
         d = cupy.asarray(g)
+        assert K.word_path(d, n_alleles) == words
         for name, args in [("variant_call_counts", (n_alleles,)), ("variant_genotype_counts", (n_alleles,)),
                            ("sample_call_counts", ()), ("call_allele_counts", (n_alleles,))]:
+            expected = kernels.get(name, "cpu")(g, *args)
             gpu = kernels.get(name, "gpu")(d, *args)
-            np.testing.assert_array_equal(cupy.asnumpy(gpu), kernels.get(name, "cpu")(g, *args), err_msg=name)
+            np.testing.assert_array_equal(cupy.asnumpy(gpu), expected, err_msg=name)
+            if words:  # the generic kernel on the same data
+                gpu = kernels.get(name, "gpu")(d, *args, words=False)
+                np.testing.assert_array_equal(cupy.asnumpy(gpu), expected, err_msg=f"{name}, generic")
+    if words:  # only 0 and 1 (every word by bit operations), and a block at an address not a multiple of 8
+        g = np.random.default_rng(2).integers(0, 2, size=(500, 3001, 2), dtype=np.int8)
+        d = cupy.asarray(g)
+        np.testing.assert_array_equal(cupy.asnumpy(K.variant_call_counts_gpu(d, 2)), K.variant_call_counts_cpu(g, 2))
+        np.testing.assert_array_equal(cupy.asnumpy(K.sample_call_counts_gpu(d)), K.sample_call_counts_cpu(g))
+        shifted = cupy.empty(d.size + 8, np.int8)[2 : 2 + d.size].reshape(d.shape)
+        shifted[...] = d
+        assert not K.word_path(shifted)
+        np.testing.assert_array_equal(cupy.asnumpy(K.variant_call_counts_gpu(shifted, 2)),
+                                      K.variant_call_counts_cpu(g, 2))
     counts = np.random.default_rng(1).integers(0, 3000, size=(5000, 3))
     gpu = K.hwe_exact_gpu(*(cupy.asarray(counts[:, k]) for k in (1, 0, 2)))
     # no multiply-add in the test's arithmetic for the compiler to fuse: the same bits
