@@ -343,7 +343,7 @@ def test_gram_chains_fewer_where_tiles_are_many():
     assert chains_per_tile(2) == 3  # 3 tiles on and above the diagonal
     assert chains_per_tile(3) == 2
     assert chains_per_tile(7) == 1
-    assert tsqr_device_bytes(25_000) == 3 * 25_000**2 * 8
+    assert tsqr_device_bytes(25_000) == 6 * 25_000**2 * 8
 
 
 @pytest.mark.gpu
@@ -353,7 +353,7 @@ def test_pca_tsqr_refuses_a_device_budget_below_its_eigendecomposition():
 
     data = pca_data(np.float64, (100, -1), backend="gpu")
     n = data.sizes["samples"]
-    with dask.config.set({"pipeline.gpu.memory-limit": f"{3 * n * n * 8 - 1}B"}):
+    with dask.config.set({"pipeline.gpu.memory-limit": f"{6 * n * n * 8 - 1}B"}):
         with pytest.raises(InputError, match="algorithm='randomized'"):
             sg.pca(data, n_components=4, merge=False)
         sg.pca(data, n_components=4, algorithm="randomized", merge=False)  # no such limit

@@ -24,8 +24,9 @@ variants x 25,000 samples (10 GB of int8 genotypes) on one GPU in bounded memory
   the same blocks). Memory depends on the samples only: ``G`` is N^2 float64 (5 GB at 25,000
   samples), summed from tiles of at most ``TILE`` samples a side (partials of 134 MB), and the
   eigendecomposition (LAPACK's or cuSOLVER's syevd, O(N^3): the step that grows fastest, tens of
-  seconds at 25,000 samples on one GPU) holds about three N^2 arrays: on the GPU, a device budget
-  below that (15 GB at 25,000 samples) is refused when the op is called, naming the randomized
+  seconds at 25,000 samples on one GPU) holds about six N^2 arrays on the GPU (cuSOLVER's workspace
+  is four of them), three on the CPU: on the GPU, a device budget below that (30 GB at 25,000
+  samples) is refused when the op is called, naming the randomized
   algorithm, whose memory does not grow with N^2. In float64 the squared
   condition number costs nothing that matters: a singular value ``s_i`` comes out within about
   1e-16 (s_1 / s_i)^2 relative, far below float32 rounding for the leading components PCA keeps.
@@ -79,8 +80,9 @@ TILE = 4096
 # tiles (25,000 samples: 28 tiles of 134 MB, one chain each rather than 8 x 28 partials)
 CHAINS = 8
 # device memory the exact algorithm holds at its peak, in Gram matrices (N^2 float64): the matrix,
-# and the eigenvectors and workspace of syevd (cuSOLVER's measured at about twice the matrix)
-EIGH_MATRICES = 3
+# CuPy's copy of it that becomes the eigenvectors, and cuSOLVER syevd's workspace (3.21 GB asked
+# for 10,000 samples on the GPU machine: four matrices)
+EIGH_MATRICES = 6
 # dask's svd_compressed: the sampled subspace is max(MIN_SUBSPACE, n_components + OVERSAMPLES)
 OVERSAMPLES = 10
 MIN_SUBSPACE = 20
