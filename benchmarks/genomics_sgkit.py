@@ -207,7 +207,7 @@ def main(argv=None) -> int:
             if "compile_first_seconds" in r["memory"]:
                 held = f", compiling in the first run {r['memory']['compile_first_seconds']:.2f} s"
             if r["memory"].get("gpu_pool_peak_bytes"):
-                held = f", device pool peak {r['memory']['gpu_pool_peak_bytes'] / 1e9:.2f} GB"
+                held += f", device pool peak {r['memory']['gpu_pool_peak_bytes'] / 1e9:.2f} GB"
             if r["memory"].get("host_peak_rss_bytes"):
                 held += f", host peak RSS {r['memory']['host_peak_rss_bytes'] / 1e9:.2f} GB"
             print(f"{group:9s} {tool:13s} process {wall:7.2f} s  first {r['first_seconds']:7.3f} s  warm {warm} s"
