@@ -30,7 +30,7 @@ def _frames(dump: str):
             continue
         picked = [ln for ln in lines if any(k in ln for k in INTEREST)]
         if picked:
-            yield picked[0], tuple(picked[:4])
+            yield picked[0], tuple(picked[:16])
 
 
 def main(argv=None) -> int:
