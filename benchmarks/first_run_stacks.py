@@ -43,9 +43,10 @@ def main(argv=None) -> int:
     p.add_argument("--group", default="counting")
     p.add_argument("--every", type=float, default=0.25)
     p.add_argument("--pca-algorithm", default="randomized")
+    p.add_argument("--backend", default="gpu")
     p.add_argument("--json")
     a = p.parse_args(argv)
-    ds = _select(pipeline.open_dataset(a.store, backend="gpu"), "pipeline-gpu")
+    ds = _select(pipeline.open_dataset(a.store, backend=a.backend), "pipeline-" + a.backend)
     compute = lambda *xs: pipeline.compute(list(xs))  # noqa: E731
     if a.group in ("gwas", "pca", "distance"):
         ds = _dosage(ds, compute)
