@@ -1,6 +1,7 @@
 """Where a first run's time goes: every thread's stack sampled while one genomics group runs for
-the first time in a fresh process (``faulthandler``, every ``--every`` seconds), then counted by
-the innermost frames inside pipeline, dask, CuPy and Numba. The warm run is timed after it.
+the first time in a fresh process (``sys._current_frames`` from a sampling thread, every
+``--every`` seconds; faulthandler's dumps crashed a run on the GPU machine), then counted by the
+innermost frames inside pipeline, dask, CuPy and Numba. The warm run is timed after it.
 
     python benchmarks/first_run_stacks.py STORE --group counting --json stacks.json
 """
@@ -9,11 +10,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import faulthandler
 import json
-import re
 import sys
-import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -22,15 +21,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 INTEREST = ("pipeline/", "dask/", "cupy", "numba", "nvidia", "zarr/", "numcodecs", "xarray/")
 
 
-def _frames(dump: str):
-    """(thread, innermost interesting frame, its caller chain) for each thread in each dump."""
-    for block in dump.split("\n\n"):
-        lines = [ln.strip() for ln in block.splitlines() if ln.strip().startswith("File ")]
-        if not lines:
-            continue
-        picked = [ln for ln in lines if any(k in ln for k in INTEREST)]
-        if picked:
-            yield picked[0], tuple(picked[:16])
+def _chain(frame) -> tuple[str, ...]:
+    """The frames of interest of one thread's stack, innermost first."""
+    out = []
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if any(k in path for k in INTEREST):
+            out.append(f'File "{path}" in {frame.f_code.co_name}')
+        frame = frame.f_back
+    return tuple(out[:16])
+
+
+class Sampler(threading.Thread):
+    """Samples every other thread's stack every ``every`` seconds until stopped."""
+
+    def __init__(self, every: float):
+        super().__init__(daemon=True)
+        self.every, self.chains, self.stopped = every, collections.Counter(), threading.Event()
+
+    def run(self):
+        me = threading.get_ident()
+        while not self.stopped.wait(self.every):
+            for ident, frame in sys._current_frames().items():
+                if ident != me:
+                    chain = _chain(frame)
+                    if chain:
+                        self.chains[chain] += 1
 
 
 def main(argv=None) -> int:
@@ -51,22 +67,20 @@ def main(argv=None) -> int:
     if a.group in ("gwas", "pca", "distance"):
         ds = _dosage(ds, compute)
     times = []
-    with tempfile.TemporaryFile("w+") as f:
-        for run in range(2):
-            if run == 0:
-                faulthandler.dump_traceback_later(a.every, repeat=True, file=f)
-            t = time.perf_counter()
-            out = _analysis(a.group, sg, ds, (20_000, 2_000), a.pca_algorithm)
-            compute(*[v.data if hasattr(v, "dims") else v for v in out.values()])
-            times.append(time.perf_counter() - t)
-            faulthandler.cancel_dump_traceback_later()
-        f.seek(0)
-        dump = f.read()
+    sampler = Sampler(a.every)
+    for run in range(2):
+        if run == 0:
+            sampler.start()
+        t = time.perf_counter()
+        out = _analysis(a.group, sg, ds, (20_000, 2_000), a.pca_algorithm)
+        compute(*[v.data if hasattr(v, "dims") else v for v in out.values()])
+        times.append(time.perf_counter() - t)
+        sampler.stopped.set()
+    sampler.join()
+    chains = sampler.chains
     inner = collections.Counter()
-    chains = collections.Counter()
-    for frame, chain in _frames(dump):
-        inner[re.sub(r", line \d+", "", frame)] += 1
-        chains[chain] += 1
+    for chain, n in chains.items():
+        inner[chain[0]] += n
     samples = sum(inner.values())
     print(f"{a.group}: first {times[0]:.3f} s, warm {times[1]:.3f} s; {samples} thread samples every {a.every} s")
     for frame, n in inner.most_common(25):
