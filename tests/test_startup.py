@@ -14,6 +14,8 @@ import dask.config
 import pytest
 import yaml
 
+from .conftest import requires_gpu
+
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("dask.array", "distributed", "numba", "cupy")
 
@@ -131,6 +133,37 @@ def test_numba_kernels_compile_once_per_machine_and_only_when_used(tmp_path):
     assert "data saved" not in runs[1].stdout, runs[1].stdout
     cached = [p.name for p in (tmp_path / "cache" / "numba").rglob("*.nbi")]
     assert cached and all(name.startswith("rolling.") for name in cached), cached
+
+
+_CUDA_KERNEL_RUN = """
+import cupy, numpy as np
+from pipeline.kernels import genotypes as K, launch
+g = np.random.default_rng(0).integers(-1, 2, (300, 70, 2)).astype(np.int8)
+d = cupy.asarray(g)
+np.testing.assert_array_equal(K.variant_call_counts_gpu(d, 2, words=False).get(), K.variant_call_counts_cpu(g, 2))
+np.testing.assert_array_equal(K.variant_call_counts_gpu(d, 2, words=True).get(), K.variant_call_counts_cpu(g, 2))
+np.testing.assert_array_equal(K.sample_call_counts_gpu(d).get(), K.sample_call_counts_cpu(g))
+print(launch.compile_seconds())
+"""
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_cuda_kernels_compile_once_per_machine(tmp_path):
+    """The Numba CUDA kernels, closures over their constants, are found in the disk cache by a
+    second process (and counted by compile_seconds), with the same results."""
+    env = _env(DASK_PIPELINE__CACHE_DIR=str(tmp_path / "cache"), NUMBA_DEBUG_CACHE="1")
+    env.pop("NUMBA_CACHE_DIR", None)
+    runs = [subprocess.run([sys.executable, "-c", _CUDA_KERNEL_RUN], capture_output=True, text=True, env=env, timeout=300)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    first, second = (float(r.stdout.split()[-1]) for r in runs)
+    assert "data saved" in runs[0].stdout and "data loaded" in runs[1].stdout
+    assert "data saved" not in runs[1].stdout, runs[1].stdout
+    assert first > 3 * second, (first, second)
+    cached = {p.name.split(".")[0] for p in (tmp_path / "cache" / "numba").rglob("*.nbi")}
+    assert "genotypes" in cached, cached
 
 
 def test_pinning_waits_for_a_second_read_in_a_one_shot_run(tmp_path):

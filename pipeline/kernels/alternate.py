@@ -71,7 +71,7 @@ def _gpu_kernel(ploidy: int):
     cuda = launch.numba_cuda()
     count = make_call_count(cuda.jit(device=True), ploidy)
 
-    @cuda.jit
+    @launch.cuda_kernel
     def alternate_counts(g, n_alleles, out):
         n = g.shape[0]
         stride = cuda.gridsize(1)

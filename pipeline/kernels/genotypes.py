@@ -568,7 +568,7 @@ def _row_kernel(kind: str, dtype, ploidy: int, n_alleles: int, tx: int, ty: int,
     n_counts = CLASSES + n_alleles if kind == "calls" else n_genotypes(n_alleles, ploidy) + 1
     dtype = np.dtype(dtype).type  # (the scalar type, as cuda.local.array takes it)
 
-    @cuda.jit
+    @launch.cuda_kernel
     def row_counts(g, out):
         x = cuda.threadIdx.x
         y = cuda.threadIdx.y
@@ -618,7 +618,7 @@ def _sample_kernel(dtype, ploidy: int, unroll: int, vtile: int):
     tally = make_call_counters(cuda.jit(device=True))[1]
     dtype = np.dtype(dtype).type
 
-    @cuda.jit
+    @launch.cuda_kernel
     def sample_counts(g, out):
         s = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         nv, ns = g.shape[0], g.shape[1]
@@ -653,7 +653,7 @@ def _call_kernel(ploidy: int, n_alleles: int):
     _numba_cuda()
     call_alleles = cuda.jit(device=True)(_call_alleles)
 
-    @cuda.jit
+    @launch.cuda_kernel
     def call_counts(g, out):
         i = cuda.grid(1)
         ns = g.shape[1]
@@ -668,7 +668,7 @@ def _hwe_kernel():
     _numba_cuda()
     hwe = cuda.jit(device=True)(_hwe_p_value)
 
-    @cuda.jit
+    @launch.cuda_kernel
     def hwe_p_values(het, hom1, hom2, out):
         i = cuda.grid(1)
         if i < out.shape[0]:
@@ -775,7 +775,7 @@ def _word_row_kernel(kind: str, tx: int, ty: int, unroll: int, tile: int):
             if s0 + j < ns:
                 tally(row, s0 + j, 2, 2, extra)
 
-    @cuda.jit
+    @launch.cuda_kernel
     def word_row_counts(g, words, out):
         x = cuda.threadIdx.x
         v = cuda.blockIdx.x * ty + cuda.threadIdx.y
@@ -852,7 +852,7 @@ def _word_sample_kernel(unroll: int, vtile: int):
                 for c in range(CLASSES):  # into the sample's 16-bit lane
                     lanes[c] += np.uint64(calls[c]) << np.uint64(16 * j)
 
-    @cuda.jit
+    @launch.cuda_kernel
     def word_sample_counts(g, words, out):
         k = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         nv, ns, nw = g.shape[0], g.shape[1], words.shape[0]
@@ -925,7 +925,7 @@ def _word_call_kernel(unroll: int):
                 y |= np.uint64(counts[0, j, a]) << np.uint64(16 * j + 8 * a)
         return y
 
-    @cuda.jit
+    @launch.cuda_kernel
     def word_call_counts(words, out_words):
         i = cuda.grid(1)
         stride = cuda.gridsize(1)

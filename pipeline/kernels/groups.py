@@ -313,7 +313,7 @@ def runs_kernel():
     cuda = launch.numba_cuda()
     column = cuda.jit(device=True)(_group_runs_column)
 
-    @cuda.jit
+    @launch.cuda_kernel
     def group_runs(x, labels, threshold, length, prefix, current, longest):
         p = cuda.grid(1)
         if p < x.shape[1]:

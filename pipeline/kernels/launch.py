@@ -10,11 +10,12 @@
   templates (``streaming_flat.cu``, ``streaming_column.cu``) that keep four loads in flight per
   thread;
 - Numba: :func:`cpu_jit` compiles a loop for the CPU (``numba.njit(nogil=True)``, so Dask's
-  threads run it in parallel), :func:`cpu_loop` a top-level one, cached on disk; :func:`numba_cuda` imports ``numba.cuda`` and
-  :func:`launch_numba` launches a Numba CUDA kernel on CuPy's current stream.
+  threads run it in parallel), :func:`cpu_loop` a top-level one, cached on disk; :func:`numba_cuda` imports ``numba.cuda``,
+  :func:`cuda_kernel` makes a Numba CUDA kernel, cached on disk, and :func:`launch_numba`
+  launches one on CuPy's current stream.
 
 Every kernel is compiled on its first call, never at import, and once per machine: Numba's CPU
-kernels are cached on disk (``cache=True``), as CuPy caches compiled CUDA C, both under
+and CUDA kernels are cached on disk, as CuPy caches compiled CUDA C, all under
 ``pipeline.cache-dir`` (:func:`use_cache_dir`) unless ``NUMBA_CACHE_DIR`` or ``CUPY_CACHE_DIR``
 say otherwise. :func:`compile_seconds` counts the time spent compiling, for run reports.
 
@@ -141,17 +142,22 @@ def use_cache_dir() -> str:
 
     if not numba.config.CACHE_DIR:
         numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
-    class Compiles(event.Listener):
-        """Numba's compile events (a load from its cache included), counted by :class:`compiling`."""
+    event.register("numba:compile", _compiles(event.Listener))
+    return root
 
+
+def _compiles(listener):
+    """A listener (a subclass of ``listener``, Numba's ``event.Listener``) that counts Numba's
+    compile events (a load from its cache included) with :class:`compiling`."""
+
+    class Compiles(listener):
         def on_start(self, ev):
             compiling().__enter__()
 
         def on_end(self, ev):
             compiling().__exit__(None, None, None)
 
-    event.register("numba:compile", Compiles())
-    return root
+    return Compiles()
 
 
 class compiling:
@@ -285,19 +291,19 @@ def cpu_jit(fn):
 
     use_cache_dir()
     dispatcher = numba.njit(nogil=True)(fn)
-    dispatcher._cache = _closure_cache()(fn)  # what cache=True sets, with a key stable across processes
+    dispatcher._cache = _cpu_cache()(fn)  # what cache=True sets, with a key stable across processes
     return dispatcher
 
 
-@functools.cache
-def _closure_cache():
-    """Numba's cache of a function, keyed by its code and closure as ``cache=True`` keys it, except
-    that a compiled function in the closure (the per-point loop that a kernel calls) counts by its
-    own code and closure: Numba would pickle it with an identity new in every process, so a kernel
-    defined in a factory would never be found in the cache by a later process."""
+def _closure_cache(base, *version):
+    """``base``, Numba's cache of a function (``FunctionCache`` for the CPU, ``CUDACache`` for
+    the GPU), keyed by the function's code and closure as ``cache=True`` keys it, except that a
+    compiled function in the closure (the per-point loop or device function that a kernel calls)
+    counts by its own code and closure: Numba would pickle it with an identity new in every
+    process, so a kernel defined in a factory would never be found in the cache by a later
+    process. ``version`` joins the key (numba-cuda adds its version to its keys)."""
     import hashlib
 
-    from numba.core.caching import FunctionCache
     from numba.core.serialize import dumps
 
     def stable(value):
@@ -307,14 +313,36 @@ def _closure_cache():
         cells = tuple(stable(c.cell_contents) for c in py_func.__closure__ or ())
         return py_func.__qualname__.encode() + py_func.__code__.co_code + b"".join(cells)
 
-    class ClosureCache(FunctionCache):
+    class ClosureCache(base):
         def _index_key(self, sig, codegen):
             fn = self._py_func
             cells = b"".join(stable(c.cell_contents) for c in fn.__closure__ or ())
             digest = lambda b: hashlib.sha256(b).hexdigest()  # noqa: E731
-            return (sig, codegen.magic_tuple(), (digest(fn.__code__.co_code), digest(cells)))
+            key = (sig, codegen.magic_tuple(), *version, (digest(fn.__code__.co_code), digest(cells)))
+            launch_config = getattr(self, "_launch_config_key", None)  # as numba-cuda's CUDACache adds it
+            return key if launch_config is None else key + (("launch_config", launch_config),)
 
     return ClosureCache
+
+
+@functools.cache
+def _cpu_cache():
+    from numba.core.caching import FunctionCache
+
+    return _closure_cache(FunctionCache)
+
+
+@functools.cache
+def _cuda_cache():
+    from numba.cuda.dispatcher import CUDACache
+
+    try:
+        import numba_cuda  # the numba-cuda package (Numba's built-in CUDA target before it)
+
+        version = (numba_cuda.__version__,)
+    except ImportError:
+        version = ()
+    return _closure_cache(CUDACache, *version)
 
 
 @once
@@ -336,9 +364,41 @@ def numba_cuda():
     # Restoring the alias, which NumPy defined as vstack, lets those versions work together.
     if not hasattr(np, "row_stack"):
         np.row_stack = np.vstack
+    return _numba_cuda()
+
+
+@functools.cache
+def _numba_cuda():
+    use_cache_dir()  # before numba-cuda reads NUMBA_CACHE_DIR, at its import
+    import numba
     from numba import cuda
 
+    if not numba.config.ENABLE_CUDASIM:
+        try:  # numba-cuda keeps its own copies of Numba's config and compile events
+            from numba.cuda.core import config, event
+        except ImportError:
+            return cuda
+        if not config.CACHE_DIR:
+            config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
+        event.register("numba:compile", _compiles(event.Listener))
     return cuda
+
+
+def cuda_kernel(fn):
+    """``fn`` as a Numba CUDA kernel (``cuda.jit``), compiled on its first launch and kept in
+    Numba's disk cache, so that a later process on the machine loads it instead of compiling it.
+
+    The kernels are closures over their compile-time constants (ploidy, alleles, a tile's shape:
+    the sizes of ``cuda.local.array`` and ``cuda.shared.array``), built by factories, and
+    ``cache=True`` would key them by an identity new in every process (:func:`_closure_cache`).
+    Each compilation takes 0.3-1 s and holds Numba's compiler lock, which the other threads
+    wait on: compiled in every process, they were most of a first run (docs/genomics.md)."""
+    import numba
+
+    kernel = numba_cuda().jit(fn)
+    if not numba.config.ENABLE_CUDASIM:
+        kernel._cache = _cuda_cache()(fn)
+    return kernel
 
 
 def launch_numba(kernel, npts: int, *args, threads: int | tuple[int, ...] = THREADS, grid: tuple[int, ...] | None = None):

@@ -170,7 +170,7 @@ def cohort_kernel():
     global cuda
     cuda = launch.numba_cuda()
 
-    @cuda.jit
+    @launch.cuda_kernel
     def cohort_counts(g, cohort, c0, n_alleles, tiles, per_tile, out):
         hist = cuda.shared.array(HIST, dtype=np.int32)
         t = cuda.threadIdx.x
@@ -365,7 +365,7 @@ def window_kernel():
     global cuda
     cuda = launch.numba_cuda()
 
-    @cuda.jit
+    @launch.cuda_kernel
     def window_sum(x, starts, stops, out):
         k = cuda.grid(1)
         cols = x.shape[1]

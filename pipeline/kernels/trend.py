@@ -220,7 +220,7 @@ def trend_kernels(deg: int) -> dict:
     m, n = deg + 1, 2 * deg + 1
     sums, solve, subtract = make_trend_columns(cuda.jit(device=True), deg)
 
-    @cuda.jit
+    @launch.cuda_kernel
     def sums_kernel(x, u, s_out, b_out):
         p = cuda.grid(1)
         if p < x.shape[1]:
@@ -232,7 +232,7 @@ def trend_kernels(deg: int) -> dict:
             for k in range(m):
                 b_out[k, p] = b[k]
 
-    @cuda.jit
+    @launch.cuda_kernel
     def subtract_kernel(x, u, c_in, out):
         p = cuda.grid(1)
         if p < x.shape[1]:
@@ -241,7 +241,7 @@ def trend_kernels(deg: int) -> dict:
                 c[k] = c_in[k, p]
             subtract(x, u, c, out, p)
 
-    @cuda.jit
+    @launch.cuda_kernel
     def detrend_kernel(x, u, out):
         p = cuda.grid(1)
         if p < x.shape[1]:
