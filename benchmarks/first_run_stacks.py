@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import logging
 import sys
 import threading
 import time
@@ -61,7 +62,11 @@ def main(argv=None) -> int:
     p.add_argument("--pca-algorithm", default="randomized")
     p.add_argument("--backend", default="gpu")
     p.add_argument("--json")
+    p.add_argument("--log-compiles", action="store_true", help="log each CUDA kernel's compile (or load) and its seconds")
     a = p.parse_args(argv)
+    if a.log_compiles:
+        logging.basicConfig(format="%(relativeCreated)8.0f ms %(threadName)s %(message)s")
+        logging.getLogger("pipeline.kernels.launch").setLevel(logging.DEBUG)
     ds = _select(pipeline.open_dataset(a.store, backend=a.backend), "pipeline-" + a.backend)
     compute = lambda *xs: pipeline.compute(list(xs))  # noqa: E731
     if a.group in ("gwas", "pca", "distance"):
@@ -82,7 +87,10 @@ def main(argv=None) -> int:
     for chain, n in chains.items():
         inner[chain[0]] += n
     samples = sum(inner.values())
-    print(f"{a.group}: first {times[0]:.3f} s, warm {times[1]:.3f} s; {samples} thread samples every {a.every} s")
+    from pipeline.kernels import launch
+
+    print(f"{a.group}: first {times[0]:.3f} s, warm {times[1]:.3f} s; {samples} thread samples every {a.every} s; "
+          f"compiling {launch.compile_seconds():.2f} s")
     for frame, n in inner.most_common(25):
         print(f"{n:6d}  {frame}")
     if a.json:

@@ -25,6 +25,7 @@ Nothing here imports CuPy or Numba at module level.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import string
 import threading
@@ -33,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 THREADS = 256  # threads per block of the one-thread-per-point kernels and of the streaming kernels
 
@@ -374,13 +377,12 @@ def _numba_cuda():
     from numba import cuda
 
     if not numba.config.ENABLE_CUDASIM:
-        try:  # numba-cuda keeps its own copies of Numba's config and compile events
-            from numba.cuda.core import config, event
+        try:  # numba-cuda keeps its own copy of Numba's config
+            from numba.cuda.core import config
         except ImportError:
             return cuda
         if not config.CACHE_DIR:
             config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
-        event.register("numba:compile", _compiles(event.Listener))
     return cuda
 
 
@@ -398,7 +400,30 @@ def cuda_kernel(fn):
     kernel = numba_cuda().jit(fn)
     if not numba.config.ENABLE_CUDASIM:
         kernel._cache = _cuda_cache()(fn)
+        kernel.compile = _counted(kernel.compile)
     return kernel
+
+
+def _counted(compile_):
+    """``compile_`` (a CUDA kernel's ``compile``, which loads from the disk cache or compiles)
+    counted by :class:`compiling`, once it holds Numba's compiler lock: numba-cuda sends no
+    compile events for kernels. (Threads waiting on the lock are not counted.)"""
+    try:
+        from numba.cuda.core.compiler_lock import global_compiler_lock
+    except ImportError:
+        from numba.core.compiler_lock import global_compiler_lock
+
+    @functools.wraps(compile_)
+    def compile(sig):
+        with global_compiler_lock, compiling():
+            start = time.perf_counter()
+            try:
+                return compile_(sig)
+            finally:
+                log.debug("CUDA kernel %s: %.3f s (compiled or loaded from the disk cache)", compile_.__self__.py_func.__qualname__,
+                          time.perf_counter() - start, extra={"kernel": compile_.__self__.py_func.__qualname__})
+
+    return compile
 
 
 def launch_numba(kernel, npts: int, *args, threads: int | tuple[int, ...] = THREADS, grid: tuple[int, ...] | None = None):
