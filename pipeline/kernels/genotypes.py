@@ -726,9 +726,11 @@ def _word_functions():
 
 
 @launch.once
-def _word_row_kernel(kind: str, tx: int, ty: int, unroll: int, tile: int):
-    """The per-variant word kernel: ``kind`` "calls" (hom ref, hom alt, het, alleles 0 and 1) or
-    "genotypes" (0/0, 0/1, 1/1, refused), rows of ``tx`` threads over tiles of ``tile`` words.
+def _word_row_kernel(kind: str, tx: int, ty: int, unroll: int):
+    """The per-variant word kernel ``(g, words, tile, out)``: ``kind`` "calls" (hom ref, hom alt,
+    het, alleles 0 and 1) or "genotypes" (0/0, 0/1, 1/1, refused), rows of ``tx`` threads over
+    tiles of ``tile`` words (an argument, not a constant: it follows the block's samples, and each
+    constant is a compilation).
     ``count_word`` counts a word by bit operations, or says it cannot; those words are counted
     call by call after the step's others, in a loop the compiler keeps rolled: with the per-call
     path unrolled beside each word of the step, ptxas kept the step's values live for it (the
@@ -776,7 +778,7 @@ def _word_row_kernel(kind: str, tx: int, ty: int, unroll: int, tile: int):
                 tally(row, s0 + j, 2, 2, extra)
 
     @launch.cuda_kernel
-    def word_row_counts(g, words, out):
+    def word_row_counts(g, words, tile, out):
         x = cuda.threadIdx.x
         v = cuda.blockIdx.x * ty + cuda.threadIdx.y
         nv, ns, nw = g.shape[0], g.shape[1], words.shape[0]
@@ -824,9 +826,9 @@ def _word_row_kernel(kind: str, tx: int, ty: int, unroll: int, tile: int):
 
 
 @launch.once
-def _word_sample_kernel(unroll: int, vtile: int):
-    """The per-sample word kernel: a thread a word (four samples) and a tile of ``vtile``
-    variants."""
+def _word_sample_kernel(unroll: int):
+    """The per-sample word kernel ``(g, words, vtile, out)``: a thread a word (four samples) and a
+    tile of ``vtile`` variants (an argument: it follows the block's shape)."""
     _numba_cuda()
     word_bytes, word_classes, _, _, _, _, _, load_word = _word_functions()
     tally = make_call_counters(cuda.jit(device=True))[1]
@@ -853,7 +855,7 @@ def _word_sample_kernel(unroll: int, vtile: int):
                     lanes[c] += np.uint64(calls[c]) << np.uint64(16 * j)
 
     @launch.cuda_kernel
-    def word_sample_counts(g, words, out):
+    def word_sample_counts(g, words, vtile, out):
         k = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         nv, ns, nw = g.shape[0], g.shape[1], words.shape[0]
         row_bytes = 2 * ns
@@ -1044,9 +1046,9 @@ def _word_row_counts(kind: str, g, n_counts: int, tx, ty, unroll, tile):
     nv, ns, _ = g.shape
     out = xp.zeros((nv, n_counts), np.int64)
     tx, ty, tile = word_row_shape(ns, tx, ty, unroll, tile)
-    kernel = _word_row_kernel(kind, tx, ty, unroll, tile)
+    kernel = _word_row_kernel(kind, tx, ty, unroll)
     grid = (-(-nv // ty), -(-(-(-ns // WORD_CALLS)) // tile))
-    launch.launch_numba(kernel, 0, g, _words_of(g), out, threads=(tx, ty), grid=grid)
+    launch.launch_numba(kernel, 0, g, _words_of(g), np.int64(tile), out, threads=(tx, ty), grid=grid)
     return out[:, None, :]
 
 
@@ -1084,9 +1086,9 @@ def sample_call_counts_gpu(g, *, threads: int = THREADS, unroll: int = UNROLL, v
         vtile = vtile or word_sample_tile(nv, ns)
         if vtile > SAMPLE_LANE_MAX:
             raise ValueError(f"word kernels: at most {SAMPLE_LANE_MAX} variants a tile, not {vtile}")
-        kernel = _word_sample_kernel(unroll, vtile)
+        kernel = _word_sample_kernel(unroll)
         grid = (-(-(-(-ns // WORD_CALLS)) // threads), -(-nv // vtile))
-        launch.launch_numba(kernel, 0, g, _words_of(g), out, threads=threads, grid=grid)
+        launch.launch_numba(kernel, 0, g, _words_of(g), np.int64(vtile), out, threads=threads, grid=grid)
     elif g.size:
         vtile = vtile or VARIANT_TILE
         kernel = _sample_kernel(np.dtype(g.dtype), ploidy, unroll, vtile)

@@ -418,7 +418,12 @@ def _counted(compile_):
         with global_compiler_lock, compiling():
             start = time.perf_counter()
             try:
-                return compile_(sig)
+                kernel = compile_(sig)
+                # A kernel loaded from the disk cache is loaded onto the GPU at its first launch,
+                # where threads launching it together raced (numba-cuda 0.30: "key already in
+                # dictionary: <CUlibrary ...>"); a compiled one is loaded here, under the lock.
+                getattr(kernel, "bind", lambda: None)()
+                return kernel
             finally:
                 log.debug("CUDA kernel %s: %.3f s (compiled or loaded from the disk cache)", compile_.__self__.py_func.__qualname__,
                           time.perf_counter() - start, extra={"kernel": compile_.__self__.py_func.__qualname__})
