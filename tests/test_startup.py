@@ -136,10 +136,19 @@ def test_numba_kernels_compile_once_per_machine_and_only_when_used(tmp_path):
 
 
 _CUDA_KERNEL_RUN = """
+import threading
+from concurrent.futures import ThreadPoolExecutor
 import cupy, numpy as np
 from pipeline.kernels import genotypes as K, launch
 g = np.random.default_rng(0).integers(-1, 2, (300, 70, 2)).astype(np.int8)
 d = cupy.asarray(g)
+together = threading.Barrier(8)
+def first_launch(_):  # threads launching a kernel first at once, as Dask's do
+    together.wait()
+    return K.variant_genotype_counts_gpu(d, 2, words=True).get()
+with ThreadPoolExecutor(8) as pool:
+    for counts in pool.map(first_launch, range(8)):
+        np.testing.assert_array_equal(counts, K.variant_genotype_counts_cpu(g, 2))
 np.testing.assert_array_equal(K.variant_call_counts_gpu(d, 2, words=False).get(), K.variant_call_counts_cpu(g, 2))
 np.testing.assert_array_equal(K.variant_call_counts_gpu(d, 2, words=True).get(), K.variant_call_counts_cpu(g, 2))
 np.testing.assert_array_equal(K.sample_call_counts_gpu(d).get(), K.sample_call_counts_cpu(g))
@@ -151,7 +160,8 @@ print(launch.compile_seconds())
 @requires_gpu
 def test_cuda_kernels_compile_once_per_machine(tmp_path):
     """The Numba CUDA kernels, closures over their constants, are found in the disk cache by a
-    second process (and counted by compile_seconds), with the same results."""
+    second process (and counted by compile_seconds), with the same results, threads launching
+    one first at once included."""
     env = _env(DASK_PIPELINE__CACHE_DIR=str(tmp_path / "cache"), NUMBA_DEBUG_CACHE="1")
     env.pop("NUMBA_CACHE_DIR", None)
     runs = [subprocess.run([sys.executable, "-c", _CUDA_KERNEL_RUN], capture_output=True, text=True, env=env, timeout=300)

@@ -345,7 +345,19 @@ def _cuda_cache():
         version = (numba_cuda.__version__,)
     except ImportError:
         version = ()
-    return _closure_cache(CUDACache, *version)
+
+    class KernelCache(_closure_cache(CUDACache, *version)):
+        def load_overload(self, sig, target_context):
+            """The kernel, loaded onto the GPU before the dispatcher lists it. numba-cuda loads a
+            compiled kernel so, but one from the disk cache at its first launch, which other
+            threads reach as soon as it is listed: two loads of one image, and numba-cuda 0.30
+            failed with "key already in dictionary: <CUlibrary ...>"."""
+            kernel = super().load_overload(sig, target_context)
+            if kernel is not None:
+                kernel.bind()
+            return kernel
+
+    return KernelCache
 
 
 @once
@@ -418,12 +430,7 @@ def _counted(compile_):
         with global_compiler_lock, compiling():
             start = time.perf_counter()
             try:
-                kernel = compile_(sig)
-                # A kernel loaded from the disk cache is loaded onto the GPU at its first launch,
-                # where threads launching it together raced (numba-cuda 0.30: "key already in
-                # dictionary: <CUlibrary ...>"); a compiled one is loaded here, under the lock.
-                getattr(kernel, "bind", lambda: None)()
-                return kernel
+                return compile_(sig)
             finally:
                 log.debug("CUDA kernel %s: %.3f s (compiled or loaded from the disk cache)", compile_.__self__.py_func.__qualname__,
                           time.perf_counter() - start, extra={"kernel": compile_.__self__.py_func.__qualname__})
