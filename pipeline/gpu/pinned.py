@@ -17,8 +17,10 @@ serve every block of a run. Free buffers are kept for the next request until :fu
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
+import sys
 import time
 
 import numpy as np
@@ -200,19 +202,26 @@ def file_key(st: os.stat_result) -> tuple:
 
 def pinned_files_limit() -> int:
     """Bytes of chunk files that may stay pinned in this process (``pipeline.gpu.pinned-files``)."""
-    import psutil
-
     from .. import config
     from ..backend import _bytes_or_fraction
 
-    total = psutil.virtual_memory().total
-    with contextlib.suppress(ImportError, ValueError):
-        from distributed import get_worker
+    total = _host_memory()
+    if "distributed" in sys.modules:  # on a worker (never imported here: a second's import on a first run)
+        with contextlib.suppress(ImportError, ValueError):
+            from distributed import get_worker
 
-        limit = getattr(getattr(get_worker(), "memory_manager", None), "memory_limit", None)
-        if limit:
-            total = int(limit)
+            limit = getattr(getattr(get_worker(), "memory_manager", None), "memory_limit", None)
+            if limit:
+                total = int(limit)
     return _bytes_or_fraction(config.get("gpu.pinned-files", 0), total)
+
+
+@functools.cache
+def _host_memory() -> int:
+    """The host's memory (read once: it is asked at every pin)."""
+    import psutil
+
+    return psutil.virtual_memory().total
 
 
 def lookup(path: str, st: os.stat_result) -> PinnedFile | None:
