@@ -18,6 +18,9 @@ compiles):
 
     python benchmarks/genotype_counts.py --variants 20000 --samples 20000 --backend gpu --json counts.json
     python benchmarks/genotype_counts.py --variants 200 --samples 300 --backend cpu   # tiny, anywhere
+
+``--sweep`` times the word kernels over their launch shapes instead (unroll, rows a block,
+threads a block), each beside the default, to choose the defaults on a GPU.
 """
 
 from __future__ import annotations
@@ -94,6 +97,39 @@ def gpu_rows(g: np.ndarray, alleles: int, repeat: int) -> list[dict]:
     return rows
 
 
+SWEEP = {
+    "variant_call_counts": [dict(unroll=u, ty=ty) for u in (2, 4, 8) for ty in (4, 8, 16)],
+    "variant_genotype_counts": [dict(unroll=u, ty=ty) for u in (2, 4, 8) for ty in (8,)],
+    "sample_call_counts": [dict(unroll=u, threads=t) for u in (2, 4, 8) for t in (128, 256, 512)],
+    "call_allele_counts": [dict(unroll=u, threads=t) for u in (1, 2, 4, 8) for t in (256, 512)],
+}
+
+
+def sweep_rows(g: np.ndarray, alleles: int, repeat: int) -> list[dict]:
+    """The word kernels over their launch shapes (GB/s read, as :func:`gpu_rows`)."""
+    import cupy
+
+    d = cupy.asarray(g)
+    rows = []
+    for name, shapes in SWEEP.items():
+        kernel = kernels.get(name, "gpu")
+        args = args_of(name, alleles)
+        for shape in [{}] + shapes:
+            def run(shape=shape):
+                start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+                cupy.cuda.Device().synchronize()
+                start.record()
+                kernel(d, *args, words=True, **shape)
+                stop.record()
+                stop.synchronize()
+                return cupy.cuda.get_elapsed_time(start, stop) / 1e3
+
+            seconds = median_seconds(run, repeat)
+            rows.append({"backend": "gpu", "kernel": name, "path": "words " + (",".join(f"{k}={v}" for k, v in shape.items()) or "default"),
+                         "seconds": seconds, "gb_per_s": g.nbytes / seconds / 1e9})
+    return rows
+
+
 def cpu_rows(g: np.ndarray, alleles: int, repeat: int, threads: int) -> list[dict]:
     rows = []
     slabs = np.array_split(np.arange(g.shape[0]), threads)
@@ -131,10 +167,13 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=4, help="CPU threads over slabs of variants")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--sweep", action="store_true", help="the word kernels over their launch shapes (GPU)")
     a = p.parse_args(argv)
     g = calls(a.variants, a.samples, a.ploidy, a.alleles, a.missing)
     rows = []
-    if a.backend in ("gpu", "all") and B.gpu_available():
+    if a.sweep:
+        rows += gpu_rows(g, a.alleles, a.repeat)[:1] + sweep_rows(g, a.alleles, a.repeat)
+    elif a.backend in ("gpu", "all") and B.gpu_available():
         rows += gpu_rows(g, a.alleles, a.repeat)
     elif a.backend == "gpu":
         raise SystemExit("no CUDA GPU visible to CuPy")
@@ -144,7 +183,7 @@ def main(argv=None) -> dict:
     print(f"call_genotype {g.shape} int8, {g.nbytes / 1e9:.3f} GB, {a.alleles} alleles")
     for r in rows:
         where = r["backend"] + (f" ({r['threads']})" if "threads" in r else "")
-        print(f"  {where:<18} {r['kernel']:<26} {r.get('path', ''):<8} {r['seconds'] * 1e3:9.3f} ms"
+        print(f"  {where:<18} {r['kernel']:<26} {r.get('path', ''):<20} {r['seconds'] * 1e3:9.3f} ms"
               f"  {r['gb_per_s']:8.2f} GB/s read")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2))
