@@ -63,7 +63,7 @@ def median_seconds(run, repeat: int) -> float:
     return statistics.median(run() for _ in range(repeat))
 
 
-def gpu_rows(g: np.ndarray, alleles: int, repeat: int) -> list[dict]:
+def gpu_rows(g: np.ndarray, alleles: int, repeat: int, names=KERNELS) -> list[dict]:
     import cupy
 
     d = cupy.asarray(g)
@@ -85,7 +85,7 @@ def gpu_rows(g: np.ndarray, alleles: int, repeat: int) -> list[dict]:
     seconds = median_seconds(timed(lambda: copy.__setitem__(Ellipsis, d)), repeat)
     rows.append({"backend": "gpu", "kernel": "copy", "seconds": seconds, "gb_per_s": 2 * g.nbytes / seconds / 1e9,
                  "copy_read_gb_per_s": g.nbytes / seconds / 1e9})
-    for name in KERNELS:
+    for name in names:
         kernel = kernels.get(name, "gpu")
         args = args_of(name, alleles)
         paths = ["words", "generic"] if genotypes.word_path(d, *args[:1]) else ["generic"]
@@ -172,7 +172,7 @@ def main(argv=None) -> dict:
     g = calls(a.variants, a.samples, a.ploidy, a.alleles, a.missing)
     rows = []
     if a.sweep:
-        rows += gpu_rows(g, a.alleles, a.repeat)[:1] + sweep_rows(g, a.alleles, a.repeat)
+        rows += gpu_rows(g, a.alleles, a.repeat, names=()) + sweep_rows(g, a.alleles, a.repeat)
     elif a.backend in ("gpu", "all") and B.gpu_available():
         rows += gpu_rows(g, a.alleles, a.repeat)
     elif a.backend == "gpu":
