@@ -608,3 +608,42 @@ def test_streaming_kernel_sources_compile(tmp_path, spec: Spec, in_t, out_t):
         capture_output=True, text=True,
     )
     assert r.returncode == 0, r.stderr
+
+
+# --- the disk cache's keys of kernels built by factories -------------------------------------------
+
+OFFSET = 2  # a constant a cached function names
+
+
+def _offset(x):
+    return x + OFFSET
+
+
+def _make(k, inner):
+    def kernel(x):
+        return inner(x) + k
+
+    return kernel
+
+
+class _Codegen:
+    def magic_tuple(self):
+        return ("target", "cpu", "")
+
+
+def _key(fn):
+    return launch._cpu_cache()(fn)._index_key(("int64",), _Codegen())
+
+
+def test_cache_keys_follow_code_closure_and_constants(monkeypatch, tmp_path):
+    """A kernel built twice by its factory (its compiled inner function a new object each time)
+    has one key, as a later process builds it; another constant in the closure, or another value
+    of a global constant that a function in it names, gives another key."""
+    import numba
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    first = _key(_make(1, numba.njit(_offset)))
+    assert _key(_make(1, numba.njit(_offset))) == first
+    assert _key(_make(3, numba.njit(_offset))) != first
+    monkeypatch.setattr(sys.modules[__name__], "OFFSET", 5)
+    assert _key(_make(1, numba.njit(_offset))) != first

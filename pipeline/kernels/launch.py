@@ -302,26 +302,35 @@ def _closure_cache(base, *version):
     """``base``, Numba's cache of a function (``FunctionCache`` for the CPU, ``CUDACache`` for
     the GPU), keyed by the function's code and closure as ``cache=True`` keys it, except that a
     compiled function in the closure (the per-point loop or device function that a kernel calls)
-    counts by its own code and closure: Numba would pickle it with an identity new in every
-    process, so a kernel defined in a factory would never be found in the cache by a later
-    process. ``version`` joins the key (numba-cuda adds its version to its keys)."""
+    counts by its own code, closure and constants: Numba would pickle it with an identity new in
+    every process, so a kernel defined in a factory would never be found in the cache by a later
+    process. The key also holds the numbers among the globals each function names (compile-time
+    constants to Numba, perhaps of another module than the kernel's, whose file alone Numba
+    checks) and pipeline's version; ``version`` joins it (numba-cuda adds its version)."""
     import hashlib
 
     from numba.core.serialize import dumps
+
+    from .._version import __version__
+
+    def constants(fn):
+        names = fn.__code__.co_names
+        return repr([(n, fn.__globals__[n]) for n in names
+                     if isinstance(fn.__globals__.get(n), (int, float, np.generic))]).encode()
 
     def stable(value):
         py_func = getattr(value, "py_func", None)
         if py_func is None:
             return dumps(value)
         cells = tuple(stable(c.cell_contents) for c in py_func.__closure__ or ())
-        return py_func.__qualname__.encode() + py_func.__code__.co_code + b"".join(cells)
+        return py_func.__qualname__.encode() + py_func.__code__.co_code + constants(py_func) + b"".join(cells)
 
     class ClosureCache(base):
         def _index_key(self, sig, codegen):
             fn = self._py_func
-            cells = b"".join(stable(c.cell_contents) for c in fn.__closure__ or ())
+            cells = constants(fn) + b"".join(stable(c.cell_contents) for c in fn.__closure__ or ())
             digest = lambda b: hashlib.sha256(b).hexdigest()  # noqa: E731
-            key = (sig, codegen.magic_tuple(), *version, (digest(fn.__code__.co_code), digest(cells)))
+            key = (sig, codegen.magic_tuple(), __version__, *version, (digest(fn.__code__.co_code), digest(cells)))
             launch_config = getattr(self, "_launch_config_key", None)  # as numba-cuda's CUDACache adds it
             return key if launch_config is None else key + (("launch_config", launch_config),)
 
