@@ -26,7 +26,7 @@ ALLOWED = {
     "_version": set(),
     "deferred": set(),
     "backend": {"errors", "config", "state", "deferred"},
-    "kernels": {"backend", "errors", "config"},
+    "kernels": {"backend", "errors", "config", "_version"},
     "gpu": {"backend", "kernels", *FOUNDATION},
     "reduce": {"backend", "kernels", *FOUNDATION},
     "exec": {"backend", "kernels", "gpu", "reduce", *FOUNDATION},
