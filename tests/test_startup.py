@@ -118,19 +118,27 @@ print(launch.compile_seconds())
 """
 
 
-def test_numba_kernels_compile_once_per_machine_and_only_when_used(tmp_path):
-    """A second process loads the compiled kernels from pipeline.cache-dir instead of compiling them,
-    and a flow of one op compiles none of the other ops' kernels."""
-    env = _env(DASK_PIPELINE__CACHE_DIR=str(tmp_path / "cache"), NUMBA_DEBUG_CACHE="1")
+def _twice(script: str, cache) -> tuple[float, float]:
+    """Runs ``script`` in two processes with ``cache`` as pipeline.cache-dir: the compile seconds
+    each printed last, once it is checked that the first saved kernels to Numba's disk cache and
+    the second only loaded them."""
+    env = _env(DASK_PIPELINE__CACHE_DIR=str(cache), NUMBA_DEBUG_CACHE="1")
     env.pop("NUMBA_CACHE_DIR", None)
-    runs = [subprocess.run([sys.executable, "-c", _KERNEL_RUN], capture_output=True, text=True, env=env, timeout=300)
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
             for _ in range(2)]
     for r in runs:
         assert r.returncode == 0, r.stderr
-    first, second = (float(r.stdout.split()[-1]) for r in runs)
-    assert first > 0 and second == 0.0, (first, second)
     assert "data saved" in runs[0].stdout and "data loaded" in runs[1].stdout
     assert "data saved" not in runs[1].stdout, runs[1].stdout
+    first, second = (float(r.stdout.split()[-1]) for r in runs)
+    return first, second
+
+
+def test_numba_kernels_compile_once_per_machine_and_only_when_used(tmp_path):
+    """A second process loads the compiled kernels from pipeline.cache-dir instead of compiling them,
+    and a flow of one op compiles none of the other ops' kernels."""
+    first, second = _twice(_KERNEL_RUN, tmp_path / "cache")
+    assert first > 0 and second == 0.0, (first, second)
     cached = [p.name for p in (tmp_path / "cache" / "numba").rglob("*.nbi")]
     assert cached and all(name.startswith("rolling.") for name in cached), cached
 
@@ -162,15 +170,7 @@ def test_cuda_kernels_compile_once_per_machine(tmp_path):
     """The Numba CUDA kernels, closures over their constants, are found in the disk cache by a
     second process (and counted by compile_seconds), with the same results, threads launching
     one first at once included."""
-    env = _env(DASK_PIPELINE__CACHE_DIR=str(tmp_path / "cache"), NUMBA_DEBUG_CACHE="1")
-    env.pop("NUMBA_CACHE_DIR", None)
-    runs = [subprocess.run([sys.executable, "-c", _CUDA_KERNEL_RUN], capture_output=True, text=True, env=env, timeout=300)
-            for _ in range(2)]
-    for r in runs:
-        assert r.returncode == 0, r.stderr
-    first, second = (float(r.stdout.split()[-1]) for r in runs)
-    assert "data saved" in runs[0].stdout and "data loaded" in runs[1].stdout
-    assert "data saved" not in runs[1].stdout, runs[1].stdout
+    first, second = _twice(_CUDA_KERNEL_RUN, tmp_path / "cache")
     assert first > 3 * second, (first, second)
     cached = {p.name.split(".")[0] for p in (tmp_path / "cache" / "numba").rglob("*.nbi")}
     assert "genotypes" in cached, cached
