@@ -145,22 +145,18 @@ def use_cache_dir() -> str:
 
     if not numba.config.CACHE_DIR:
         numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
-    event.register("numba:compile", _compiles(event.Listener))
-    return root
+    class Compiles(event.Listener):
+        """Numba's compile events (a load from its cache included), counted by :class:`compiling`.
+        (numba-cuda sends none for kernels: :func:`cuda_kernel` counts those.)"""
 
-
-def _compiles(listener):
-    """A listener (a subclass of ``listener``, Numba's ``event.Listener``) that counts Numba's
-    compile events (a load from its cache included) with :class:`compiling`."""
-
-    class Compiles(listener):
         def on_start(self, ev):
             compiling().__enter__()
 
         def on_end(self, ev):
             compiling().__exit__(None, None, None)
 
-    return Compiles()
+    event.register("numba:compile", Compiles())
+    return root
 
 
 class compiling:
@@ -434,6 +430,8 @@ def _counted(compile_):
     except ImportError:
         from numba.core.compiler_lock import global_compiler_lock
 
+    name = compile_.__self__.py_func.__qualname__
+
     @functools.wraps(compile_)
     def compile(sig):
         with global_compiler_lock, compiling():
@@ -441,8 +439,8 @@ def _counted(compile_):
             try:
                 return compile_(sig)
             finally:
-                log.debug("CUDA kernel %s: %.3f s (compiled or loaded from the disk cache)", compile_.__self__.py_func.__qualname__,
-                          time.perf_counter() - start, extra={"kernel": compile_.__self__.py_func.__qualname__})
+                log.debug("CUDA kernel %s: %.3f s (compiled or loaded from the disk cache)", name,
+                          time.perf_counter() - start, extra={"kernel": name})
 
     return compile
 
