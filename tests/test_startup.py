@@ -46,6 +46,36 @@ def test_validate_with_data_imports_no_array_library(demo):
     assert r.stderr.split("LOADED", 1)[1].strip() == "[]", r.stderr
 
 
+def test_a_run_on_threads_imports_no_distributed(demo, tmp_path):
+    """`pipeline run` without a cluster never imports distributed (0.65-1 s of a one-shot run): not
+    to look for a client, and not through the sink's ``to_zarr(compute=False)``, whose delayed close
+    made dask import it to look for distributed's shuffle tasks. The store it writes is complete."""
+    out = tmp_path / "out.zarr"
+    probe = ("import atexit, sys; atexit.register(lambda: print('LOADED', sorted(m for m in sys.modules "
+             "if m.split('.')[0] == 'distributed' and sys.modules[m] is not None), file=sys.stderr)); "
+             f"sys.argv = ['pipeline', 'run', {str(REPO / 'flows' / 'climate_anomaly.yaml')!r}, '--output', {str(out)!r}, "
+             "'--no-progress']; import runpy; runpy.run_module('pipeline', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", probe], cwd=demo, capture_output=True, text=True, env=_env(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.split("LOADED", 1)[1].strip() == "[]", r.stderr
+    from pipeline.sinks.zarr import verify
+
+    assert verify(out)  # every chunk matches the digests of the manifest
+
+
+def test_distributed_stays_importable_around_the_metadata_write():
+    """The sink's guard marks distributed's shuffle module missing only while distributed is not
+    imported, and unmarks it after, so that a later import (a cluster started afterwards) works."""
+    probe = ("import sys; from pipeline.exec.compute import distributed_not_imported\n"
+             "with distributed_not_imported():\n"
+             "    try:\n        import distributed.shuffle._core\n    except ModuleNotFoundError:\n        print('blocked')\n"
+             "import distributed.shuffle._core as m; print('after', m.P2PBarrierTask.__name__)\n"
+             "with distributed_not_imported():\n    import distributed.shuffle._core; print('imported stays')\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["blocked", "after", "P2PBarrierTask", "imported", "stays"], r.stdout
+
+
 STEPS = [
     ("standardized_anomaly", {"dim": "time"}),
     ("weighted_mean", {"dims": ["lat", "lon"], "weights": "coslat"}),

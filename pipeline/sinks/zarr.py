@@ -36,7 +36,7 @@ import xarray as xr
 from .. import backend as B
 from ..deferred import module as _deferred
 from ..errors import InputError, chunk_error
-from ..exec.compute import compute, compute_threads
+from ..exec.compute import compute, compute_threads, distributed_not_imported
 from ..sources import is_url
 
 da = _deferred("dask.array")  # imported when the first graph is built
@@ -513,8 +513,9 @@ def _write(ds, partial: Path, encoding, zarr_format, fingerprint, kind, progress
 
     enc = _encodings(ds, encoding, zarr_format)
     if fresh:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), distributed_not_imported():
             warnings.filterwarnings("ignore", message=".*[Cc]onsolidated metadata.*")
+            # the metadata only: the blocks are written below
             ds.to_zarr(partial, mode="w-", zarr_format=zarr_format, consolidated=True, encoding=enc, compute=False)
         _write_manifest(partial, kind=kind, fingerprint=fingerprint, complete=False)
     group = zarr.open_group(str(partial), mode="r")
