@@ -39,15 +39,22 @@ class Sampler(threading.Thread):
     def __init__(self, every: float):
         super().__init__(daemon=True)
         self.every, self.chains, self.stopped = every, collections.Counter(), threading.Event()
+        self.timeline, self.threads = [], collections.Counter()  # (seconds, thread, stack); samples by pool
 
     def run(self):
         me = threading.get_ident()
+        start = time.perf_counter()
         while not self.stopped.wait(self.every):
+            names = {t.ident: t.name for t in threading.enumerate()}
+            at = round(time.perf_counter() - start, 3)
             for ident, frame in sys._current_frames().items():
                 if ident != me:
                     chain = _chain(frame)
                     if chain:
                         self.chains[chain] += 1
+                        name = names.get(ident, str(ident))
+                        self.timeline.append((at, name, chain[:5]))
+                        self.threads[name.split("_")[0]] += 1
 
 
 def main(argv=None) -> int:
@@ -95,7 +102,9 @@ def main(argv=None) -> int:
         print(f"{n:6d}  {frame}")
     if a.json:
         Path(a.json).write_text(json.dumps({"first": times[0], "warm": times[1], "inner": inner.most_common(60),
-                                            "chains": [[n, list(c)] for c, n in chains.most_common(40)]}, indent=1))
+                                            "threads": sampler.threads.most_common(),
+                                            "timeline": sampler.timeline,
+                                            "chains": [[n, list(c)] for c, n in chains.most_common(400)]}))
     return 0
 
 

@@ -493,3 +493,21 @@ def test_gpu_reads_vcf_zarr_as_the_cpu(demo_stores, store):
     assert g.chunks[1] == cpu["call_genotype"].data.chunks[1]  # samples keep their stored chunks
     sources = [s for s in g.dask.values() if isinstance(s, (reader.GpuSource, reader.StagedSource))]
     assert sources and all(isinstance(s, reader.GpuSource) for s in sources) == nvcomp_available()
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_opening_vcf_zarr_on_the_gpu_prepares_numba_cuda(demo_stores, monkeypatch, tmp_path):
+    """Opening a VCF Zarr store on the GPU starts loading numba.cuda, which its statistics' kernels
+    need; a climate store on the GPU, or a VCF Zarr store on the CPU, does not."""
+    from pipeline.demo import write_demo
+    from pipeline.kernels import launch
+
+    prepared = []
+    monkeypatch.setattr(launch, "prepare_numba_cuda", lambda: prepared.append(1))
+    pipeline.open_dataset(demo_stores[2], backend="cpu")
+    write_demo(tmp_path / "climate.zarr", "1MB", seed=0)
+    pipeline.open_dataset(tmp_path / "climate.zarr", backend="gpu")
+    assert prepared == []
+    pipeline.open_dataset(demo_stores[2], backend="gpu")
+    assert prepared == [1]

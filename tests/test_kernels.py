@@ -647,3 +647,66 @@ def test_cache_keys_follow_code_closure_and_constants(monkeypatch, tmp_path):
     assert _key(_make(3, numba.njit(_offset))) != first
     monkeypatch.setattr(sys.modules[__name__], "OFFSET", 5)
     assert _key(_make(1, numba.njit(_offset))) != first
+
+
+# --- numba.cuda loaded in the background when a graph that runs its kernels is built ----------------
+
+
+def test_numba_cuda_families_are_those_with_numba_cuda_kernels():
+    from pipeline import kernels
+
+    root = Path(kernels.__file__).parent
+    users = {f.stem for f in root.glob("*.py") if "@launch.cuda_kernel" in f.read_text()}
+    assert users == kernels.NUMBA_CUDA_FAMILIES
+
+
+def test_only_asking_for_a_numba_cuda_kernel_to_run_prepares_numba_cuda(monkeypatch):
+    """An op building its graph on the GPU (``kernels.get``) starts loading numba.cuda; listing
+    backends, checking for a kernel, the memory plan and the CPU do not."""
+    from pipeline import kernels
+
+    prepared = []
+    monkeypatch.setattr(launch, "prepare_numba_cuda", lambda: prepared.append(1))
+    kernels.has("variant_call_counts", "gpu")
+    kernels.work_slabs("gpu")
+    kernels.get("variant_call_counts", "cpu")
+    kernels.get("moments", "gpu")  # CUDA C
+    assert prepared == []
+    kernels.get("variant_call_counts", "gpu")
+    kernels.get("polyfit", "gpu")
+    assert prepared == [1, 1]
+
+
+def test_no_preparing_under_the_simulator(monkeypatch):
+    started = []
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    monkeypatch.setattr(launch, "_start_preparing", lambda: started.append(1))
+    launch.prepare_numba_cuda()
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
+    launch.prepare_numba_cuda()
+    assert started == [1]
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_numba_cuda_prepared_in_the_background():
+    """The background preparation imports numba.cuda and loads its registries, and a kernel launched
+    meanwhile from other threads waits for it and gives the CPU's counts."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cupy
+
+    from pipeline.kernels import genotypes
+
+    launch.prepare_numba_cuda()
+    g = np.random.default_rng(1).integers(-1, 2, (257, 33, 2)).astype(np.int8)
+    d = cupy.asarray(g)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: genotypes.variant_call_counts_gpu(d, 2).get(), range(4)))
+    for r in results:
+        np.testing.assert_array_equal(r, genotypes.variant_call_counts_cpu(g, 2))
+    preparing = [t for t in threading.enumerate() if t.name == "pipeline-numba-cuda"]
+    for t in preparing:
+        t.join(60)
+    assert "numba.cuda" in sys.modules and not any(t.is_alive() for t in preparing)

@@ -94,6 +94,10 @@ FAMILIES: dict[str, str] = {
 
 BACKENDS = ("cpu", "gpu")
 
+# The families whose GPU kernels are Numba CUDA kernels (``launch.cuda_kernel``): resolving one of
+# their kernels for the GPU starts ``numba.cuda``'s import in the background (launch.prepare_numba_cuda).
+NUMBA_CUDA_FAMILIES = frozenset({"alternate", "genotypes", "groups", "popgen", "trend"})
+
 
 @functools.cache
 def _resolve(name: str, backend: str) -> Callable:
@@ -110,8 +114,14 @@ def _resolve(name: str, backend: str) -> Callable:
 
 
 def get(name: str, backend: str) -> Callable:
-    """The kernel ``name`` for ``backend`` ("cpu" or "gpu")."""
-    return _resolve(name, backend)
+    """The kernel ``name`` for ``backend`` ("cpu" or "gpu"), to run: an op building its graph asks
+    for it, and a Numba CUDA kernel's module starts loading now (:data:`NUMBA_CUDA_FAMILIES`)."""
+    kernel = _resolve(name, backend)
+    if backend == "gpu" and FAMILIES[name] in NUMBA_CUDA_FAMILIES:
+        from .launch import prepare_numba_cuda
+
+        prepare_numba_cuda()
+    return kernel
 
 
 def work_slabs(backend: str) -> float:
@@ -120,13 +130,13 @@ def work_slabs(backend: str) -> float:
     memory plan counts for each thread besides its blocks. The CPU's array formulas work slab by
     slab; the Numba loops hold none; on the GPU a thread's blocks were measured with its kernels'
     temporaries in them (0)."""
-    return max((getattr(get(name, backend).fn, "work_slabs", 0) for name in FAMILIES if has(name, backend)), default=0)
+    return max((getattr(_resolve(name, backend).fn, "work_slabs", 0) for name in FAMILIES if has(name, backend)), default=0)
 
 
 def has(name: str, backend: str) -> bool:
     """Whether ``name`` has a kernel for ``backend``."""
     try:
-        get(name, backend)
+        _resolve(name, backend)
     except KernelNotFound:
         return False
     return True

@@ -39,6 +39,9 @@ class Format:
     zarr). ``stored_values``: values are data as stored (VCF Zarr's -1 and -2 in integers), not
     CF-packed: nothing is masked or scaled, characters are not joined, booleans also go to the
     backend, and every variable xarray leaves as stored takes ``device_array`` on the GPU.
+    ``numba_kernels``: its ops run Numba CUDA kernels on the GPU (the genotype families), so
+    opening it there starts loading ``numba.cuda`` in the background
+    (:func:`pipeline.kernels.launch.prepare_numba_cuda`), while the user's first steps read.
     """
 
     detect: Callable[[Path], str | None]
@@ -47,10 +50,13 @@ class Format:
     device_array: Callable | None = None
     is_zarr: bool = False
     stored_values: bool = False
+    numba_kernels: bool = False
 
 
 ZARR = Format(zarr.detect, zarr.open_store, zarr._shard_chunks, zarr.device_array, is_zarr=True)
-VCF_ZARR = Format(vcf.detect, vcf.open_store, zarr._shard_chunks, zarr.device_array, is_zarr=True, stored_values=True)
+VCF_ZARR = Format(
+    vcf.detect, vcf.open_store, zarr._shard_chunks, zarr.device_array, is_zarr=True, stored_values=True, numba_kernels=True,
+)
 # in the order formats are tried: a VCF Zarr store is also a Zarr store
 FORMATS: dict[str, Format] = {
     vcf.NAME: VCF_ZARR, "zarr3": ZARR, "zarr2": ZARR,
@@ -119,6 +125,10 @@ def open_dataset(
     target = B.resolve(backend)
     name = "zarr3" if is_url(path) else store_format(path)
     fmt = FORMATS[name]
+    if target == "gpu" and fmt.numba_kernels:
+        from ..kernels.launch import prepare_numba_cuda
+
+        prepare_numba_cuda()
     local = not is_url(path)
     kind = name if local else "url"
     raw = _open(fmt, path, kind, name, decode_cf=False)  # metadata: storage types and attributes
