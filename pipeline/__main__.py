@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import main
+from .cli import script
 
-sys.exit(main())
+sys.exit(script())

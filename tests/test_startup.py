@@ -63,6 +63,32 @@ def test_a_run_on_threads_imports_no_distributed(demo, tmp_path):
     assert verify(out)  # every chunk matches the digests of the manifest
 
 
+def test_the_command_keeps_what_its_imports_made_from_the_collector(demo, tmp_path, monkeypatch):
+    """The ``pipeline`` command (a process of its own) freezes what is alive after its imports and
+    at its end (``gc.freeze``), and its result is the same; ``cli.main`` called in a process that
+    goes on leaves the collector alone."""
+    import gc
+
+    from pipeline import cli
+
+    probe = ("import gc, sys; from pipeline.cli import script; "
+             f"sys.argv = ['pipeline', 'run', {str(REPO / 'flows' / 'climate_anomaly.yaml')!r}, '--output', "
+             f"{str(tmp_path / 'a.zarr')!r}, '--no-progress']; code = script(); print(code, gc.get_freeze_count() > 10000)")
+    r = subprocess.run([sys.executable, "-c", probe], cwd=demo, capture_output=True, text=True, env=_env(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-2:] == ["0", "True"], r.stdout
+    frozen = gc.get_freeze_count()
+    monkeypatch.chdir(demo)
+    with dask.config.set({"pipeline.backend": "cpu"}):
+        code = cli.main(["run", str(REPO / "flows" / "climate_anomaly.yaml"), "--output", str(tmp_path / "b.zarr"),
+                         "--no-progress", "--backend", "cpu"])
+    assert code == cli.EXIT_OK and gc.get_freeze_count() == frozen
+    import xarray as xr
+
+    a, b = (xr.open_zarr(tmp_path / n) for n in ("a.zarr", "b.zarr"))
+    xr.testing.assert_equal(a.compute(), b.compute())  # the attributes' history holds the time
+
+
 def test_distributed_stays_importable_around_the_metadata_write():
     """The sink's guard marks distributed's shuffle module missing only while distributed is not
     imported, and unmarks it after, so that a later import (a cluster started afterwards) works."""
