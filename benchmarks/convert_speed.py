@@ -148,9 +148,12 @@ def main(argv=None) -> dict:
             seconds.append(timers[name](src, dst, args.level))
             cpu.append(_cpu_seconds() - c)
         best = min(seconds)
-        out["paths"][name] = {"seconds": seconds, "cpu_seconds": cpu, "gb_per_s": nbytes / best / 1e9, "equal": _same(src, dst)}
+        stored = sum(f.stat().st_size for f in (dst / "tas").rglob("*") if f.is_file())
+        out["paths"][name] = {"seconds": seconds, "cpu_seconds": cpu, "gb_per_s": nbytes / best / 1e9, "equal": _same(src, dst),
+                              "ratio": nbytes / stored}
         print(f"{name:5s} {best:7.2f} s  {nbytes / best / 1e9:6.2f} GB/s  ({', '.join(f'{s:.2f}' for s in seconds)} s; "
-              f"CPU {min(cpu) / (nbytes / 1e9):.1f} s/GB)  equal={out['paths'][name]['equal']}", flush=True)
+              f"CPU {min(cpu) / (nbytes / 1e9):.1f} s/GB; ratio {out['paths'][name]['ratio']:.2f})  "
+              f"equal={out['paths'][name]['equal']}", flush=True)
         _drop(dst)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
