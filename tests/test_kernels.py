@@ -710,3 +710,84 @@ def test_numba_cuda_prepared_in_the_background():
     for t in preparing:
         t.join(60)
     assert "numba.cuda" in sys.modules and not any(t.is_alive() for t in preparing)
+
+
+# --- CuPy's own compilations, once each however many threads ask ---------------------------------
+
+
+def test_equal_compilations_run_one_at_a_time_others_beside():
+    """Calls of a shared compiling function with equal arguments never overlap; calls with other
+    arguments do; each is counted in compile_seconds; wrapping twice changes nothing."""
+    import threading
+    import time
+    import types
+
+    running, most, overlap_other = {}, {}, []
+    lock = threading.Lock()
+
+    def compile_(source, options=()):
+        with lock:
+            running[source] = running.get(source, 0) + 1
+            most[source] = max(most.get(source, 0), running[source])
+            if len([k for k, v in running.items() if v]) > 1:
+                overlap_other.append(source)
+        time.sleep(0.05)
+        with lock:
+            running[source] -= 1
+        return f"module of {source}"
+
+    fake = types.SimpleNamespace(_compile=compile_)
+    assert launch.share_compiles(fake, "_compile") and launch.share_compiles(fake, "_compile")
+    before = launch.compile_seconds()
+    results = []
+    threads = [threading.Thread(target=lambda s=s: results.append(fake._compile(s, options=("-O3",))))
+               for s in ["a"] * 4 + ["b"] * 4]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["module of a"] * 4 + ["module of b"] * 4
+    assert most == {"a": 1, "b": 1} and overlap_other  # a and b compiled beside each other
+    assert launch.compile_seconds() - before >= 8 * 0.05 * 0.9
+    assert not launch.share_compiles(types.SimpleNamespace(), "_compile")
+
+
+_ONE_COMPILE = """
+import threading
+import cupy as cp
+import cupy.cuda.compiler as cc
+from pipeline.backend import gpu_available
+assert gpu_available()  # shares CuPy's compilations (pipeline.backend._cupy)
+xs = {t: cp.arange(1000, dtype=t) for t in (cp.int16, cp.int32)}
+calls = []
+inner = cc._compile_using_nvrtc_no_warning
+cc._compile_using_nvrtc_no_warning = lambda *a, **k: calls.append(1) or inner(*a, **k)
+work = lambda x: int(((x * 3) % 7).sum())
+one = work(xs[cp.int32])  # alone: the kernels these operations need, once each
+alone = len(calls)
+barrier = threading.Barrier(8)
+out = []
+def each():
+    barrier.wait()
+    out.append(work(xs[cp.int16]))
+ts = [threading.Thread(target=each) for _ in range(8)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(alone, len(calls) - alone, len(set(out)), out[0], one)
+"""
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_cupy_compiles_once_for_eight_threads(tmp_path):
+    """In a new process with an empty kernel cache, 8 threads asking CuPy for the same new
+    kernels at once compile as many as one thread alone does for the same operations on another
+    dtype (NVRTC runs once a kernel), with the right result."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "CUPY_CACHE_DIR": str(tmp_path / "cupy")}
+    r = subprocess.run([sys.executable, "-c", _ONE_COMPILE], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    alone, threaded, distinct, value, one = map(int, r.stdout.split())
+    assert distinct == 1 and value == one == int(((np.arange(1000) * 3) % 7).sum())
+    assert alone >= 1 and threaded == alone  # once each, not once a thread

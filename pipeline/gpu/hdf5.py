@@ -528,26 +528,35 @@ def adler32_expected(lay: H5Layout, ops: StreamOps, staging) -> np.ndarray:
     return np.array([int.from_bytes(bytes(staging[s + n - 4:s + n]), "big") for s, n, _ in ops.inflate], dtype=np.int64)
 
 
-def adler32_of(xp, lay: H5Layout, plan: BlockPlan, ops: StreamOps, dst):
-    """The adler32 of each inflated chunk in ``dst`` (before its shuffle is undone), in the order of
-    ``ops.inflate``, computed where ``dst`` lies (:mod:`pipeline.kernels.checksum`): nvCOMP inflates
-    raw deflate data and checks no checksum, so a damaged stream would otherwise decode to wrong
-    values without an error. Each run of chunks that follow each other in ``dst`` takes one
-    launch."""
+def adler_sums(xp, lay: H5Layout, plan: BlockPlan, ops: StreamOps, dst):
+    """The two adler32 sums of each inflated chunk in ``dst`` (before its shuffle is undone), in
+    the order the chunks lie in ``dst``, computed where ``dst`` lies
+    (:mod:`pipeline.kernels.checksum`): nvCOMP inflates raw deflate data and checks no checksum,
+    so a damaged stream would otherwise decode to wrong values without an error. Each run of
+    chunks that follow each other in ``dst`` takes one launch. :func:`adler32_from_sums` finishes
+    them on the host: a few integers a chunk, where CuPy would compile five kernels for them in
+    every new process (0.4 s of a first run on the GPU machine, each compiled by every thread
+    that reached it first)."""
     nb = lay.chunk_nbytes
     step = nb if plan.direct else _aligned(nb)
-    order = sorted(range(len(ops.inflate)), key=lambda j: ops.inflate[j][2])
-    sums = xp.empty((2, len(order)), dtype=np.int64)
+    sums = xp.empty((2, len(ops.inflate)), dtype=np.int64)
     at = 0
-    for start, count in _consecutive([ops.inflate[j][2] for j in order], step):
+    for start, count in _consecutive(sorted(d for _, _, d in ops.inflate), step):
         if xp is np:
             rows = np.lib.stride_tricks.as_strided(dst[start:], shape=(count, nb), strides=(step, 1))
             sums[:, at:at + count] = checksum.adler_sums_cpu(rows)
         else:
             sums[:, at:at + count] = checksum.adler_sums_gpu(dst, start, step, nb, count)
         at += count
-    out = xp.empty(len(order), dtype=np.int64)
-    out[xp.asarray(np.array(order, dtype=np.int64))] = checksum.adler32(sums, nb)
+    return sums
+
+
+def adler32_from_sums(sums: np.ndarray, lay: H5Layout, ops: StreamOps) -> np.ndarray:
+    """The adler32 of each inflated chunk, in the order of ``ops.inflate``, from its sums in the
+    order of :func:`adler_sums` (NumPy)."""
+    order = sorted(range(len(ops.inflate)), key=lambda j: ops.inflate[j][2])
+    out = np.empty(len(order), dtype=np.int64)
+    out[np.array(order, dtype=np.int64)] = checksum.adler32(np.asarray(sums), lay.chunk_nbytes)
     return out
 
 
@@ -587,7 +596,8 @@ def read_block_host(lay: H5Layout, region: tuple[slice, ...]) -> np.ndarray:
     for s, n, d in merged(ops.copy):
         dst[d:d + n] = staging[s:s + n]
     if ops.inflate:
-        check_adler32(adler32_of(np, lay, plan, ops, dst), adler32_expected(lay, ops, staging), f"{lay.path}: {lay.name!r}")
+        check_adler32(adler32_from_sums(adler_sums(np, lay, plan, ops, dst), lay, ops), adler32_expected(lay, ops, staging),
+                      f"{lay.path}: {lay.name!r}")
     finish(lay, plan, ops, out, dst, unshuffle_temp(np, lay, plan))
     return out
 
@@ -665,16 +675,17 @@ def _move_and_decode(lay: H5Layout, plan: BlockPlan, staging: np.ndarray, jobs, 
             if dev is not None:
                 dev[run.start:run.end].set(staging[run.start:run.end], stream=stream)
         ops = stream_ops(lay, plan, staging)
-        adler = None
+        sums = None
         if dev is not None:
             _decode_on_device(lay, ops, dev, dst)
             if ops.inflate:
-                adler = adler32_of(cp, lay, plan, ops, dst)
+                sums = adler_sums(cp, lay, plan, ops, dst)
         else:  # zlib checks each stream's adler32 itself
             _decode_on_host(lay, ops, staging, dst, stream, hold)
         finish(lay, plan, ops, out, dst, tmp)
-        if adler is not None:  # read back once the block is done: the task waits for it then anyway
-            check_adler32(cp.asnumpy(adler, stream=stream), adler32_expected(lay, ops, staging), f"{lay.path}: {lay.name!r}")
+        if sums is not None:  # read back once the block is done: the task waits for it then anyway
+            check_adler32(adler32_from_sums(cp.asnumpy(sums, stream=stream), lay, ops), adler32_expected(lay, ops, staging),
+                          f"{lay.path}: {lay.name!r}")
     return out
 
 
