@@ -172,3 +172,67 @@ def test_mixing_host_and_device_fails_loudly():
 
 
 test_mixing_host_and_device_fails_loudly = pytest.mark.gpu(test_mixing_host_and_device_fails_loudly)
+
+
+# --- NetCDF4 on the CPU: chunks inflated by zlib in Dask's threads, not under HDF5's lock ---------
+
+
+def _netcdf(tmp_path, chunk=(5, 4, 10), **extra):
+    """tas (float32 with NaNs) and a packed int16 with a fill value, written by xarray through
+    h5netcdf with zlib and the shuffle filter, in chunks that leave partial edges."""
+    ds = packed_dataset()
+    ds["tas"] = (("time", "lat", "lon"), np.round(280 + np.cumsum(np.random.default_rng(5).standard_normal(ds["packed"].shape), -1), 2).astype("f4"))
+    ds["tas"][3, 2, :4] = np.nan
+    enc = {v: {"zlib": True, "shuffle": True, "complevel": 4, "chunksizes": tuple(min(c, n) for c, n in zip(chunk, ds[v].shape)), **extra}
+           for v in ds.data_vars if ds[v].ndim == 3}
+    path = tmp_path / "f.nc"
+    ds.to_netcdf(path, engine="h5netcdf", encoding=enc)
+    return path
+
+
+def _count_host_reads(monkeypatch):
+    from pipeline.gpu import hdf5
+
+    calls = []
+    read = hdf5.read_block_host
+    monkeypatch.setattr(hdf5, "read_block_host", lambda lay, region: calls.append(region) or read(lay, region))
+    return calls
+
+
+@pytest.mark.parametrize("chunks", [None, {"time": 10}])
+def test_netcdf_on_the_cpu_reads_its_chunks_itself(tmp_path, monkeypatch, chunks):
+    """Blocks of whole chunks are inflated by pipeline's own reader; every value equals xarray's,
+    CF decoding, NaNs and partial edge chunks included."""
+    path = _netcdf(tmp_path)
+    calls = _count_host_reads(monkeypatch)
+    ds = pipeline.open_dataset(path, backend="cpu", chunks=chunks)
+    reference = xr.open_dataset(path)
+    for name in ("tas", "packed", "int_fill"):
+        np.testing.assert_array_equal(ds[name].values, reference[name].values)
+        assert ds[name].dtype == reference[name].dtype
+    assert calls
+
+
+def test_netcdf_blocks_across_chunks_are_read_by_xarray(tmp_path, monkeypatch):
+    """Blocks that cut stored chunks (7 steps of chunks of 5) are read through xarray, equal."""
+    path = _netcdf(tmp_path)
+    calls = _count_host_reads(monkeypatch)
+    ds = pipeline.open_dataset(path, backend="cpu", chunks={"time": 7})
+    np.testing.assert_array_equal(ds["tas"].values, xr.open_dataset(path)["tas"].values)
+    assert not calls
+
+
+def test_netcdf_damaged_chunk_names_file_and_variable(tmp_path):
+    """A chunk whose deflate stream is damaged: an InputError naming the file and the variable,
+    not a wrong value."""
+    import h5py
+
+    path = _netcdf(tmp_path)
+    with h5py.File(path, "r") as f:
+        info = f["tas"].id.get_chunk_info(1)
+    with open(path, "r+b") as f:
+        f.seek(info.byte_offset + info.size // 2)
+        f.write(b"\x00" * 16)
+    with pytest.raises(InputError, match="tas") as e:
+        pipeline.open_dataset(path, backend="cpu")["tas"].values
+    assert str(path) in str(e.value)

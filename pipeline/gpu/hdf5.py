@@ -567,21 +567,14 @@ def check_adler32(computed, expected: np.ndarray, where: str) -> None:
         raise DecodeError(f"{where}: adler32 checksum mismatch in {len(bad)} chunk(s) of a block")
 
 
-def _inflate_raw(payload, nbytes: int, where: str) -> np.ndarray:
-    """A raw deflate stream (a zlib stream without its header and checksum), as nvCOMP takes it."""
-    d = zlib.decompressobj(-15)
-    try:
-        got = d.decompress(payload, nbytes)
-    except zlib.error as e:
-        raise DecodeError(f"{where}: {e}") from e
-    if len(got) != nbytes:
-        raise DecodeError(f"{where}: a chunk inflates to {len(got)} bytes, not {nbytes}")
-    return np.frombuffer(got, dtype=np.uint8)
-
-
 def read_block_host(lay: H5Layout, region: tuple[slice, ...]) -> np.ndarray:
-    """The CPU twin of :func:`read_block`: the same plan, reads and steps with NumPy in place of
-    CuPy, and zlib inflating the same raw deflate streams that nvCOMP is given."""
+    """The values of ``region`` (whole chunks of ``lay``; the last may be cut by the array's
+    edge) read on the CPU: the plan, reads and steps of :func:`read_block` with NumPy in place of
+    CuPy, and zlib inflating each whole stream (checking its adler32 itself) in place of nvCOMP.
+
+    It is also how the CPU backend reads NetCDF4 (:mod:`pipeline.sources.reads`): zlib releases
+    the GIL, so Dask's threads inflate their blocks at once, where h5py inflates one chunk at a
+    time under HDF5's global lock."""
     plan = plan_block(lay, region)
     staging = np.empty(max(1, plan.total), dtype=np.uint8)
     for run in plan.runs:
@@ -591,15 +584,23 @@ def read_block_host(lay: H5Layout, region: tuple[slice, ...]) -> np.ndarray:
     out = np.empty(plan.shape, dtype=lay.dtype)
     nb = lay.chunk_nbytes
     dst = out.reshape(-1).view(np.uint8) if plan.direct else np.empty(max(1, plan.scratch_bytes(lay)), dtype=np.uint8)
+    where = f"{lay.path}: {lay.name!r}"
     for s, n, d in ops.inflate:
-        dst[d:d + nb] = _inflate_raw(staging[s + 2:s + n - 4], nb, lay.path)
+        _inflate_into(staging[s:s + n], dst[d:d + nb], where)
     for s, n, d in merged(ops.copy):
         dst[d:d + n] = staging[s:s + n]
-    if ops.inflate:
-        check_adler32(adler32_from_sums(adler_sums(np, lay, plan, ops, dst), lay, ops), adler32_expected(lay, ops, staging),
-                      f"{lay.path}: {lay.name!r}")
     finish(lay, plan, ops, out, dst, unshuffle_temp(np, lay, plan))
     return out
+
+
+def whole_chunks(lay: H5Layout, region: tuple[slice, ...]) -> bool:
+    """Whether ``region`` is made of whole chunks of ``lay`` (the last may end at the array's edge),
+    as :func:`read_block_host` and :func:`read_block` read them."""
+    return all(
+        s.step in (None, 1) and s.start is not None and s.start % c == 0 and s.stop is not None
+        and (s.stop % c == 0 or s.stop == n) and s.start < s.stop <= n
+        for s, c, n in zip(region, lay.chunk, lay.shape)
+    )
 
 
 # --- reading a block on the GPU -----------------------------------------------------------------
