@@ -25,9 +25,6 @@ def _cupy():
         import cupy
     except Exception:  # ImportError, or a CUDA library that fails to load
         return None
-    from .kernels.launch import share_cupy_compiles
-
-    share_cupy_compiles()  # each of CuPy's own kernels compiled once, not by every thread at once
     return cupy
 
 

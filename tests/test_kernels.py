@@ -753,11 +753,11 @@ def test_equal_compilations_run_one_at_a_time_others_beside():
 
 
 _ONE_COMPILE = """
-import threading
+import sys, threading
 import cupy as cp
 import cupy.cuda.compiler as cc
-from pipeline.backend import gpu_available
-assert gpu_available()  # shares CuPy's compilations (pipeline.backend._cupy)
+import pipeline
+pipeline.open_dataset(sys.argv[1], backend="gpu")  # where GPU work begins: CuPy's compilations shared
 xs = {t: cp.arange(1000, dtype=t) for t in (cp.int16, cp.int32)}
 calls = []
 inner = cc._compile_using_nvrtc_no_warning
@@ -779,14 +779,18 @@ print(alone, len(calls) - alone, len(set(out)), out[0], one)
 @requires_gpu
 @pytest.mark.gpu
 def test_cupy_compiles_once_for_eight_threads(tmp_path):
-    """In a new process with an empty kernel cache, 8 threads asking CuPy for the same new
-    kernels at once compile as many as one thread alone does for the same operations on another
+    """In a new process with an empty kernel cache, once a store is opened on the GPU, 8 threads
+    asking CuPy for the same new kernels at once compile as many as one thread alone does for the same operations on another
     dtype (NVRTC runs once a kernel), with the right result."""
     import os
     import subprocess
 
+    import xarray as xr
+
+    store = tmp_path / "tiny.zarr"
+    xr.Dataset({"tas": (("time", "x"), np.ones((4, 3), "f4"))}).to_zarr(store, zarr_format=3)
     env = {**os.environ, "CUPY_CACHE_DIR": str(tmp_path / "cupy")}
-    r = subprocess.run([sys.executable, "-c", _ONE_COMPILE], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-c", _ONE_COMPILE, str(store)], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     alone, threaded, distinct, value, one = map(int, r.stdout.split())
     assert distinct == 1 and value == one == int(((np.arange(1000) * 3) % 7).sum())

@@ -199,7 +199,8 @@ def share_cupy_compiles() -> bool:
     of the run; one compilation alone took 0.10-0.14 s, four of the same at once 0.36-0.44 s each.
     Here a thread that asks for a compilation under way waits for it, then loads the kernel from
     CuPy's cache. Wraps ``cupy.cuda.compiler._compile_with_cache_cuda``, the one function through
-    which CuPy (13 and 14) compiles CUDA code."""
+    which CuPy (13 and 14) compiles CUDA code. Installed where GPU work begins: a source opened on
+    the GPU, a computation on threads once CuPy is imported, pipeline's own CuPy kernels."""
     try:
         from cupy.cuda import compiler
     except ImportError:

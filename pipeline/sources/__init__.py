@@ -125,10 +125,12 @@ def open_dataset(
     target = B.resolve(backend)
     name = "zarr3" if is_url(path) else store_format(path)
     fmt = FORMATS[name]
-    if target == "gpu" and fmt.numba_kernels:
-        from ..kernels.launch import prepare_numba_cuda
+    if target == "gpu":
+        from ..kernels.launch import prepare_numba_cuda, share_cupy_compiles
 
-        prepare_numba_cuda()
+        share_cupy_compiles()  # each of CuPy's own kernels compiled once, not by every thread at once
+        if fmt.numba_kernels:
+            prepare_numba_cuda()
     local = not is_url(path)
     kind = name if local else "url"
     raw = _open(fmt, path, kind, name, decode_cf=False)  # metadata: storage types and attributes
