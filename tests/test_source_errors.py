@@ -81,6 +81,27 @@ def test_cli_run_on_corrupt_chunk_exits_2(tmp_path, fmt):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+def test_cli_run_on_damaged_netcdf_chunk_exits_2(tmp_path):
+    """A NetCDF4 file (xarray, h5netcdf, zlib + shuffle) with one chunk's deflate stream damaged:
+    the CPU backend's own reader fails on it, h5py reads the block again and fails too, and the
+    command exits 2 with a few lines naming the file and the variable; nothing is written."""
+    import h5py
+
+    path = tmp_path / "d.nc"
+    ds = climate_array(shape=(30, 6, 8)).to_dataset()
+    ds.to_netcdf(path, engine="h5netcdf", encoding={"tas": {"zlib": True, "shuffle": True, "chunksizes": (10, 6, 8)}})
+    with h5py.File(path, "r") as f:
+        info = f["tas"].id.get_chunk_info(1)
+    with open(path, "r+b") as f:
+        f.seek(info.byte_offset + info.size // 2)
+        f.write(b"\x00" * 16)
+    r = run_cli("run", FLOW, "--input", path, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert str(path) in r.stderr and "variable 'tas'" in r.stderr and "could not be read" in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 5, r.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
 def test_chunk_requests_are_checked(tmp_path):
     path = tmp_path / "a.zarr"
     climate_array(shape=(12, 4, 5)).to_dataset().to_zarr(path)
