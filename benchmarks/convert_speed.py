@@ -11,10 +11,6 @@ back with plain zarr and compared with the input:
 - ``zarr``: the reference, xarray and dask writing the same layout through zarr's own sharding
   codec (``to_zarr`` with ``shards``), with no manifest or digests.
 
-``--compression zstd,blosc`` times the first two paths with each of convert's compressions
-(``api-blosc``, ``cli-blosc``), ``--backend cpu,gpu`` with the source decoded by each
-(``api-blosc-gpu``).
-
 Figures are GB/s of uncompressed values (bytes of the array over seconds).
 
     python benchmarks/convert_speed.py --shape 1460,721,1440 --workdir data/bench
@@ -90,17 +86,17 @@ def _drop(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def time_api(src: Path, dst: Path, level: int | None, compression: str = "zstd", backend: str = "cpu") -> float:
+def time_api(src: Path, dst: Path, level: int | None) -> float:
     from pipeline.sinks.convert import convert
 
     t = time.perf_counter()
-    convert(src, dst, compression=compression, backend=backend, **({} if level is None else {"level": level}))
+    convert(src, dst, **({} if level is None else {"level": level}))
     return time.perf_counter() - t
 
 
-def time_cli(src: Path, dst: Path, level: int | None, compression: str = "zstd", backend: str = "cpu") -> float:
+def time_cli(src: Path, dst: Path, level: int | None) -> float:
     t = time.perf_counter()
-    extra = ["--compression", compression, "--backend", backend] + ([] if level is None else ["--level", str(level)])
+    extra = [] if level is None else ["--level", str(level)]
     # run from the store's directory: ``-m`` puts the working directory first on the path, where
     # a checkout would shadow the pipeline that PYTHONPATH names
     subprocess.run([sys.executable, "-m", "pipeline", "convert", str(src), str(dst), "--no-progress", *extra],
@@ -108,7 +104,7 @@ def time_cli(src: Path, dst: Path, level: int | None, compression: str = "zstd",
     return time.perf_counter() - t
 
 
-def time_zarr(src: Path, dst: Path, level: int | None, compression: str = "zstd", backend: str = "cpu") -> float:
+def time_zarr(src: Path, dst: Path, level: int | None) -> float:
     """The same layout written by xarray and zarr's sharding codec alone."""
     import xarray as xr
     from zarr.codecs import ZstdCodec
@@ -134,11 +130,6 @@ def main(argv=None) -> dict:
     p.add_argument("--paths", default=",".join(PATHS), help=f"some of {','.join(PATHS)}")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--level", type=int, default=None, help="zstd level (default: convert's; zarr's 0 for the zarr path)")
-    p.add_argument("--compression", default="zstd", help="convert's frames, zstd or blosc, for the api and cli paths; "
-                   "several, comma-separated, each timed in turn")
-    p.add_argument("--backend", default="cpu", help="what decodes the source for the api and cli paths, cpu or gpu; "
-                   "several, comma-separated")
-    p.add_argument("--keep", action="store_true", help="keep each path's output (convert_speed_NAME.zarr) for reading")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     shape = tuple(int(n) for n in args.shape.split(","))
@@ -148,26 +139,22 @@ def main(argv=None) -> dict:
     nbytes = int(np.prod(shape)) * 4
     timers = {"api": time_api, "cli": time_cli, "zarr": time_zarr}
     out = {"shape": shape, "time_chunk": args.time_chunk, "level": args.level, "bytes": nbytes, "cpus": os.cpu_count(), "paths": {}}
-    runs = [(p, c, b) for p in args.paths.split(",") for c in (args.compression.split(",") if p != "zarr" else ["zstd"])
-            for b in (args.backend.split(",") if p != "zarr" else ["cpu"])]
-    for path, compression, backend in runs:
-        name = "-".join([path] + [x for x in (compression, backend) if x not in ("zstd", "cpu")])
+    for name in args.paths.split(","):
         dst = work / f"convert_speed_{name}.zarr"
         seconds, cpu = [], []
         for _ in range(args.repeat):
             _drop(dst)
             c = _cpu_seconds()
-            seconds.append(timers[path](src, dst, args.level, compression, backend))
+            seconds.append(timers[name](src, dst, args.level))
             cpu.append(_cpu_seconds() - c)
         best = min(seconds)
         stored = sum(f.stat().st_size for f in (dst / "tas").rglob("*") if f.is_file())
         out["paths"][name] = {"seconds": seconds, "cpu_seconds": cpu, "gb_per_s": nbytes / best / 1e9, "equal": _same(src, dst),
                               "ratio": nbytes / stored}
-        print(f"{name:10s} {best:7.2f} s  {nbytes / best / 1e9:6.2f} GB/s  ({', '.join(f'{s:.2f}' for s in seconds)} s; "
+        print(f"{name:5s} {best:7.2f} s  {nbytes / best / 1e9:6.2f} GB/s  ({', '.join(f'{s:.2f}' for s in seconds)} s; "
               f"CPU {min(cpu) / (nbytes / 1e9):.1f} s/GB; ratio {out['paths'][name]['ratio']:.2f})  "
               f"equal={out['paths'][name]['equal']}", flush=True)
-        if not args.keep:
-            _drop(dst)
+        _drop(dst)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return out

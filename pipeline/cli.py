@@ -235,7 +235,7 @@ def cmd_convert(args) -> int:
     t = time.perf_counter()
     path = convert(
         args.src, args.dst, inner_bytes=args.inner_chunk, chunks=chunks, compression=args.compression, level=args.level,
-        backend=args.backend, mode="overwrite" if args.overwrite else "fail", progress=_progress(args),
+        mode="overwrite" if args.overwrite else "fail", progress=_progress(args),
     )
     print(f"wrote {path} ({directory_bytes(path) / 1e9:.3f} GB stored) in {time.perf_counter() - t:.1f} s")
     return EXIT_OK
@@ -349,14 +349,11 @@ def parser() -> argparse.ArgumentParser:
                        parents=[common])
     c.add_argument("src", help="a Zarr store or NetCDF file")
     c.add_argument("dst", help="the new Zarr store")
-    c.add_argument("--inner-chunk", default=None, help="bytes of one compressed frame inside a shard (default 1MB; 4MB for blosc)")
+    c.add_argument("--inner-chunk", default="1MB", help="bytes of one compressed frame inside a shard (default 1MB)")
     c.add_argument("--chunks", help="shard shape as DIM=SIZE,... (default: the source's chunks)")
-    c.add_argument("--compression", choices=("zstd", "blosc", "none"), default="zstd",
-                   help="zstd frames that nvCOMP decodes (default); blosc: byte-shuffled zstd, about three times "
-                        "faster to write, decoded and unshuffled on the GPU; or none: one uncompressed chunk per block")
-    c.add_argument("--level", type=int, default=2, help="zstd level of the frames, -7 to 22, 0 to 9 for blosc (default 2)")
-    c.add_argument("--backend", choices=["auto", "cpu", "gpu"], default="cpu",
-                   help="what decodes the source (default cpu); gpu leaves the CPU's cores to compress")
+    c.add_argument("--compression", choices=("zstd", "none"), default="zstd",
+                   help="zstd frames that nvCOMP decodes (default), or none: one uncompressed chunk per block")
+    c.add_argument("--level", type=int, default=2, help="zstd level of the frames, -7 to 22 (default 2: twice as fast as 3)")
     c.add_argument("--overwrite", action="store_true")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_convert)

@@ -286,16 +286,12 @@ def test_gpu_read_other_dtypes(tmp_path, dtype):
 @requires_gpu
 @pytest.mark.gpu
 def test_open_dataset_gpu_equals_cpu_on_both_layouts(tmp_path):
-    """The demo store as written and its converted copies, zstd frames and Blosc ones (decoded by
-    nvCOMP and unshuffled on the GPU), read on the GPU equal the CPU's values."""
     from pipeline.demo import write_demo
 
     src = write_demo(tmp_path / "demo.zarr", "2MB")
     dst = convert(src, tmp_path / "gpu.zarr", inner_bytes="8KB")
-    blosc = convert(src, tmp_path / "blosc.zarr", inner_bytes="64KB", compression="blosc")
-    assert reader.layout(blosc / "tas").codec == "blosc"
     cpu = open_dataset(src, backend="cpu").compute()
-    for store, nvcomp in itertools.product((src, dst, blosc), (True, False)):
+    for store, nvcomp in itertools.product((src, dst), (True, False)):
         with dask.config.set({"pipeline.gpu.nvcomp": nvcomp}):
             gpu = open_dataset(store, backend="gpu")
         for v in cpu.data_vars:

@@ -1,4 +1,4 @@
-"""A copy of a store in the layout the GPU reads fastest: Zarr v3 shards of small zstd (or Blosc) frames.
+"""A copy of a store in the layout the GPU reads fastest: Zarr v3 shards of small zstd frames.
 
 Written through zarr's own sharding codec at zarr's default zstd level (3), every frame of every
 shard passed through zarr's one event-loop thread, and each digest hashed a copy of its block:
@@ -15,7 +15,6 @@ but it writes up to a third more bytes).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -53,23 +52,21 @@ def inner_chunk(shard: tuple[int, ...], itemsize: int, target_bytes: int) -> tup
 @dataclass(frozen=True)
 class ShardFormat:
     """What one shard file of an array holds, read from the array's metadata: inner chunks of
-    ``inner`` values of ``dtype`` (little-endian), each compressed by ``codec`` (zstd at
-    ``level`` with no checksum, or Blosc as ``blosc`` configures it), the index at the end. Only
-    arrays whose codecs are exactly these get one (:meth:`of`); the rest are written by zarr."""
+    ``inner`` values of ``dtype`` (little-endian), each compressed by zstd at ``level`` with no
+    checksum, the index at the end. Only arrays whose codecs are exactly these get one
+    (:meth:`of`); the rest are written by zarr."""
 
     shape: tuple[int, ...]  # of the array
     shard: tuple[int, ...]
     inner: tuple[int, ...]
     dtype: np.dtype
     fill: object
-    codec: str  # "zstd" or "blosc"
     level: int
-    blosc: tuple = ()  # (cname, shuffle, typesize, blocksize) of a Blosc codec, as numcodecs takes them
 
     @classmethod
     def of(cls, arr) -> ShardFormat | None:
         """The format of a zarr array's shard files, or None where it is not this one."""
-        from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec, ShardingCodecIndexLocation, ZstdCodec
+        from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ShardingCodecIndexLocation, ZstdCodec
 
         codecs = arr.metadata.codecs if arr.metadata.zarr_format == 3 else ()
         if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
@@ -78,31 +75,15 @@ class ShardFormat:
         little = BytesCodec(endian="little")
         inner_codecs = tuple(sharding.codecs)
         if (
-            len(inner_codecs) != 2 or not isinstance(inner_codecs[0], BytesCodec)
-            or inner_codecs[0].endian not in (little.endian, None if arr.dtype.itemsize == 1 else little.endian) or not isinstance(inner_codecs[1], (ZstdCodec, BloscCodec))
-            or tuple(sharding.index_codecs) != (little, Crc32cCodec())
+            len(inner_codecs) != 2 or inner_codecs[0] != little or not isinstance(inner_codecs[1], ZstdCodec)
+            or inner_codecs[1].checksum or tuple(sharding.index_codecs) != (little, Crc32cCodec())
             or sharding.index_location != ShardingCodecIndexLocation.end or arr.dtype.kind not in "biuf"
         ):
             return None
-        common = dict(shape=tuple(arr.shape), shard=tuple(arr.shards), inner=tuple(sharding.chunk_shape),
-                      dtype=arr.dtype.newbyteorder("<"), fill=arr.metadata.fill_value)
-        compressor = inner_codecs[1]
-        if isinstance(compressor, ZstdCodec):
-            return None if compressor.checksum else cls(**common, codec="zstd", level=compressor.level)
-        shuffles = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
-        return cls(**common, codec="blosc", level=compressor.clevel, blosc=(
-            compressor.cname.value, shuffles[compressor.shuffle.value], compressor.typesize, compressor.blocksize))
-
-    def compressor(self):
-        """The numcodecs codec that writes each frame, configured as zarr configures it."""
-        if self.codec == "zstd":
-            from numcodecs import Zstd
-
-            return Zstd(level=self.level)
-        from numcodecs import Blosc
-
-        cname, shuffle, typesize, blocksize = self.blosc
-        return Blosc(cname=cname, clevel=self.level, shuffle=shuffle, blocksize=blocksize, typesize=typesize)
+        return cls(
+            shape=tuple(arr.shape), shard=tuple(arr.shards), inner=tuple(sharding.chunk_shape),
+            dtype=arr.dtype.newbyteorder("<"), fill=arr.metadata.fill_value, level=inner_codecs[1].level,
+        )
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -168,10 +149,11 @@ def shard_file(fmt: ShardFormat, block: np.ndarray, origin: tuple[int, ...]) -> 
     array), in order: the zstd frames of its stored inner chunks in C order, then the index and
     its crc32c. The frames are compressed by the shared pool."""
     import google_crc32c
+    from numcodecs import Zstd
 
     values = _padded(fmt, block)
     stored = _stored(fmt, origin).reshape(-1)
-    codec = fmt.compressor()
+    codec = Zstd(level=fmt.level)
     frames = list(_encoder().map(codec.encode, _inner_bytes(fmt, values, np.flatnonzero(stored))))
     sizes = np.array([len(f) for f in frames], dtype="<u8")
     index = np.full((stored.size, 2), MISSING, dtype="<u8")
@@ -181,45 +163,25 @@ def shard_file(fmt: ShardFormat, block: np.ndarray, origin: tuple[int, ...]) -> 
     return [*frames, tail, np.array([google_crc32c.value(tail)], dtype="<u4").tobytes()]
 
 
-def store_shard(block, region: tuple[slice, ...], array_dir: str) -> str:
+def store_shard(block: np.ndarray, region: tuple[slice, ...], array_dir: str) -> str:
     """Store one block as its shard file, its frames compressed on every core, and return its
     digest (hashed by the pool meanwhile); an array whose codecs this writer does not produce
-    goes through zarr (:func:`pipeline.sinks.zarr.store_with_zarr`). A block read on the GPU
-    comes to host memory first, into a pinned buffer (:func:`_on_host`)."""
+    goes through zarr (:func:`pipeline.sinks.zarr.store_with_zarr`)."""
     import zarr
 
-    with _on_host(block) as block:
-        arr = zarr.open_array(array_dir, mode="r")
-        fmt = ShardFormat.of(arr)
-        if fmt is None:
-            return store_with_zarr(block, region, array_dir)
-        digest = _encoder().submit(block_sha, block)
-        origin = tuple(r.start for r in region)
-        buffers = shard_file(fmt, block, origin)
-        path = os.path.join(array_dir, *arr.metadata.encode_chunk_key(tuple(o // s for o, s in zip(origin, fmt.shard))).split("/"))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:  # buffered: writes every byte, large frames straight through
-            for b in buffers:
-                f.write(b)
-        return digest.result()
-
-
-@contextlib.contextmanager
-def _on_host(block):
-    """The block in host memory: as it is, or, for a block on the GPU, copied into a pinned buffer
-    (at the bus's speed, not a pageable copy's), given back for reuse once the shard is written."""
-    if isinstance(block, np.ndarray):
-        yield block
-        return
-    from ..gpu import pinned
-
-    buf = pinned.take(block.nbytes)
-    try:
-        host = buf.bytes[:block.nbytes].view(block.dtype).reshape(block.shape)
-        block.get(out=host)
-        yield host
-    finally:
-        pinned.give(buf)
+    arr = zarr.open_array(array_dir, mode="r")
+    fmt = ShardFormat.of(arr)
+    if fmt is None:
+        return store_with_zarr(block, region, array_dir)
+    digest = _encoder().submit(block_sha, block)
+    origin = tuple(r.start for r in region)
+    buffers = shard_file(fmt, block, origin)
+    path = os.path.join(array_dir, *arr.metadata.encode_chunk_key(tuple(o // s for o, s in zip(origin, fmt.shard))).split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:  # buffered: writes every byte, large frames straight through
+        for b in buffers:
+            f.write(b)
+    return digest.result()
 
 
 # --- convert --------------------------------------------------------------------------------------
@@ -229,63 +191,42 @@ def convert(
     src: str | os.PathLike,
     dst: str | os.PathLike,
     *,
-    inner_bytes: int | str | None = None,
+    inner_bytes: int | str = "1MB",
     chunks: Mapping[str, int] | None = None,
     compression: str = "zstd",
     level: int = 2,
-    backend: str | None = "cpu",
     mode: str = "overwrite",
     progress: bool = False,
 ):
     """Copy a Zarr store or NetCDF file into a Zarr v3 store that the GPU reads fastest.
 
-    Each shard holds one Dask block of the source (its chunks, or ``chunks``); inside, values are
-    frames of about ``inner_bytes``, each a contiguous run of the shard, which nvCOMP decodes many
-    at a time straight into place. ``compression``:
-
-    - ``"zstd"`` (the default): one zstd frame an inner chunk (1 MB by default). zstd's ``level`` 2
-      compresses about twice as fast as zarr's default (3), to about the same size.
-    - ``"blosc"``: Blosc, zstd at ``level`` after a byte shuffle (a bit shuffle for one-byte
-      values), inner chunks of 4 MB by default (Blosc cuts each into 64 KB blocks, which nvCOMP
-      decodes in one batch; the GPU unshuffles them). On float fields the shuffle makes zstd about
-      three times faster, for a few percent more bytes.
-    - ``"none"``: each chunk is one such block, uncompressed: nothing to decode, a third more bytes
-      to read (for stores read from memory or fast disks, where decoding is the slowest step).
-
-    Every level is standard zstd, Blosc is a codec of the Zarr v3 specification: any Zarr v3
-    reader opens the result. Values, attributes and CF encodings are copied unchanged (packed
-    integers stay packed). The inner frames carry no crc32c (the GPU reader would skip it
-    unchecked); each shard's index keeps zarr's crc32c. ``src`` is protected: the copy may not
-    be, contain or lie inside it.
-
-    ``backend`` reads the source: "cpu", or "gpu" (also "auto", None as :func:`pipeline.open_dataset`),
-    where the GPU decodes the source's chunks (bit for bit as the CPU does) and the CPU's cores
-    are left to compress.
+    With ``compression="zstd"`` (the default) each shard holds one Dask block of the source (its
+    chunks, or ``chunks``); inside, values are zstd frames of about ``inner_bytes``, each a
+    contiguous run of the shard, which nvCOMP decodes many at a time straight into place. zstd's
+    ``level`` 2 compresses about twice as fast as zarr's default (3), to about the same size;
+    any level is standard zstd. With ``compression="none"`` each chunk is one
+    such block, uncompressed: nothing to decode, a third more bytes to read (for stores read from
+    memory or fast disks, where decoding is the slowest step). Values, attributes and CF encodings
+    are copied unchanged (packed integers stay packed), and any Zarr v3 reader opens the result.
+    The inner frames carry no crc32c (the GPU reader would skip it unchecked); each shard's index
+    keeps zarr's crc32c. ``src`` is protected: the copy may not be, contain or lie inside it.
     """
     from dask.utils import parse_bytes
-    from zarr.codecs import BloscCodec, ZstdCodec
+    from zarr.codecs import ZstdCodec
 
-    if compression not in ("zstd", "blosc", "none"):
-        raise InputError(f"compression must be 'zstd', 'blosc' or 'none', got {compression!r}")
-    if not isinstance(level, int) or not (-7 <= level <= 22 if compression != "blosc" else 0 <= level <= 9):
-        span = "Blosc levels run from 0 to 9" if compression == "blosc" else "zstd levels run from -7 to 22"
-        raise InputError(f"level: {span}, got {level!r}")
-    if inner_bytes is None:
-        inner_bytes = "4MB" if compression == "blosc" else "1MB"
+    if compression not in ("zstd", "none"):
+        raise InputError(f"compression must be 'zstd' or 'none', got {compression!r}")
+    if not isinstance(level, int) or not -7 <= level <= 22:
+        raise InputError(f"level: zstd levels run from -7 to 22, got {level!r}")
     target = parse_bytes(inner_bytes) if isinstance(inner_bytes, str) else int(inner_bytes)
-    ds = open_dataset(src, backend=backend, chunks=chunks, decode_cf=False)
+    ds = open_dataset(src, backend="cpu", chunks=chunks, decode_cf=False)
     encoding = {}
     for name, var in ds.data_vars.items():
         shard = tuple(c[0] for c in var.data.chunks)
-        inner = inner_chunk(shard, var.dtype.itemsize, target)
         if compression == "none":
             enc = {"chunks": shard, "compressors": None}
-        elif compression == "blosc":
-            shuffle = "shuffle" if var.dtype.itemsize > 1 else "bitshuffle"
-            enc = {"shards": shard, "chunks": inner,
-                   "compressors": [BloscCodec(cname="zstd", clevel=level, shuffle=shuffle, typesize=var.dtype.itemsize)]}
         else:
-            enc = {"shards": shard, "chunks": inner, "compressors": [ZstdCodec(level=level)]}
+            enc = {"shards": shard, "chunks": inner_chunk(shard, var.dtype.itemsize, target), "compressors": [ZstdCodec(level=level)]}
         fill = var.attrs.pop("_FillValue", var.encoding.get("_FillValue"))
         if fill is not None:
             enc["_FillValue"] = fill
