@@ -704,7 +704,8 @@ def _decode_on_device(lay: H5Layout, ops: StreamOps, dev, dst) -> None:
 
 
 def _inflate_into(stream, out: np.ndarray, where: str) -> None:
-    """One whole zlib stream (its adler32 checked) inflated into ``out``, in an I/O thread."""
+    """One whole zlib stream (its adler32 checked) inflated into ``out``: in an I/O thread on the
+    GPU path (:func:`_decode_on_host`), in a Dask thread on the CPU's (:func:`read_block_host`)."""
     try:
         got = zlib.decompress(stream, bufsize=len(out))
     except zlib.error as e:
