@@ -320,6 +320,22 @@ def test_block_chunks_group_steps_up_to_the_target(tmp_path):
     assert blocks_along_first(raw, {}, 1)["time"] == 1
 
 
+def test_block_chunks_grow_past_the_share_of_a_thread_where_blocks_are_fewer_than_threads(tmp_path):
+    path = _write_xarray(tmp_path / "x.nc", chunks=(1, 10, 12))
+    from pipeline.sources import blocks_along_first
+
+    step = 10 * 12 * 4  # one chunk of tas; 9 steps
+    raw = xr.open_dataset(path, decode_cf=False)
+    # 4 threads may hold 12 steps together: 3 a thread, unless the array has fewer blocks than threads
+    assert blocks_along_first(raw, {}, 100 * step, hold_bytes=12 * step, threads=4)["time"] == 9  # 1 block
+    assert blocks_along_first(raw, {}, 5 * step, hold_bytes=12 * step, threads=4)["time"] == 5  # 2 blocks of 5
+    # 8 steps together: blocks of 4 (3 blocks, 12 steps) or 3 (3 blocks, 9) do not fit; 5 blocks of 2 do
+    assert blocks_along_first(raw, {}, 100 * step, hold_bytes=8 * step, threads=4)["time"] == 2
+    # as many blocks as threads, or more: the share of a thread, as without hold_bytes
+    assert blocks_along_first(raw, {}, 100 * step, hold_bytes=3 * step, threads=3)["time"] == 1
+    assert blocks_along_first(raw, {}, 100 * step, hold_bytes=step, threads=4)["time"] == 1  # never less than a chunk
+
+
 # --- on the GPU: open_dataset equal to xarray's own read -----------------------------------------
 
 

@@ -77,17 +77,30 @@ def block_target(backend: str) -> int:
     """Bytes that blocks of whole stored chunks aim for on ``backend`` (0: one stored chunk a
     block): ``pipeline.gpu.block-size`` on the GPU, less where ``pipeline.gpu.threads`` threads of
     such blocks would not fit the device budget; ``pipeline.cpu.block-size`` on the CPU."""
+    size, hold, threads = block_limits(backend)
+    return min(size, hold // threads) if hold else size
+
+
+def block_limits(backend: str) -> tuple[int, int, int]:
+    """(size, hold, threads): the largest block of whole stored chunks on ``backend`` (0: one
+    stored chunk a block), the bytes the blocks of all the threads together may take, and the
+    threads (0, 0 on the CPU: no cap but ``pipeline.cpu.block-size``).
+
+    An array of fewer blocks than threads is held by as many threads as it has blocks, so its
+    blocks may grow past ``hold / threads`` up to ``size``
+    (:func:`pipeline.sources.blocks_along_first`)."""
     from dask.utils import parse_bytes
 
     if backend != "gpu":
         size = config.get("cpu.block-size", None)
-        return parse_bytes(size) if size else 0
+        return (parse_bytes(size) if size else 0), 0, 0
     size = config.get("gpu.block-size", None)
     if not size:
-        return 0
-    threads = int(config.get("gpu.threads", 8))
+        return 0, 0, 0
+    threads = max(1, int(config.get("gpu.threads", 8)))
     # before any op is known: as many blocks a thread as the ops that hold the most
-    return min(parse_bytes(size), int(B.memory_budget("gpu") // (threads * (BLOCKS_PER_THREAD + HALO_BLOCKS))))
+    hold = int(B.memory_budget("gpu") // (BLOCKS_PER_THREAD + HALO_BLOCKS))
+    return parse_bytes(size), hold, threads
 
 
 def min_blocks(backend: str) -> int:

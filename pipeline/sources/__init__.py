@@ -137,9 +137,10 @@ def open_dataset(
     _check_chunks(path, chunks, raw.sizes)
     stored = fmt.shard_chunks(path) if fmt.shard_chunks is not None and local else {}
     if chunks is None and local:
-        from ..exec.memory import block_target, min_blocks
+        from ..exec.memory import block_limits, min_blocks
 
-        chunks = blocks_along_first(raw, stored, block_target(target), min_blocks(target))
+        size, hold, threads = block_limits(target)
+        chunks = blocks_along_first(raw, stored, size, min_blocks(target), hold_bytes=hold, threads=threads)
     elif isinstance(chunks, Mapping):
         # dimensions left out take one block per shard, not xarray's choice (the inner chunks)
         chunks = {**stored, **chunks}
@@ -196,7 +197,9 @@ def _as_stored(data, attrs: dict, encoding: dict, name: str):
     return data, attrs, {**encoding, **moved}
 
 
-def blocks_along_first(raw: xr.Dataset, stored: Mapping, target_bytes: int, min_blocks: int = 0) -> dict:
+def blocks_along_first(
+    raw: xr.Dataset, stored: Mapping, target_bytes: int, min_blocks: int = 0, *, hold_bytes: int = 0, threads: int = 0
+) -> dict:
     """Dask chunks of whole stored chunks (``stored``: the shards of a sharded store; else each
     variable's own chunks), as many along each variable's first dimension as fit in
     ``target_bytes`` (0: one stored chunk a block; ``stored`` itself), leaving at least
@@ -212,7 +215,15 @@ def blocks_along_first(raw: xr.Dataset, stored: Mapping, target_bytes: int, min_
 
     A dimension that is not the first of every variable it belongs to keeps its stored chunks: in
     a VCF Zarr store, ``samples`` is the first dimension of ``sample_trait`` (a few bytes a sample)
-    but the second of ``call_genotype``, whose blocks would grow by what fits ``sample_trait``."""
+    but the second of ``call_genotype``, whose blocks would grow by what fits ``sample_trait``.
+
+    With ``hold_bytes`` (what the blocks of ``threads`` threads may take together), blocks are
+    also as large as leaves the blocks that the threads hold at once within it: ``hold_bytes /
+    threads`` for a variable of at least as many blocks as threads, more for one of fewer (10 GB
+    of genotypes in 3 blocks of 4 GB, one per chunk of samples, rather than 9 of 1.3 GB). Measured
+    on the H200 machine (sgkit's counting statistics, warm, 200,000 variants x 25,000 samples):
+    0.36 s in 9 blocks, 0.30 s in 6, 0.25 s in 3; nvCOMP decodes each block's Blosc streams in one
+    batch, and fewer blocks leave fewer block boundaries for a selection of variants to cut."""
     if not target_bytes:
         return dict(stored)
     chunks: dict = {}
@@ -228,6 +239,10 @@ def blocks_along_first(raw: xr.Dataset, stored: Mapping, target_bytes: int, min_
         nbytes = math.prod(shape) * var.dtype.itemsize
         count = math.ceil(var.shape[0] / shape[0])  # stored chunks along the first dimension
         fits = max(1, min(target_bytes // max(1, nbytes), count, count // min_blocks if min_blocks else count))
+        if hold_bytes and threads:
+            across = math.prod(math.ceil(n / s) for n, s in zip(var.shape[1:], shape[1:]))
+            while fits > 1 and min(threads, math.ceil(count / fits) * across) * fits * nbytes > hold_bytes:
+                fits -= 1
         grow[var.dims[0]] = 1 if var.dims[0] in later else min(grow.get(var.dims[0], fits), fits)
     for dim, k in grow.items():
         chunks[dim] *= k
