@@ -97,14 +97,18 @@ def cmd_validate(args) -> int:
 def _validate_one(path: str) -> str:
     from pathlib import Path
 
-    from .flows import check_data, check_sink, load_flow
+    from .flows import check_data, check_dataset_steps, check_sink, load_flow
 
     flow = load_flow(path)
     check_sink(flow)  # a sink that would destroy data (the source itself, a store pipeline did not write)
     line = f"{path}: valid flow {flow.name!r} with {len(flow.steps)} step(s): {' -> '.join(s.op for s in flow.steps)}"
     src = flow.source
     if not Path(src.path).exists() and "://" not in src.path and src.demo is not None:
-        return f"{line}\n  source {src.path} does not exist yet (a demo is generated when the flow runs): data checks skipped"
+        skipped = f"{line}\n  source {src.path} does not exist yet (a demo is generated when the flow runs): data checks skipped"
+        if src.dataset:  # the steps' variables, by name, from source.variables
+            check_dataset_steps(flow)
+            skipped += "; the steps' variables checked by name against source.variables"
+        return skipped
     sizes = ", ".join(f"{d}: {n}" for d, n in check_data(flow).items())  # the source's metadata only
     return f"{line}\n  checked against {src.path}: {src.label} ({sizes})"
 
@@ -298,7 +302,8 @@ def parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="check flows without running them", parents=[common],
                        description="Check each flow file; where its source exists, also against the data's "
-                       "metadata (variable, dimensions, each step's shape). Exit 2 if any is invalid.")
+                       "metadata (variable, dimensions, each step's shape; for Dataset ops, the variables each step "
+                       "reads and adds, and sink.variables). Exit 2 if any is invalid.")
     v.add_argument("flow", nargs="+", help="flow files (YAML)")
     v.set_defaults(func=cmd_validate)
 

@@ -348,24 +348,25 @@ def _check_source_path(flow: Flow) -> None:
 def check_data(flow: Flow) -> dict[str, int]:
     """Check a flow against its source's metadata, as building its graph would, without building
     it (nor importing dask.array): the variable, then each step's dimensions, sizes, coordinates
-    and units from its input's metadata (:mod:`pipeline.ops.shapes`). Returns the variable's
-    sizes; FlowError naming the key otherwise."""
+    and units from its input's metadata (:mod:`pipeline.ops.shapes`); for a flow of Dataset ops,
+    ``source.variables``, then the variables each step reads and adds, and ``sink.variables``
+    (:func:`check_dataset_steps`). Returns the variable's (the variables') sizes; FlowError naming
+    the key otherwise."""
     from .ops import shapes
 
     _check_source_path(flow)
     src, f = flow.source, flow._file
+    if src.dataset:
+        return _check_dataset(flow)
     engine = "zarr" if Path(src.path).is_dir() or "://" in src.path else None
     try:
         ds = xr.open_dataset(src.path, engine=engine, chunks=None, decode_cf=True, mask_and_scale=True)
     except (OSError, ValueError) as e:
         raise FlowError(f"{f}: source.path: {src.path}: cannot be opened: {e}") from None
     with ds:
-        for key, name in [("source.variable", src.variable)] if not src.dataset else [("source.variables", v) for v in src.variables]:
-            if name not in ds.data_vars:
-                raise FlowError(f"{f}: {key}: {src.path}: no variable {name!r} "
-                                f"(variables: {', '.join(map(str, ds.data_vars))})")
-        if src.dataset:  # the Dataset ops check their variables when the graph is built
-            return {str(d): int(n) for d, n in ds[src.variables].sizes.items()}
+        if src.variable not in ds.data_vars:
+            raise FlowError(f"{f}: source.variable: {src.path}: no variable {src.variable!r} "
+                            f"(variables: {', '.join(map(str, ds.data_vars))})")
         results = {"source": shapes.meta_of(ds, src.variable)}
     x = results["source"]
     for i, step in enumerate(flow.steps):
@@ -380,6 +381,109 @@ def check_data(flow: Flow) -> dict[str, int]:
             raise FlowError(f"{f}: steps[{i}] ({step.op}): {e}") from None
         results[step.label] = x
     return dict(results["source"].sizes)
+
+
+def _check_dataset(flow: Flow) -> dict[str, int]:
+    """:func:`check_data` for a flow of Dataset ops: ``source.variables`` in the store, then each
+    step's variables (:func:`check_dataset_steps`), from the store's metadata as the source opens it."""
+    from .ops.genomics.variables import State
+    from .sources import open_metadata
+
+    src, f = flow.source, flow._file
+    try:
+        ds = open_metadata(src.path)
+    except InputError as e:
+        raise FlowError(f"{f}: source.path: {e}") from None
+    with ds:
+        for name in src.variables:
+            if name not in ds.data_vars:
+                raise FlowError(f"{f}: source.variables: {src.path}: no variable {name!r} "
+                                f"(variables: {', '.join(map(str, ds.data_vars))})")
+        source = ds[src.variables]
+        check_dataset_steps(flow, State.of(source), store=State.of(ds))
+        return {str(d): int(n) for d, n in source.sizes.items()}
+
+
+def check_dataset_steps(flow: Flow, source=None, store=None):
+    """Walk a flow of Dataset ops through its steps by the variables each reads and adds
+    (:data:`pipeline.ops.genomics.variables.DECLARED`), from ``source`` (a
+    :class:`~pipeline.ops.genomics.variables.State`: the variables ``source.variables`` opens, with
+    their dimensions and dtypes; by default their names alone, for a store not written yet); then
+    ``sink.variables`` against the result. ``store`` (every variable of the store) lets a message
+    say that a missing variable is in the store but not in ``source.variables``. FlowError naming
+    the file, the key and the variable; returns the result's State (None past an op the table
+    does not declare)."""
+    from dataclasses import replace
+
+    from .ops.genomics import variables as gv
+
+    f, src = flow._file, flow.source
+    source = gv.State.of_names(src.variables or ()) if source is None else source
+    results = {"source": source}
+    x = source
+    fed = False  # whether earlier steps feed the dataset at this step
+    for i, step in enumerate(flow.steps):
+        where = f"steps[{i}] ({step.op})"
+        if step.op not in gv.DECLARED:  # nothing known past it
+            return None
+        x_in, fed_in = (x, fed) if step.input is None else (results[step.input], step.input != "source")
+        if x_in is None:
+            return None
+        params = ops_registry.get(step.op).params(**step.params).model_dump()
+        try:
+            x = gv.apply(step.op, params, x_in)
+        except gv.Problem as e:
+            key = f"steps[{i}].params.{e.param}" if e.param is not None and e.param in step.params else where
+            given = "source.variables and earlier steps give" if fed_in else "source.variables give"
+            whence = _whence(e.missing, e.dim, x_in, given, src, store, e.note, named=repr(e.missing) in e.core)
+            raise FlowError(f"{f}: {key}: {e.core}{whence}") from None
+        if x is None:
+            raise FlowError(f"{f}: {where}: returns a table of pairs of variants (a Dask DataFrame), not a Dataset: "
+                            "no step can follow it and a flow's sink cannot write it (ld_prune drops the variants "
+                            "in LD and returns the dataset)")
+        if params.get("merge") is False:
+            lost = {n: f"{where} has merge: false, which keeps only the variables it adds"
+                    for n in x_in.variables if n not in x.variables}
+            x = replace(x, dropped={**x_in.dropped, **lost})
+        results[step.label] = x
+        fed = True
+    if flow.sink.variables:
+        for name in flow.sink.variables:
+            if name not in x:
+                raise FlowError(f"{f}: sink.variables: no variable {name!r} in the result of the steps"
+                                f"{_whence(name, None, x, 'the source and steps give', src, store)}")
+    elif not [v for v in x.data_vars() if v not in source.data_vars()]:
+        raise FlowError(f"{f}: sink.variables: the steps add no variable; name the variables to write")
+    return x
+
+
+def _whence(missing, dim, ds, given: str, src: Source, store, note: str = "", *, named: bool = True) -> str:
+    """What a message about a missing variable (or dimension) adds after saying so: what the
+    dataset has (close names first), ``note``, and where the variable went or where it can be
+    found."""
+    import difflib
+
+    notes = []
+    if missing is not None and named:
+        names = list(ds.variables)
+        close = difflib.get_close_matches(missing, names, n=3, cutoff=0.6)
+        ordered = close + [n for n in names if n not in close]
+        listing = ", ".join(ordered[:8]) + (f", ... ({len(ordered) - 8} more)" if len(ordered) > 8 else "")
+        notes.append(f" ({given}: {listing or 'none'})")
+    notes.append(note)
+    if missing is not None:
+        if missing in ds.dropped:
+            notes.append(f"; {ds.dropped[missing]}")
+        elif store is not None and missing in store and missing not in (src.variables or ()):
+            notes.append(f"; {'it' if named else missing} is in the store: add it to source.variables")
+    elif dim is not None and store is not None:
+        having = [n for n, v in store.variables.items() if v.dims and dim in v.dims and not v.coord
+                  and n not in (src.variables or ())]
+        if having:
+            one = len(having) == 1
+            notes.append(f"; {', '.join(having[:3])}{'' if len(having) <= 3 else ', ...'} {'has' if one else 'have'} it "
+                         f"in the store: add {'it' if one else 'one'} to source.variables")
+    return "".join(notes)
 
 
 def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:

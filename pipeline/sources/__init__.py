@@ -186,6 +186,17 @@ def open_dataset(
     return ds
 
 
+def open_metadata(path: str | os.PathLike, *, decode_cf: bool = True) -> xr.Dataset:
+    """The store as :func:`open_dataset` presents it (names, dimensions, sizes, dtypes and
+    attributes: a VCF Zarr store's values as stored, CF-packed numbers decoded as xarray decodes
+    them), opened lazily by xarray: nothing is read and no Dask array is made, so dask.array is not
+    imported (``pipeline validate``). InputError naming the store where it cannot be opened."""
+    name = "zarr3" if is_url(path) else store_format(path)
+    fmt = FORMATS[name]
+    raw = _open(fmt, path, name if not is_url(path) else "url", name, decode_cf=False)
+    return _decode(raw, path, name, decode_cf and not fmt.stored_values, concat_characters=not fmt.stored_values)
+
+
 def _as_stored(data, attrs: dict, encoding: dict, name: str):
     """A variable of a store whose values are data (:mod:`.vcf`): its CF attributes move to the
     encoding, its values stay as stored; a ``*_mask`` that is not boolean becomes boolean, as
@@ -307,4 +318,4 @@ def _mtime(path) -> float | None:
         return None
 
 
-__all__ = ["FORMATS", "Format", "VCF_ZARR", "decode", "is_url", "open_dataset", "store_format"]
+__all__ = ["FORMATS", "Format", "VCF_ZARR", "decode", "is_url", "open_dataset", "open_metadata", "store_format"]
