@@ -20,7 +20,9 @@ compiles):
     python benchmarks/genotype_counts.py --variants 200 --samples 300 --backend cpu   # tiny, anywhere
 
 ``--sweep`` times the word kernels over their launch shapes instead (unroll, rows a block,
-threads a block), each beside the default, to choose the defaults on a GPU.
+threads a block), each beside the default, to choose the defaults on a GPU. ``--previous`` also
+times the word kernels the CUDA C ones replaced (Numba CUDA, ``kernels_previous.py``; path
+``previous``) on the same arrays, and checks that they agree.
 """
 
 from __future__ import annotations
@@ -83,7 +85,15 @@ def gpu_timed(fn, batch: int):
     return run
 
 
-def gpu_rows(g: np.ndarray, alleles: int, repeat: int, names=KERNELS, batch: int = 1) -> list[dict]:
+def previous_kernel(name: str):
+    """The Numba CUDA word kernel ``name`` replaced (``kernels_previous.py``), or None."""
+    import kernels_previous
+
+    return getattr(kernels_previous, f"{name}_gpu_previous", None)
+
+
+def gpu_rows(g: np.ndarray, alleles: int, repeat: int, names=KERNELS, batch: int = 1,
+             previous: bool = False) -> list[dict]:
     import cupy
 
     d = cupy.asarray(g)
@@ -98,9 +108,17 @@ def gpu_rows(g: np.ndarray, alleles: int, repeat: int, names=KERNELS, batch: int
     for name in names:
         kernel = kernels.get(name, "gpu")
         args = args_of(name, alleles)
-        paths = ["words", "generic"] if genotypes.word_path(d, *args[:1]) else ["generic"]
+        words = genotypes.word_path(d, *args[:1])
+        paths = ["words", "generic"] if words else ["generic"]
+        old = previous_kernel(name) if previous and words and genotypes._address(d) % 8 == 0 else None
+        if old is not None:
+            if not (old(d, *args) == kernel(d, *args)).all():
+                raise SystemExit(f"{name}: the previous word kernel disagrees with the current one")
+            paths.append("previous")
         for path in paths:
             run = timed(lambda k=kernel, a=args, w=path == "words": k(d, *a, words=w))
+            if path == "previous":
+                run = timed(lambda a=args: old(d, *a))
             seconds = median_seconds(run, repeat)
             rows.append({"backend": "gpu", "kernel": name, "path": path, "seconds": seconds,
                          "gb_per_s": g.nbytes / seconds / 1e9})
@@ -171,13 +189,14 @@ def main(argv=None) -> dict:
     p.add_argument("--json", help="write the results here")
     p.add_argument("--sweep", action="store_true", help="the word kernels over their launch shapes (GPU)")
     p.add_argument("--batch", type=int, default=1, help="GPU: calls timed in a row, per call (launch overhead hidden)")
+    p.add_argument("--previous", action="store_true", help="GPU: the word kernels the current ones replaced, too")
     a = p.parse_args(argv)
     g = calls(a.variants, a.samples, a.ploidy, a.alleles, a.missing)
     rows = []
     if a.sweep:
         rows += gpu_rows(g, a.alleles, a.repeat, names=(), batch=a.batch) + sweep_rows(g, a.alleles, a.repeat, a.batch)
     elif a.backend in ("gpu", "all") and B.gpu_available():
-        rows += gpu_rows(g, a.alleles, a.repeat, batch=a.batch)
+        rows += gpu_rows(g, a.alleles, a.repeat, batch=a.batch, previous=a.previous)
     elif a.backend == "gpu":
         raise SystemExit("no CUDA GPU visible to CuPy")
     if a.backend in ("cpu", "all") and not a.sweep:

@@ -8,7 +8,9 @@ kernels, which the tests use as a second reference for the current ones.
   per grid point (the moments and rolling loops are those of the package, whose CPU kernels and
   twins they remain; the group loops are here);
 - detrend: the Numba ``detrend`` kernel alone, which reads each series twice (the package still
-  uses it where the tile kernel does not fit).
+  uses it where the tile kernel does not fit);
+- genotype counts of int8 diploid biallelic calls (per variant, per sample): the Numba CUDA word
+  kernels, uint64 words of four calls (``genotype_counts.py --previous``).
 
 Nothing here is imported by the package.
 """
@@ -347,3 +349,385 @@ def detrend_numba_gpu(x, u, *, axis: int, deg: int, out_dtype):
     out = cupy.empty(x2.shape, dtype=out_dtype)
     launch.launch_numba(trend.trend_kernels(deg)["detrend"], x2.shape[1], x2, u1, out)
     return launch.from_2d(out, moved, axis, cupy)
+
+
+# --- genotype counts: the Numba CUDA word kernels (uint64 words, four calls) ---------------------------
+#
+# The package counts int8 diploid biallelic calls with CUDA C (pipeline/kernels/cuda/genotypes.cu,
+# 32-bit words and 16-byte loads); these were its kernels before, over the same per-call rules.
+
+from pipeline.kernels.genotypes import CLASSES, _tally_genotype, _words_of, make_call_counters, n_genotypes  # noqa: E402
+
+INNER = np.uint64(0x7E7E7E7E7E7E7E7E)  # bits 1 to 6 of each byte
+LOWS = np.uint64(0x0101010101010101)  # bit 0 of each byte
+CALLS = np.uint64(0x0001000100010001)  # bit 0 of each call's first byte
+LOW_BYTES = np.uint64(0x00FF00FF00FF00FF)  # each call's first byte
+HALF = np.uint64(0xFFFFFFFF)
+LANES = np.uint32(0x00FF00FF)
+ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+BAD_WORD = np.uint64(0x0202020202020202)  # a word _word_bytes refuses: its calls are counted one by one
+WORD_CALLS = 4  # diploid int8 calls in a word
+_S1, _S8, _S32, _S64 = (np.uint64(n) for n in (1, 8, 32, 64))
+_H8, _H16 = np.uint32(8), np.uint32(16)
+
+
+def _word_bytes(x):
+    """``(bad, neg, low)`` of word ``x``: ``bad`` is non-zero where a byte is not 0, 1, -1 or -2
+    (where its bits 1 to 7 are not all equal: bit k against bit k + 1 of the same byte); ``neg``
+    has bit 0 of each byte set where the byte is negative (its bit 1), ``low`` where its bit 0 is
+    (allele 1, or -1)."""
+    y = x >> _S1
+    return (x ^ y) & INNER, y & LOWS, x & LOWS
+
+
+def _word_classes(neg, low):
+    """Flags at bit 0 of each call's first byte (``CALLS``) of a word of 0, 1, -1 and -2: the
+    calls homozygous reference, homozygous alternate and heterozygous, as ``classify``."""
+    neg2 = neg >> _S8  # the second allele's bits, at the first's place
+    low2 = low >> _S8
+    called = ~(neg | neg2) & CALLS
+    return called & ~(low | low2), called & low & low2, called & (low ^ low2)
+
+
+def _word_refused(neg, low):
+    """Flags at ``CALLS`` of the calls whose biallelic genotype sgkit refuses (``_tally_genotype``
+    with two alleles): a first allele of -2, or a first allele of 0 or 1 and a second of -2."""
+    neg2 = neg >> _S8
+    low2 = low >> _S8
+    return CALLS & ((neg & ~low) | (~neg & neg2 & ~low2))
+
+
+def _word_alleles(neg, low):
+    """Flags at bit 0 of each byte: the alleles 0, and the alleles 1."""
+    return ~(neg | low) & LOWS, low & ~neg
+
+
+def _word_call_alleles(neg, low):
+    """The word of per-call allele counts, as ``call_allele_counts`` writes them with two alleles:
+    each call's count of allele 0 in its first byte, of allele 1 in its second (the same bytes as
+    the calls: a word of counts for each word of calls)."""
+    zeros, ones = ~(neg | low) & LOWS, low & ~neg  # as _word_alleles (each compiles alone)
+    return ((zeros + (zeros >> _S8)) & LOW_BYTES) | (((ones + (ones >> _S8)) & LOW_BYTES) << _S8)
+
+
+def _halves(x):
+    """The two 32-bit halves of word ``x`` added (uint32): where ``x`` holds flags at bytes, four
+    byte lanes of counts, so that a count of a word takes one 32-bit addition (three-input)."""
+    return np.uint32(x & HALF) + np.uint32(x >> _S32)
+
+
+def _lane_sum(x):
+    """The sum of the four bytes of the uint32 ``x`` (int64), by halves: no multiplication that
+    could overflow."""
+    x = (x & LANES) + ((x >> _H8) & LANES)
+    return np.int64((x & np.uint32(0xFFFF)) + (x >> _H16))
+
+
+def _load_word(words, n_words, o, nbytes):
+    """The ``nbytes`` (1 to 8) bytes of the block at byte ``o`` as a word, from ``words`` (the
+    block's whole words): two words joined where ``o`` is not a multiple of 8 (a row of a number
+    of samples not a multiple of 4), bytes past ``nbytes`` set to 0xFF (-1, missing, which counts
+    nowhere); ``BAD_WORD`` where a byte lies past the last whole word (the end of the block)."""
+    q = o >> 3
+    last = (o + nbytes - 1) >> 3
+    if last >= n_words:
+        return BAD_WORD
+    x = words[np.uint64(q)]  # (an unsigned index: no test for a negative one)
+    r = o & 7
+    if r != 0:
+        shift = np.uint64(8 * r)
+        x >>= shift
+        if last > q:
+            x |= words[np.uint64(last)] << (_S64 - shift)
+    if nbytes < 8:
+        x |= ONES << np.uint64(8 * nbytes)
+    return x
+
+
+WORD_LANE_MAX = 127  # words a thread counts in 8-bit lanes, two a word, before it sums them (per-variant)
+SAMPLE_LANE_MAX = 0xFFFF  # variants a thread counts in 16-bit lanes (per-sample)
+WORD_THREADS = 1 << 18  # threads the per-sample word kernel aims for (an H200 holds 270,336)
+
+
+def _warp_sum(width: int, threads: int):
+    """A device function: the sum of a value over each ``width`` lanes (a power of two up to 32)
+    of a warp, in the first of them, by shuffles down. Every thread of the block calls it. Numba's
+    CUDA simulator has no shuffles: there the same steps go through shared memory (a shuffle from
+    past the warp returns the lane's own value, as CUDA's does)."""
+    if hasattr(cuda, "shfl_down_sync"):
+
+        @cuda.jit(device=True)
+        def warp_sum(value):
+            step = width // 2
+            while step > 0:
+                value += cuda.shfl_down_sync(0xFFFFFFFF, value, step)
+                step //= 2
+            return value
+
+    else:
+
+        @cuda.jit(device=True)
+        def warp_sum(value):
+            shared = cuda.shared.array(threads, np.int64)
+            t = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+            step = width // 2
+            while step > 0:
+                shared[t] = value
+                cuda.syncthreads()
+                value += shared[t + step] if t % 32 + step < 32 else value
+                cuda.syncthreads()
+                step //= 2
+            return value
+
+    return warp_sum
+
+
+@launch.once
+def _word_functions():
+    """The word functions above as Numba CUDA device functions."""
+    return tuple(cuda.jit(device=True)(f) for f in (_word_bytes, _word_classes, _word_refused, _word_alleles,
+                                                    _word_call_alleles, _halves, _lane_sum, _load_word))
+
+
+@launch.once
+def _word_row_kernel(kind: str, tx: int, ty: int, unroll: int):
+    """The per-variant word kernel ``(g, words, tile, out)``: ``kind`` "calls" (hom ref, hom alt,
+    het, alleles 0 and 1) or "genotypes" (0/0, 0/1, 1/1, refused), rows of ``tx`` threads over
+    tiles of ``tile`` words (an argument, not a constant: it follows the block's samples, and each
+    constant is a compilation).
+    ``count_word`` counts a word by bit operations, or says it cannot; those words are counted
+    call by call after the step's others, in a loop the compiler keeps rolled: with the per-call
+    path unrolled beside each word of the step, ptxas kept the step's values live for it (the
+    genotype counts took 80 registers, 40 now)."""
+    word_bytes, word_classes, word_refused, word_alleles, _, halves, lane_sum, load_word = _word_functions()
+    warp_sum = _warp_sum(tx, tx * ty)
+    if kind == "calls":
+        tally = make_call_counters(cuda.jit(device=True))[1]
+        n_counts = CLASSES + 2
+
+        @cuda.jit(device=True)
+        def count_word(x, lanes):
+            bad, neg, low = word_bytes(x)
+            if bad != 0:
+                return False
+            hom_ref, hom_alt, het = word_classes(neg, low)
+            zeros, ones = word_alleles(neg, low)
+            lanes[0] += halves(hom_ref)
+            lanes[1] += halves(hom_alt)
+            lanes[2] += halves(het)
+            lanes[3] += halves(zeros)
+            lanes[4] += halves(ones)
+            return True
+    else:
+        tally = cuda.jit(device=True)(_tally_genotype)
+        n_counts = n_genotypes(2, 2) + 1
+
+        @cuda.jit(device=True)
+        def count_word(x, lanes):
+            bad, neg, low = word_bytes(x)
+            if bad != 0:
+                return False
+            hom_ref, hom_alt, het = word_classes(neg, low)
+            lanes[0] += halves(hom_ref)
+            lanes[1] += halves(het)
+            lanes[2] += halves(hom_alt)
+            lanes[3] += halves(word_refused(neg, low))
+            return True
+
+    @cuda.jit(device=True)
+    def count_calls(row, s0, ns, extra):
+        for j in range(WORD_CALLS):
+            if s0 + j < ns:
+                tally(row, s0 + j, 2, 2, extra)
+
+    @launch.cuda_kernel
+    def word_row_counts(g, words, tile, out):
+        x = cuda.threadIdx.x
+        v = cuda.blockIdx.x * ty + cuda.threadIdx.y
+        nv, ns, nw = g.shape[0], g.shape[1], words.shape[0]
+        row_bytes = 2 * ns
+        lanes = cuda.local.array(n_counts, np.uint32)  # 8-bit lanes: at most WORD_LANE_MAX words
+        extra = cuda.local.array(n_counts, np.int64)  # the calls of words counted one by one
+        for c in range(n_counts):
+            lanes[c] = 0
+            extra[c] = 0
+        if v < nv:
+            row = g[v]
+            base = v * row_bytes
+            aligned = (base & 7) == 0  # the row starts at a word: its whole words are words of the block
+            k = cuda.blockIdx.y * tile + x
+            end = min((row_bytes + 7) // 8, (cuda.blockIdx.y + 1) * tile)
+            whole = min(row_bytes // 8, end)
+            buf = cuda.local.array(unroll, np.uint64)
+            while k + (unroll - 1) * tx < whole:
+                for u in range(unroll):  # every load of the step first
+                    if aligned:
+                        buf[u] = words[np.uint64((base >> 3) + k + u * tx)]
+                    else:
+                        buf[u] = load_word(words, nw, base + 8 * (k + u * tx), 8)
+                odd = 0  # the words of other values, counted call by call after the others
+                for u in range(unroll):
+                    if not count_word(buf[u], lanes):
+                        odd |= 1 << u
+                u = 0
+                while odd != 0:  # (a loop the compiler does not unroll: one copy of the rare path)
+                    if odd & 1:
+                        count_calls(row, WORD_CALLS * (k + u * tx), ns, extra)
+                    odd >>= 1
+                    u += 1
+                k += unroll * tx
+            while k < end:  # the rest, and a row's last bytes short of a word
+                if not count_word(load_word(words, nw, base + 8 * k, min(8, row_bytes - 8 * k)), lanes):
+                    count_calls(row, WORD_CALLS * k, ns, extra)
+                k += tx
+        for c in range(n_counts):
+            total = warp_sum(lane_sum(lanes[c]) + extra[c])
+            if x == 0 and v < nv and total != 0:
+                cuda.atomic.add(out, (v, c), total)
+
+    return word_row_counts
+
+
+@launch.once
+def _word_sample_kernel(unroll: int):
+    """The per-sample word kernel ``(g, words, vtile, out)``: a thread a word (four samples) and a
+    tile of ``vtile`` variants (an argument: it follows the block's shape)."""
+    word_bytes, word_classes, _, _, _, _, _, load_word = _word_functions()
+    tally = make_call_counters(cuda.jit(device=True))[1]
+
+    @cuda.jit(device=True)
+    def count_word(x, lanes):
+        bad, neg, low = word_bytes(x)
+        if bad != 0:
+            return False
+        hom_ref, hom_alt, het = word_classes(neg, low)
+        lanes[0] += hom_ref
+        lanes[1] += hom_alt
+        lanes[2] += het
+        return True
+
+    @cuda.jit(device=True)
+    def count_calls(row, s0, ns, lanes, calls):
+        for j in range(WORD_CALLS):
+            if s0 + j < ns:
+                for c in range(CLASSES):
+                    calls[c] = 0
+                tally(row, s0 + j, 2, 0, calls)
+                for c in range(CLASSES):  # into the sample's 16-bit lane
+                    lanes[c] += np.uint64(calls[c]) << np.uint64(16 * j)
+
+    @launch.cuda_kernel
+    def word_sample_counts(g, words, vtile, out):
+        k = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        nv, ns, nw = g.shape[0], g.shape[1], words.shape[0]
+        row_bytes = 2 * ns
+        if k < (row_bytes + 7) // 8:
+            s0 = WORD_CALLS * k
+            nbytes = min(8, row_bytes - 8 * k)
+            lanes = cuda.local.array(CLASSES, np.uint64)  # a 16-bit lane a sample
+            calls = cuda.local.array(CLASSES, np.int64)
+            for c in range(CLASSES):
+                lanes[c] = 0
+            buf = cuda.local.array(unroll, np.uint64)
+            v = cuda.blockIdx.y * vtile
+            v1 = min(nv, v + vtile)
+            while v + unroll <= v1:
+                for u in range(unroll):
+                    o = (v + u) * row_bytes + 8 * k
+                    if nbytes == 8 and (o & 7) == 0:  # a whole word of the block
+                        buf[u] = words[np.uint64(o >> 3)]
+                    else:
+                        buf[u] = load_word(words, nw, o, nbytes)
+                odd = 0  # the words of other values, counted call by call after the others
+                for u in range(unroll):
+                    if not count_word(buf[u], lanes):
+                        odd |= 1 << u
+                u = 0
+                while odd != 0:  # (a loop the compiler does not unroll: one copy of the rare path)
+                    if odd & 1:
+                        count_calls(g[v + u], s0, ns, lanes, calls)
+                    odd >>= 1
+                    u += 1
+                v += unroll
+            while v < v1:
+                if not count_word(load_word(words, nw, v * row_bytes + 8 * k, nbytes), lanes):
+                    count_calls(g[v], s0, ns, lanes, calls)
+                v += 1
+            for j in range(WORD_CALLS):
+                if s0 + j < ns:
+                    for c in range(CLASSES):
+                        n = np.int64((lanes[c] >> np.uint64(16 * j)) & np.uint64(0xFFFF))
+                        if n != 0:
+                            cuda.atomic.add(out, (s0 + j, c), n)
+
+    return word_sample_counts
+
+
+def word_row_shape(n_samples: int, tx: int | None = None, ty: int | None = None, unroll: int = 4,
+                   tile: int | None = None):
+    """(tx, ty, tile) of the per-variant word kernels, ``tile`` in words: a warp a row where a row
+    has more than 256 words (1,024 samples), else the fewest threads that leave each 16 words or
+    fewer (a thread a row of 64 samples or fewer), rows of a warp summed by shuffles. A row is cut
+    into tiles of at most ``WORD_LANE_MAX`` words a thread (its counts' byte lanes must not
+    overflow), of equal lengths in whole unrolled steps, so no block gets a short remainder.
+    ``tile`` given in samples is rounded up to words."""
+    n_words = -(-n_samples // WORD_CALLS)
+    if tx is None:
+        tx = 1
+        while tx < 32 and 16 * tx < n_words:
+            tx *= 2
+    ty = ty or THREADS_PER_BLOCK // tx
+    if tile:
+        words = -(-tile // WORD_CALLS)
+    else:
+        step = tx * unroll
+        steps = -(-n_words // step)
+        words = step * -(-steps // -(-steps // max(1, WORD_LANE_MAX // unroll)))
+    if tx & (tx - 1) or tx > 32 or tx * ty % 32:
+        raise ValueError(f"word kernels: tx must be a power of two up to 32 and tx * ty a multiple of 32, "
+                         f"not {tx}, {ty}")
+    if -(-words // tx) > WORD_LANE_MAX:
+        raise ValueError(f"word kernels: at most {WORD_LANE_MAX} words a thread a tile, not {-(-words // tx)}")
+    return tx, ty, words
+
+
+def word_sample_tile(n_variants: int, n_samples: int) -> int:
+    """Variants a thread of the per-sample word kernel walks: enough tiles for ``WORD_THREADS``
+    threads, at least 64 variants a tile (each tile adds its counts to the output: three atomic
+    adds a sample), at most ``SAMPLE_LANE_MAX`` (16-bit lanes) and few enough tiles for the grid."""
+    tiles = max(1, WORD_THREADS // -(-n_samples // WORD_CALLS))
+    vtile = max(64, -(-n_variants // tiles), -(-n_variants // 65535))
+    return min(SAMPLE_LANE_MAX, vtile)
+
+
+def _word_row_counts(kind: str, g, n_counts: int, tx, ty, unroll, tile):
+    import cupy as xp
+    nv, ns, _ = g.shape
+    out = xp.zeros((nv, n_counts), np.int64)
+    tx, ty, tile = word_row_shape(ns, tx, ty, unroll, tile)
+    kernel = _word_row_kernel(kind, tx, ty, unroll)
+    grid = (-(-nv // ty), -(-(-(-ns // WORD_CALLS)) // tile))
+    launch.launch_numba(kernel, 0, g, _words_of(g), np.int64(tile), out, threads=(tx, ty), grid=grid)
+    return out[:, None, :]
+
+
+def variant_call_counts_gpu_previous(g, n_alleles: int = 2, *, tx=None, ty=None, unroll: int = 4, tile=None):
+    return _word_row_counts("calls", g, CLASSES + 2, tx, ty, unroll, tile)
+
+
+def variant_genotype_counts_gpu_previous(g, n_alleles: int = 2, *, tx=None, ty=None, unroll: int = 4, tile=None):
+    return _word_row_counts("genotypes", g, 4, tx, ty, unroll, tile)
+
+
+def sample_call_counts_gpu_previous(g, *, threads: int = THREADS_PER_BLOCK, unroll: int = 4, vtile: int | None = None):
+    """The per-sample word kernel: a thread a word (four samples) and a tile of ``vtile``
+    variants (int8 diploid biallelic calls, C-contiguous, at an address that is a multiple of 8)."""
+    import cupy
+
+    g = cupy.ascontiguousarray(g)
+    nv, ns, _ = g.shape
+    out = cupy.zeros((ns, CLASSES), np.int64)
+    vtile = vtile or word_sample_tile(nv, ns)
+    grid = (-(-(-(-ns // WORD_CALLS)) // threads), -(-nv // vtile))
+    launch.launch_numba(_word_sample_kernel(unroll), 0, g, _words_of(g), np.int64(vtile), out, threads=threads, grid=grid)
+    return out[None]

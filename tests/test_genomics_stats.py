@@ -381,13 +381,6 @@ def test_cuda_kernels_equal_the_cpu_kernels(ploidy, n_alleles):
     np.testing.assert_array_equal(K.call_allele_counts_gpu(g, n_alleles, threads=32), K.call_allele_counts_cpu(g, n_alleles))
 
 
-@pytest.mark.cudasim
-def test_cuda_hwe_kernel_equals_the_cpu_kernel():
-    counts = REF["hwe_counts"][:60].astype(np.int64)
-    het, hom1, hom2 = counts[:, 1], counts[:, 0], counts[:, 2]
-    np.testing.assert_array_equal(K.hwe_exact_gpu(het, hom1, hom2, threads=32), K.hwe_exact_cpu(het, hom1, hom2))
-
-
 # --- the word kernels: int8, diploid, biallelic --------------------------------------------------------
 
 
@@ -403,35 +396,43 @@ def word_calls(shape, seed=0):
     return np.where((kind == 2) & (u > 0.95), rng.choice(np.array([2, 3, -3, -128, 127], np.int8), size=shape), g)
 
 
-def bit_counts(words):
-    return np.unpackbits(words.view(np.uint8).reshape(-1, 8), axis=1).sum(1)
-
-
-def test_word_functions_count_as_the_call_functions():
-    """Every word of four calls of 0, 1, -1 and -2 (4**8 words), counted by the bit operations,
-    against the CPU kernels on the same calls; every byte value in every place, for the test that
-    sends a word to the per-call functions."""
+def test_word_flags_count_as_the_call_functions():
+    """Every word of two calls of 0, 1, -1 and -2 (4**4 words), counted by the bit operations of
+    the CUDA kernels (``word_flags``), against the CPU kernels on the same calls; every byte value
+    in every place, for the test that sends a word to the per-call rules; and the per-call allele
+    counts' uint64 words (4**8)."""
     values = np.array([0, 1, -1, -2], np.int8)
-    choice = np.arange(4**8)[:, None] >> 2 * np.arange(8) & 3  # every choice of a value for each byte
-    calls = values[choice].reshape(-1, 4, 2)  # a variant a word
-    words = calls.reshape(-1, 8).view(np.uint64).ravel()
-    bad, neg, low = K._word_bytes(words)
-    assert not bad.any()
-    hom_ref, hom_alt, het = K._word_classes(neg, low)
-    zeros, ones = K._word_alleles(neg, low)
-    counts = np.stack([bit_counts(c) for c in (hom_ref, hom_alt, het, zeros, ones)], -1)
+    choice = np.arange(4**4)[:, None] >> 2 * np.arange(4) & 3  # every choice of a value for each byte
+    calls = values[choice].reshape(-1, 2, 2)  # a variant a word
+    flags = K.word_flags(calls.reshape(-1, 4).view(np.uint32).ravel())
+    assert not flags["odd"].any()
+    bits = {k: bit_counts(v) for k, v in flags.items()}
+    het = bits["called"] - bits["hom_ref"] - bits["hom_alt"]
+    counts = np.stack([bits["hom_ref"], bits["hom_alt"], het, bits["zeros"], bits["ones"]], -1)
     np.testing.assert_array_equal(counts, K.variant_call_counts_cpu(calls, 2)[:, 0])
-    genotypes = np.stack([bit_counts(c) for c in (hom_ref, het, hom_alt, K._word_refused(neg, low))], -1)
+    genotypes = np.stack([bits["hom_ref"], het, bits["hom_alt"], bits["refused"]], -1)
     np.testing.assert_array_equal(genotypes, K.variant_genotype_counts_cpu(calls, 2)[:, 0])
+    for at in (0, 8):  # the per-sample kernel's flags, at each call's first byte or its second
+        f = K.word_flags(calls.reshape(-1, 4).view(np.uint32).ravel(), at)
+        per_sample = np.stack([(f[k][:, None] >> np.uint32(at + 16 * j)) & np.uint32(1)
+                               for j in range(2) for k in ("hom_ref", "hom_alt", "called")], -1).reshape(-1, 2, 3)
+        per_sample[..., 2] -= per_sample[..., 0] + per_sample[..., 1]
+        np.testing.assert_array_equal(per_sample, K.sample_call_counts_cpu(calls.reshape(1, -1, 2))[0].reshape(-1, 2, 3))
+    for place in range(4):
+        b = np.zeros((256, 4), np.uint8)
+        b[:, place] = np.arange(256)
+        odd = K.word_flags(b.view(np.uint32).ravel())["odd"]
+        np.testing.assert_array_equal(odd != 0, ~np.isin(b[:, place].view(np.int8), values))
+    choice = np.arange(4**8)[:, None] >> 2 * np.arange(8) & 3
+    calls = values[choice].reshape(-1, 4, 2)
+    bad, neg, low = K._word_bytes(calls.reshape(-1, 8).view(np.uint64).ravel())
+    assert not bad.any()
     per_call = K.call_allele_counts_cpu(calls, 2).reshape(-1, 8).view(np.uint64).ravel()
     np.testing.assert_array_equal(K._word_call_alleles(neg, low), per_call)
-    for place in range(8):
-        b = np.zeros((256, 8), np.uint8)
-        b[:, place] = np.arange(256)
-        bad = K._word_bytes(b.view(np.uint64).ravel())[0]
-        np.testing.assert_array_equal(bad != 0, ~np.isin(b[:, place].view(np.int8), values))
-    b = np.random.default_rng(0).integers(0, 128, size=(1000, 8), dtype=np.uint8)  # lanes up to 254
-    np.testing.assert_array_equal([K._lane_sum(K._halves(w)) for w in b.view(np.uint64).ravel()], b.sum(1))
+
+
+def bit_counts(words):
+    return np.unpackbits(np.ascontiguousarray(words).view(np.uint8).reshape(words.size, -1), axis=1).sum(1)
 
 
 def test_word_path():
@@ -443,46 +444,57 @@ def test_word_path():
     assert not K.word_path(g[:, ::2])  # not C-contiguous (the kernels copy it first)
     assert not K.word_path(g[:1, :3])  # fewer than four calls
     shifted = np.empty(g.size + 8, np.int8)[2 : 2 + g.size].reshape(g.shape)  # an address not a multiple of 8
-    assert not K.word_path(shifted)
+    assert K.word_path(shifted) and not K._use_words(shifted, 2, None, numba=True)
+    assert not K._use_words(g, 2, None)  # the CUDA C kernels: on the GPU
     with pytest.raises(ValueError, match="word kernels"):
         K.variant_call_counts_gpu(g, 3, words=True)
+    with pytest.raises(ValueError, match="on the GPU"):
+        K.variant_call_counts_gpu(g, 2, words=True)
     with pytest.raises(ValueError, match="word kernels"):
-        K.word_row_shape(23, tx=4, ty=2)  # 8 threads: not whole warps
+        K.word_row_shape(7, 23, tx=4, ty=2)  # 8 threads: not whole warps
+    assert K.word_row_shape(7, 37)[0] == 1  # a thread a row of 37 samples (4 whole units)
+    assert K.word_row_shape(100_000, 25_000)[:2] == (32, 4)
 
 
 @pytest.mark.cudasim
 @pytest.mark.parametrize("n_samples", [24, 23, 22, 3])
-def test_word_kernels_equal_the_cpu_kernels(n_samples):
-    # rows of 24 samples are 6 whole words; of 22 and 23, 5 words and part of one, rows starting at
-    # every byte offset of a word, the last row's last words past the block's whole words; of 3,
-    # part of a word. Rows of 4 threads in tiles of 5 words: a thread's unrolled step and tails, a
-    # row over two tiles; 7 variants in blocks of 8 rows, one past the end; 4 of the 7 variants
-    # with words counted call by call.
+def test_numba_kernels_on_word_calls_equal_the_cpu_kernels(n_samples):
+    # under the simulator the counts of int8 diploid biallelic calls (NumPy arrays) take the
+    # generic Numba kernels, and the per-call allele counts their word kernel: rows of 24 samples
+    # are 6 whole words; of 22 and 23, 5 words and part of one, rows starting at every byte offset
+    # of a word, the last row's last words past the block's whole words; of 3, part of a word
     g = word_calls((7, n_samples, 2), seed=n_samples)
     assert K.word_path(g)
-    shape = dict(tx=4, ty=8, unroll=2, tile=20, words=True)
+    shape = dict(tx=4, ty=8, unroll=2, tile=20)
     np.testing.assert_array_equal(K.variant_call_counts_gpu(g, 2, **shape), K.variant_call_counts_cpu(g, 2))
     np.testing.assert_array_equal(K.variant_genotype_counts_gpu(g, 2, **shape), K.variant_genotype_counts_cpu(g, 2))
-    # tiles of 3 variants: an unrolled step and a tail
-    np.testing.assert_array_equal(K.sample_call_counts_gpu(g, threads=32, unroll=2, vtile=3, words=True),
-                                  K.sample_call_counts_cpu(g))
+    np.testing.assert_array_equal(K.sample_call_counts_gpu(g, threads=32, unroll=2, vtile=3), K.sample_call_counts_cpu(g))
     np.testing.assert_array_equal(K.call_allele_counts_gpu(g, 2, threads=32, unroll=2, words=True),
                                   K.call_allele_counts_cpu(g, 2))
 
 
-@pytest.mark.cudasim
-def test_word_kernels_in_their_own_shapes():
-    """The shapes the kernels pick: rows of 37 samples, a thread a row; an array at an address
-    that is not a multiple of 8 goes to the generic kernel."""
-    g = word_calls((40, 37, 2), seed=1)
-    assert K.word_row_shape(37)[0] == 1
-    for name, args in [("variant_call_counts", (2,)), ("variant_genotype_counts", (2,)), ("sample_call_counts", ()),
-                       ("call_allele_counts", (2,))]:
-        np.testing.assert_array_equal(getattr(K, f"{name}_gpu")(g, *args), getattr(K, f"{name}_cpu")(g, *args),
-                                      err_msg=name)
-    shifted = np.empty(g[:3].size + 8, np.int8)[2 : 2 + g[:3].size].reshape((3, 37, 2))
-    shifted[...] = g[:3]
-    np.testing.assert_array_equal(K.variant_call_counts_gpu(shifted, 2), K.variant_call_counts_cpu(g[:3], 2))
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("n_samples", [24, 23, 22, 3, 8, 9, 16, 37, 1001])
+def test_cuda_c_word_kernels_equal_the_cpu_kernels(n_samples):
+    """The CUDA C kernels in small shapes: rows of 4 threads in tiles of 2 units (16 bytes), a
+    step of 2 units, rows starting and ending mid-unit (the calls outside whole units by the
+    per-call rules), 7 variants in blocks of 8 rows (one past the end), a third of the variants
+    with words counted call by call; per sample, tiles of 3 variants; at the array's own address
+    and at one 2 bytes past a multiple of 16 (a view), and in the kernels' own shapes."""
+    import cupy
+
+    g = word_calls((7, n_samples, 2), seed=n_samples)
+    base = cupy.zeros(g.size + 16, np.int8)
+    for d in (cupy.asarray(g), base[2 : 2 + g.size].reshape(g.shape)):
+        d[...] = cupy.asarray(g)
+        for shape in (dict(tx=4, ty=8, unroll=2, tile=2), {}):
+            for name in ("variant_call_counts", "variant_genotype_counts"):
+                got = getattr(K, f"{name}_gpu")(d, 2, words=True, **shape)
+                np.testing.assert_array_equal(cupy.asnumpy(got), getattr(K, f"{name}_cpu")(g, 2), err_msg=f"{name} {shape}")
+        for shape in (dict(threads=32, unroll=2, vtile=3), {}):
+            np.testing.assert_array_equal(cupy.asnumpy(K.sample_call_counts_gpu(d, words=True, **shape)),
+                                          K.sample_call_counts_cpu(g), err_msg=str(shape))
 
 
 @pytest.mark.gpu
@@ -515,9 +527,10 @@ def test_gpu_kernels_equal_the_cpu_kernels(ploidy, n_alleles, dtype):
         np.testing.assert_array_equal(cupy.asnumpy(K.sample_call_counts_gpu(d)), K.sample_call_counts_cpu(g))
         shifted = cupy.empty(d.size + 8, np.int8)[2 : 2 + d.size].reshape(d.shape)
         shifted[...] = d
-        assert not K.word_path(shifted)
+        assert K.word_path(shifted)  # the CUDA C kernels at any address
         np.testing.assert_array_equal(cupy.asnumpy(K.variant_call_counts_gpu(shifted, 2)),
                                       K.variant_call_counts_cpu(g, 2))
+        np.testing.assert_array_equal(cupy.asnumpy(K.sample_call_counts_gpu(shifted)), K.sample_call_counts_cpu(g))
     counts = np.random.default_rng(1).integers(0, 3000, size=(5000, 3))
     gpu = K.hwe_exact_gpu(*(cupy.asarray(counts[:, k]) for k in (1, 0, 2)))
     # no multiply-add in the test's arithmetic for the compiler to fuse: the same bits

@@ -94,9 +94,13 @@ FAMILIES: dict[str, str] = {
 
 BACKENDS = ("cpu", "gpu")
 
-# The families whose GPU kernels are Numba CUDA kernels (``launch.cuda_kernel``): resolving one of
-# their kernels for the GPU starts ``numba.cuda``'s import in the background (launch.prepare_numba_cuda).
-NUMBA_CUDA_FAMILIES = frozenset({"alternate", "genotypes", "groups", "popgen", "trend"})
+# The kernels whose GPU kernels are Numba CUDA kernels (``launch.cuda_kernel``): resolving one of
+# them for the GPU starts ``numba.cuda``'s import in the background (launch.prepare_numba_cuda).
+# Every kernel of these families; of the genotypes family, the per-call allele counts (the other
+# counts and the HWE test are CUDA C for int8 diploid biallelic calls, and import numba.cuda at
+# their first launch on other calls).
+NUMBA_CUDA_FAMILIES = frozenset({"alternate", "groups", "popgen", "trend"})
+NUMBA_CUDA_KERNELS = frozenset({"call_allele_counts"})
 
 
 @functools.cache
@@ -115,9 +119,10 @@ def _resolve(name: str, backend: str) -> Callable:
 
 def get(name: str, backend: str) -> Callable:
     """The kernel ``name`` for ``backend`` ("cpu" or "gpu"), to run: an op building its graph asks
-    for it, and a Numba CUDA kernel's module starts loading now (:data:`NUMBA_CUDA_FAMILIES`)."""
+    for it, and a Numba CUDA kernel's module starts loading now (:data:`NUMBA_CUDA_FAMILIES`,
+    :data:`NUMBA_CUDA_KERNELS`)."""
     kernel = _resolve(name, backend)
-    if backend == "gpu" and FAMILIES[name] in NUMBA_CUDA_FAMILIES:
+    if backend == "gpu" and (FAMILIES[name] in NUMBA_CUDA_FAMILIES or name in NUMBA_CUDA_KERNELS):
         from .launch import prepare_numba_cuda
 
         prepare_numba_cuda()

@@ -35,9 +35,10 @@ pass over the variant's row for each allele (vectorized by the compiler, the row
 where a GPU thread compares each of its calls' alleles with every allele index (the GPU's way runs
 on the CPU as :func:`call_counts_twin`, for the tests); and the per-call allele counts, written
 out in the CPU loop. Integer counts do not depend on the order of additions, so CPU and GPU agree
-exactly, and the CPU tests run the CUDA kernels in Numba's CUDA simulator.
+exactly, and the CPU tests run the Numba CUDA kernels in Numba's CUDA simulator (the CUDA C word
+kernels below run in the GPU tests).
 
-GPU kernels (Numba CUDA, launched on CuPy's current stream), generic over dtype, ploidy and
+Generic GPU kernels (Numba CUDA, launched on CuPy's current stream), over any dtype, ploidy and
 alleles:
 
 - per variant (``variant_call_counts``, ``variant_genotype_counts``): a block is ``ty`` rows of
@@ -52,37 +53,44 @@ alleles:
 - per sample (``sample_call_counts``): a thread a sample and a tile of variants, ``UNROLL``
   variants' calls loaded at once, counts added to the output once per tile;
 - per call (``call_allele_counts``): a thread a call;
-- ``hwe_exact``: a thread a variant. The exact test needs the distribution of heterozygote counts;
-  sgkit keeps it in an array of length ``2 * n + 1``, which a GPU thread cannot hold, so both
-  kernels compute it twice instead (the sum, then the p-value), with sgkit's recurrence in sgkit's
-  order of operations as its source reads; the final sum adds the same terms in another order.
-  sgkit compiles its test with ``fastmath``, which lets the compiler reorder its arithmetic, so no
-  IEEE order reproduces it: p-values agree with sgkit's within a few units of float64 rounding
-  (2.6e-15 relative at most on the test counts; sgkit's own function without fastmath differs
-  from it as much).
+- ``hwe_exact`` (CUDA C, ``cuda/genotypes.cu``, for every input): a thread a variant. The exact
+  test needs the distribution of heterozygote counts; sgkit keeps it in an array of length
+  ``2 * n + 1``, which a GPU thread cannot hold, so both kernels compute it twice instead (the
+  sum, then the p-value), with sgkit's recurrence in sgkit's order of operations as its source
+  reads; the final sum adds the same terms in another order. The CUDA C kernel does
+  :func:`_hwe_p_value`'s operations in its order, without fused multiply-add: the same bits as the
+  CPU. sgkit compiles its test with ``fastmath``, which lets the compiler reorder its arithmetic,
+  so no IEEE order reproduces it: p-values agree with sgkit's within a few units of float64
+  rounding (2.6e-15 relative at most on the test counts; sgkit's own function without fastmath
+  differs from it as much).
 
 The word kernels, for int8 calls of ploidy 2 and two alleles (VCF Zarr as bio2zarr writes it:
 nearly all data; :func:`word_path` says when they run). The generic kernels load a call as two
 int8 values and count it with a dozen comparisons and branches, a few bytes in flight a thread:
-on an H200 they read a block of 0.8 GB in 1.3 to 3.3 ms, where a copy of it takes 0.4 ms. These
-read the block as uint64 words, four calls each, and count a word at once with a few bit
-operations (:func:`_word_bytes` and the functions after it): where every byte is 0, 1, -1 or -2,
-each count is a flag at bit 0 of a byte, added into 8- or 16-bit lanes of a register and summed
-across lanes once a tile. A word holding any other byte (an allele of 2 or more, a value below
--2) is counted call by call by the per-call functions above, so sgkit's rules stay written once.
-A row that is not a whole number of words (samples not a multiple of 4) starts and ends mid-word:
-its words are joined from two, and the bytes past its end read as -1, which counts nowhere. A
-word's counts take about forty integer instructions for its eight bytes (ptxas, sm_90): by
-estimate, about what an H200's integer units issue while its memory delivers those bytes, so
-instructions, not loads, are what to cut next.
+on an H200 they read a block of 0.8 GB in 1.3 to 3.3 ms, where a copy of it takes 0.4 ms. The
+word kernels read the block as 32-bit words, two calls each, and count a word at once with a few
+bit operations (:func:`word_flags`): where every byte is 0, 1, -1 or -2, each count is a flag at
+bit 0 of a byte or of a call, added into 8- or 16-bit lanes of a register and summed across lanes
+every 63 loads. A word holding any other byte (an allele of 2 or more, a value below -2) is
+counted call by call by sgkit's rules (``count_call`` in the CUDA source, the per-call functions
+above in Python; the tests hold them equal on every byte value).
 
-- per variant: ``tx`` threads a row (a warp where a row has more than 1,024 samples, else fewer),
-  ``UNROLL`` words in flight a thread, along tiles of equal lengths; a row's counts are summed by
-  warp shuffles (no shared memory, no barrier) and added to the output once a tile;
-- per sample: a thread a word (four samples) and a tile of variants, a sample's counts in a
-  16-bit lane; tiles sized to give the GPU about ``WORD_THREADS`` threads;
-- per call: a word of counts for each word of calls (with two alleles a call's counts take its
-  two bytes), grid-stride; the last calls short of a word by the generic kernel.
+- per variant and per sample, and the HWE test: CUDA C (``cuda/genotypes.cu``), compiled by CuPy
+  once per machine, one module for the four kernels. Numba CUDA kernels (an earlier version of
+  these, over the same bit operations on uint64 words) took 3.4 s to compile on a fresh machine,
+  most of it Numba's typing in Python, and the first launch of any imports ``numba.cuda``;
+- per variant: ``tx`` threads a row (a warp where a row has more than 2,048 samples, else fewer),
+  each loading ``UNROLL`` aligned 16-byte units before it counts any; the units of a row are
+  those of the block's memory that lie wholly inside it (a row of a number of samples not a
+  multiple of 8 starts and ends mid-unit: its calls outside whole units go call by call); a row's
+  counts are summed by warp shuffles and added to the output once a tile (of a row: one, unless
+  the rows are too few to fill the GPU);
+- per sample: a thread 16 bytes of a row (eight samples) and a tile of variants, four samples'
+  counts in the 8-bit lanes of a register (summed into 16-bit lanes every 255 variants); tiles
+  sized to give the GPU about ``WORD_THREADS`` threads; rows that do not start at a multiple of
+  16 bytes are joined from two aligned loads;
+- per call (Numba CUDA): a word of counts for each word of calls (with two alleles a call's counts
+  take its two bytes), grid-stride; the last calls short of a word by the generic kernel.
 
 Nothing here imports CuPy or ``numba.cuda`` at module level.
 """
@@ -225,102 +233,64 @@ def _call_alleles(g, v, s, ploidy, n_alleles, out):
         out[v, s, j] = n
 
 
-# --- four diploid calls in a word: the same counts, by bit operations -----------------------------
+# --- diploid calls in a word: the same counts, by bit operations -----------------------------------
 #
-# int8 calls of ploidy 2 are pairs of bytes; eight bytes are four calls, read as one little-endian
-# uint64 (call j: its first allele in byte 2j, its second in byte 2j + 1). Where every byte is 0, 1,
+# int8 calls of ploidy 2 are pairs of bytes; four bytes are two calls, read as one little-endian
+# uint32 (call j: its first allele in byte 2j, its second in byte 2j + 1). Where every byte is 0, 1,
 # -1 or -2, two bits of a byte say what it is: its sign (bit 1: those four bytes are 0000000b and
 # 1111111b) and its bit 0 (1 for allele 1 and for -1). The counts of the word are then flags at
-# bit 0 of bytes, computed for the whole word at once (a 64-bit operation is two 32-bit
-# instructions, three-input logic one); any other byte (an allele of 2 or more, a value below -2)
-# sends the word back to the per-call functions above. These are plain Python on
-# ``numpy.uint64``: compiled by Numba CUDA for the word kernels, and run on NumPy arrays of words
-# by the tests.
+# bit 0 of bytes or of calls; any other byte (an allele of 2 or more, a value below -2) sends the
+# word back to the per-call functions above. The CUDA kernels (``cuda/genotypes.cu``,
+# ``count_fast``) compute these flags; :func:`word_flags` is the same formulas on NumPy words, for
+# the tests, and ``_word_bytes`` and ``_word_call_alleles`` the per-call counts' (Numba CUDA).
 
+LOWS32 = np.uint32(0x01010101)  # bit 0 of each byte
+CALLS32 = np.uint32(0x00010001)  # bit 0 of each call's first byte
+INNER32 = np.uint32(0x7E7E7E7E)  # bits 1 to 6 of each byte
+
+
+def word_flags(x, at: int = 0) -> dict:
+    """``count_fast`` and ``call_flags`` of ``cuda/genotypes.cu`` on uint32 words ``x``: ``odd``
+    is non-zero where a byte is not 0, 1, -1 or -2 (bits 1 to 7 of a byte not all equal: bit k
+    against bit k + 1); elsewhere ``hom_ref``, ``hom_alt`` and ``called`` (0/0, 0/1 or 1/1) are
+    flags at bit ``at`` of each call (0: its first byte, 8: its second, as the per-sample kernel
+    places them for a word's neighbour), ``refused`` (sgkit's genotype index refuses the call: a
+    first allele of -2, or of 0 or 1 with a second of -2) at bit 0 of each call, ``zeros`` and
+    ``ones`` at bit 0 of each byte (the alleles 0 and 1)."""
+    x = np.asarray(x, np.uint32)
+    one, eight, nine = np.uint32(1), np.uint32(8), np.uint32(9)
+    m = CALLS32 << np.uint32(at)
+    s = x >> eight if at == 0 else x << eight  # at bit ``at``: the call's other byte's bits 0 and 1
+    u = x | s  # bit ``at``: either allele has bit 0; the next bit: either allele is negative
+    u1 = u >> one
+    y = x >> one  # bit 0 of a byte: its sign
+    s0, t = x >> eight, x >> nine  # at a call's first byte: its second byte's bit 0 and sign
+    return {"odd": (x ^ y) & INNER32, "hom_ref": ~(u | u1) & m, "hom_alt": x & s & ~u1 & m, "called": ~u1 & m,
+            "zeros": ~(x | y) & LOWS32, "ones": x & ~y & LOWS32, "refused": ((y & ~x) | (~y & t & ~s0)) & CALLS32}
+
+
+# The per-call allele counts' words (call_allele_counts, a Numba CUDA kernel), eight bytes a word.
 INNER = np.uint64(0x7E7E7E7E7E7E7E7E)  # bits 1 to 6 of each byte
 LOWS = np.uint64(0x0101010101010101)  # bit 0 of each byte
-CALLS = np.uint64(0x0001000100010001)  # bit 0 of each call's first byte
 LOW_BYTES = np.uint64(0x00FF00FF00FF00FF)  # each call's first byte
-HALF = np.uint64(0xFFFFFFFF)
-LANES = np.uint32(0x00FF00FF)
-ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
-BAD_WORD = np.uint64(0x0202020202020202)  # a word _word_bytes refuses: its calls are counted one by one
-WORD_CALLS = 4  # diploid int8 calls in a word
-_S1, _S8, _S32, _S64 = (np.uint64(n) for n in (1, 8, 32, 64))
-_H8, _H16 = np.uint32(8), np.uint32(16)
+WORD_CALLS = 4  # diploid int8 calls in a uint64 word
+_S1, _S8 = np.uint64(1), np.uint64(8)
 
 
 def _word_bytes(x):
-    """``(bad, neg, low)`` of word ``x``: ``bad`` is non-zero where a byte is not 0, 1, -1 or -2
-    (where its bits 1 to 7 are not all equal: bit k against bit k + 1 of the same byte); ``neg``
-    has bit 0 of each byte set where the byte is negative (its bit 1), ``low`` where its bit 0 is
-    (allele 1, or -1)."""
+    """``(bad, neg, low)`` of uint64 word ``x``: ``bad`` is non-zero where a byte is not 0, 1, -1
+    or -2 (as ``odd`` of :func:`word_flags`); ``neg`` has bit 0 of each byte set where the byte is
+    negative (its bit 1), ``low`` where its bit 0 is (allele 1, or -1)."""
     y = x >> _S1
     return (x ^ y) & INNER, y & LOWS, x & LOWS
-
-
-def _word_classes(neg, low):
-    """Flags at bit 0 of each call's first byte (``CALLS``) of a word of 0, 1, -1 and -2: the
-    calls homozygous reference, homozygous alternate and heterozygous, as ``classify``."""
-    neg2 = neg >> _S8  # the second allele's bits, at the first's place
-    low2 = low >> _S8
-    called = ~(neg | neg2) & CALLS
-    return called & ~(low | low2), called & low & low2, called & (low ^ low2)
-
-
-def _word_refused(neg, low):
-    """Flags at ``CALLS`` of the calls whose biallelic genotype sgkit refuses (``_tally_genotype``
-    with two alleles): a first allele of -2, or a first allele of 0 or 1 and a second of -2."""
-    neg2 = neg >> _S8
-    low2 = low >> _S8
-    return CALLS & ((neg & ~low) | (~neg & neg2 & ~low2))
-
-
-def _word_alleles(neg, low):
-    """Flags at bit 0 of each byte: the alleles 0, and the alleles 1."""
-    return ~(neg | low) & LOWS, low & ~neg
 
 
 def _word_call_alleles(neg, low):
     """The word of per-call allele counts, as ``call_allele_counts`` writes them with two alleles:
     each call's count of allele 0 in its first byte, of allele 1 in its second (the same bytes as
     the calls: a word of counts for each word of calls)."""
-    zeros, ones = ~(neg | low) & LOWS, low & ~neg  # as _word_alleles (each compiles alone)
+    zeros, ones = ~(neg | low) & LOWS, low & ~neg
     return ((zeros + (zeros >> _S8)) & LOW_BYTES) | (((ones + (ones >> _S8)) & LOW_BYTES) << _S8)
-
-
-def _halves(x):
-    """The two 32-bit halves of word ``x`` added (uint32): where ``x`` holds flags at bytes, four
-    byte lanes of counts, so that a count of a word takes one 32-bit addition (three-input)."""
-    return np.uint32(x & HALF) + np.uint32(x >> _S32)
-
-
-def _lane_sum(x):
-    """The sum of the four bytes of the uint32 ``x`` (int64), by halves: no multiplication that
-    could overflow."""
-    x = (x & LANES) + ((x >> _H8) & LANES)
-    return np.int64((x & np.uint32(0xFFFF)) + (x >> _H16))
-
-
-def _load_word(words, n_words, o, nbytes):
-    """The ``nbytes`` (1 to 8) bytes of the block at byte ``o`` as a word, from ``words`` (the
-    block's whole words): two words joined where ``o`` is not a multiple of 8 (a row of a number
-    of samples not a multiple of 4), bytes past ``nbytes`` set to 0xFF (-1, missing, which counts
-    nowhere); ``BAD_WORD`` where a byte lies past the last whole word (the end of the block)."""
-    q = o >> 3
-    last = (o + nbytes - 1) >> 3
-    if last >= n_words:
-        return BAD_WORD
-    x = words[np.uint64(q)]  # (an unsigned index: no test for a negative one)
-    r = o & 7
-    if r != 0:
-        shift = np.uint64(8 * r)
-        x >>= shift
-        if last > q:
-            x |= words[np.uint64(last)] << (_S64 - shift)
-    if nbytes < 8:
-        x |= ONES << np.uint64(8 * nbytes)
-    return x
 
 
 def _hwe_p_value(obs_hets, obs_hom1, obs_hom2):
@@ -664,244 +634,6 @@ def _call_kernel(ploidy: int, n_alleles: int):
 
 
 @launch.once
-def _hwe_kernel():
-    _numba_cuda()
-    hwe = cuda.jit(device=True)(_hwe_p_value)
-
-    @launch.cuda_kernel
-    def hwe_p_values(het, hom1, hom2, out):
-        i = cuda.grid(1)
-        if i < out.shape[0]:
-            out[i] = hwe(het[i], hom1[i], hom2[i])
-
-    return hwe_p_values
-
-
-# --- GPU: the word kernels (int8, diploid, biallelic) -----------------------------------------------
-
-WORD_LANE_MAX = 127  # words a thread counts in 8-bit lanes, two a word, before it sums them (per-variant)
-SAMPLE_LANE_MAX = 0xFFFF  # variants a thread counts in 16-bit lanes (per-sample)
-WORD_THREADS = 1 << 18  # threads the per-sample word kernel aims for (an H200 holds 270,336)
-
-
-def _warp_sum(width: int, threads: int):
-    """A device function: the sum of a value over each ``width`` lanes (a power of two up to 32)
-    of a warp, in the first of them, by shuffles down. Every thread of the block calls it. Numba's
-    CUDA simulator has no shuffles: there the same steps go through shared memory (a shuffle from
-    past the warp returns the lane's own value, as CUDA's does)."""
-    if hasattr(cuda, "shfl_down_sync"):
-
-        @cuda.jit(device=True)
-        def warp_sum(value):
-            step = width // 2
-            while step > 0:
-                value += cuda.shfl_down_sync(0xFFFFFFFF, value, step)
-                step //= 2
-            return value
-
-    else:
-
-        @cuda.jit(device=True)
-        def warp_sum(value):
-            shared = cuda.shared.array(threads, np.int64)
-            t = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-            step = width // 2
-            while step > 0:
-                shared[t] = value
-                cuda.syncthreads()
-                value += shared[t + step] if t % 32 + step < 32 else value
-                cuda.syncthreads()
-                step //= 2
-            return value
-
-    return warp_sum
-
-
-@launch.once
-def _word_functions():
-    """The word functions above as Numba CUDA device functions."""
-    _numba_cuda()
-    return tuple(cuda.jit(device=True)(f) for f in (_word_bytes, _word_classes, _word_refused, _word_alleles,
-                                                    _word_call_alleles, _halves, _lane_sum, _load_word))
-
-
-@launch.once
-def _word_row_kernel(kind: str, tx: int, ty: int, unroll: int):
-    """The per-variant word kernel ``(g, words, tile, out)``: ``kind`` "calls" (hom ref, hom alt,
-    het, alleles 0 and 1) or "genotypes" (0/0, 0/1, 1/1, refused), rows of ``tx`` threads over
-    tiles of ``tile`` words (an argument, not a constant: it follows the block's samples, and each
-    constant is a compilation).
-    ``count_word`` counts a word by bit operations, or says it cannot; those words are counted
-    call by call after the step's others, in a loop the compiler keeps rolled: with the per-call
-    path unrolled beside each word of the step, ptxas kept the step's values live for it (the
-    genotype counts took 80 registers, 40 now)."""
-    _numba_cuda()
-    word_bytes, word_classes, word_refused, word_alleles, _, halves, lane_sum, load_word = _word_functions()
-    warp_sum = _warp_sum(tx, tx * ty)
-    if kind == "calls":
-        tally = make_call_counters(cuda.jit(device=True))[1]
-        n_counts = CLASSES + 2
-
-        @cuda.jit(device=True)
-        def count_word(x, lanes):
-            bad, neg, low = word_bytes(x)
-            if bad != 0:
-                return False
-            hom_ref, hom_alt, het = word_classes(neg, low)
-            zeros, ones = word_alleles(neg, low)
-            lanes[0] += halves(hom_ref)
-            lanes[1] += halves(hom_alt)
-            lanes[2] += halves(het)
-            lanes[3] += halves(zeros)
-            lanes[4] += halves(ones)
-            return True
-    else:
-        tally = cuda.jit(device=True)(_tally_genotype)
-        n_counts = n_genotypes(2, 2) + 1
-
-        @cuda.jit(device=True)
-        def count_word(x, lanes):
-            bad, neg, low = word_bytes(x)
-            if bad != 0:
-                return False
-            hom_ref, hom_alt, het = word_classes(neg, low)
-            lanes[0] += halves(hom_ref)
-            lanes[1] += halves(het)
-            lanes[2] += halves(hom_alt)
-            lanes[3] += halves(word_refused(neg, low))
-            return True
-
-    @cuda.jit(device=True)
-    def count_calls(row, s0, ns, extra):
-        for j in range(WORD_CALLS):
-            if s0 + j < ns:
-                tally(row, s0 + j, 2, 2, extra)
-
-    @launch.cuda_kernel
-    def word_row_counts(g, words, tile, out):
-        x = cuda.threadIdx.x
-        v = cuda.blockIdx.x * ty + cuda.threadIdx.y
-        nv, ns, nw = g.shape[0], g.shape[1], words.shape[0]
-        row_bytes = 2 * ns
-        lanes = cuda.local.array(n_counts, np.uint32)  # 8-bit lanes: at most WORD_LANE_MAX words
-        extra = cuda.local.array(n_counts, np.int64)  # the calls of words counted one by one
-        for c in range(n_counts):
-            lanes[c] = 0
-            extra[c] = 0
-        if v < nv:
-            row = g[v]
-            base = v * row_bytes
-            aligned = (base & 7) == 0  # the row starts at a word: its whole words are words of the block
-            k = cuda.blockIdx.y * tile + x
-            end = min((row_bytes + 7) // 8, (cuda.blockIdx.y + 1) * tile)
-            whole = min(row_bytes // 8, end)
-            buf = cuda.local.array(unroll, np.uint64)
-            while k + (unroll - 1) * tx < whole:
-                for u in range(unroll):  # every load of the step first
-                    if aligned:
-                        buf[u] = words[np.uint64((base >> 3) + k + u * tx)]
-                    else:
-                        buf[u] = load_word(words, nw, base + 8 * (k + u * tx), 8)
-                odd = 0  # the words of other values, counted call by call after the others
-                for u in range(unroll):
-                    if not count_word(buf[u], lanes):
-                        odd |= 1 << u
-                u = 0
-                while odd != 0:  # (a loop the compiler does not unroll: one copy of the rare path)
-                    if odd & 1:
-                        count_calls(row, WORD_CALLS * (k + u * tx), ns, extra)
-                    odd >>= 1
-                    u += 1
-                k += unroll * tx
-            while k < end:  # the rest, and a row's last bytes short of a word
-                if not count_word(load_word(words, nw, base + 8 * k, min(8, row_bytes - 8 * k)), lanes):
-                    count_calls(row, WORD_CALLS * k, ns, extra)
-                k += tx
-        for c in range(n_counts):
-            total = warp_sum(lane_sum(lanes[c]) + extra[c])
-            if x == 0 and v < nv and total != 0:
-                cuda.atomic.add(out, (v, c), total)
-
-    return word_row_counts
-
-
-@launch.once
-def _word_sample_kernel(unroll: int):
-    """The per-sample word kernel ``(g, words, vtile, out)``: a thread a word (four samples) and a
-    tile of ``vtile`` variants (an argument: it follows the block's shape)."""
-    _numba_cuda()
-    word_bytes, word_classes, _, _, _, _, _, load_word = _word_functions()
-    tally = make_call_counters(cuda.jit(device=True))[1]
-
-    @cuda.jit(device=True)
-    def count_word(x, lanes):
-        bad, neg, low = word_bytes(x)
-        if bad != 0:
-            return False
-        hom_ref, hom_alt, het = word_classes(neg, low)
-        lanes[0] += hom_ref
-        lanes[1] += hom_alt
-        lanes[2] += het
-        return True
-
-    @cuda.jit(device=True)
-    def count_calls(row, s0, ns, lanes, calls):
-        for j in range(WORD_CALLS):
-            if s0 + j < ns:
-                for c in range(CLASSES):
-                    calls[c] = 0
-                tally(row, s0 + j, 2, 0, calls)
-                for c in range(CLASSES):  # into the sample's 16-bit lane
-                    lanes[c] += np.uint64(calls[c]) << np.uint64(16 * j)
-
-    @launch.cuda_kernel
-    def word_sample_counts(g, words, vtile, out):
-        k = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        nv, ns, nw = g.shape[0], g.shape[1], words.shape[0]
-        row_bytes = 2 * ns
-        if k < (row_bytes + 7) // 8:
-            s0 = WORD_CALLS * k
-            nbytes = min(8, row_bytes - 8 * k)
-            lanes = cuda.local.array(CLASSES, np.uint64)  # a 16-bit lane a sample
-            calls = cuda.local.array(CLASSES, np.int64)
-            for c in range(CLASSES):
-                lanes[c] = 0
-            buf = cuda.local.array(unroll, np.uint64)
-            v = cuda.blockIdx.y * vtile
-            v1 = min(nv, v + vtile)
-            while v + unroll <= v1:
-                for u in range(unroll):
-                    o = (v + u) * row_bytes + 8 * k
-                    if nbytes == 8 and (o & 7) == 0:  # a whole word of the block
-                        buf[u] = words[np.uint64(o >> 3)]
-                    else:
-                        buf[u] = load_word(words, nw, o, nbytes)
-                odd = 0  # the words of other values, counted call by call after the others
-                for u in range(unroll):
-                    if not count_word(buf[u], lanes):
-                        odd |= 1 << u
-                u = 0
-                while odd != 0:  # (a loop the compiler does not unroll: one copy of the rare path)
-                    if odd & 1:
-                        count_calls(g[v + u], s0, ns, lanes, calls)
-                    odd >>= 1
-                    u += 1
-                v += unroll
-            while v < v1:
-                if not count_word(load_word(words, nw, v * row_bytes + 8 * k, nbytes), lanes):
-                    count_calls(g[v], s0, ns, lanes, calls)
-                v += 1
-            for j in range(WORD_CALLS):
-                if s0 + j < ns:
-                    for c in range(CLASSES):
-                        n = np.int64((lanes[c] >> np.uint64(16 * j)) & np.uint64(0xFFFF))
-                        if n != 0:
-                            cuda.atomic.add(out, (s0 + j, c), n)
-
-    return word_sample_counts
-
-
-@launch.once
 def _word_call_kernel(unroll: int):
     """The per-call word kernel: a word of counts written for each whole word of calls,
     grid-stride. A word with other values than 0, 1, -1 and -2 has its calls counted one by one
@@ -909,7 +641,7 @@ def _word_call_kernel(unroll: int):
     only (the simulator copies each argument apart, and two views of the output would not see
     each other's writes)."""
     _numba_cuda()
-    word_bytes, _, _, _, word_call_alleles, _, _, _ = _word_functions()
+    word_bytes, word_call_alleles = (cuda.jit(device=True)(f) for f in (_word_bytes, _word_call_alleles))
     call_alleles = cuda.jit(device=True)(_call_alleles)
 
     @cuda.jit(device=True)
@@ -949,6 +681,25 @@ def _word_call_kernel(unroll: int):
     return word_call_counts
 
 
+# --- GPU: the word kernels (int8, diploid, biallelic), CUDA C -----------------------------------------
+#
+# cuda/genotypes.cu: the per-variant and per-sample counts and the HWE test, compiled by CuPy (one
+# module, once per machine, in about a second on a fresh machine, where the Numba CUDA kernels they
+# replace took 3.4 s for the counting statistics; and no numba.cuda to import). The per-call allele
+# counts stay a Numba CUDA kernel (below).
+
+WORD_THREADS = 1 << 18  # threads the word kernels aim for (an H200 holds 270,336)
+SAMPLE_LANE_MAX = 0xFFFF  # variants a thread of the per-sample kernel counts in 16-bit lanes
+UNIT = 16  # bytes a load of the per-variant kernel (eight calls)
+
+
+SAMPLE_CALLS = 8  # calls of a row a thread of the per-sample kernel counts (16 bytes)
+
+
+def _c_kernel(name: str, unroll: int = UNROLL, sample_unroll: int = UNROLL):
+    return launch.raw_kernel("genotypes.cu", name, launch.FMAD, unroll=unroll, sample_unroll=sample_unroll)
+
+
 def _xp(x):
     from ..backend import xp_of
 
@@ -957,22 +708,29 @@ def _xp(x):
 
 def word_path(g, n_alleles: int = 2) -> bool:
     """Whether the word kernels count the block ``g``: int8 calls of ploidy 2 and two alleles
-    (``n_alleles`` does not matter to the per-sample counts), C-contiguous, at an address that is a
-    multiple of 8, and a word (four calls) or more. Any number of samples: rows need not be whole
-    words."""
+    (``n_alleles`` does not matter to the per-sample counts), C-contiguous, and a word (four calls)
+    or more. Any number of samples: rows need not be whole words. (What else each kernel needs:
+    :func:`_use_words`.)"""
     if g.dtype != np.int8 or g.ndim != 3 or g.shape[2] != 2 or n_alleles != 2 or g.size < 8:
         return False
-    if not g.flags.c_contiguous:
-        return False
+    return bool(g.flags.c_contiguous)
+
+
+def _address(g) -> int:
     interface = getattr(g, "__cuda_array_interface__", None) or g.__array_interface__
-    return interface["data"][0] % 8 == 0
+    return interface["data"][0]
 
 
-def _use_words(g, n_alleles: int, words: bool | None) -> bool:
-    fits = word_path(g, n_alleles)
+def _use_words(g, n_alleles: int, words: bool | None, *, numba: bool = False) -> bool:
+    """Whether to count ``g`` by the word kernels (:func:`word_path`), unless ``words`` says: the
+    CUDA C kernels take an array on the GPU at any address (under Numba's CUDA simulator, NumPy
+    arrays take the generic Numba kernels); the Numba CUDA per-call kernel (``numba``) reads
+    uint64 views, so an address that is a multiple of 8, NumPy arrays too."""
+    where = _address(g) % 8 == 0 if numba else hasattr(g, "__cuda_array_interface__")
+    fits = word_path(g, n_alleles) and where
     if words and not fits:
-        raise ValueError("the word kernels count C-contiguous int8 calls of ploidy 2 and two alleles, "
-                         "8-byte aligned, four calls or more")
+        raise ValueError("the word kernels count C-contiguous int8 calls of ploidy 2 and two alleles, four calls "
+                         "or more" + (", 8-byte aligned" if numba else ", on the GPU"))
     return fits if words is None else words
 
 
@@ -991,39 +749,32 @@ def row_shape(n_samples: int, tx: int | None = None, unroll: int = UNROLL, tile:
     return tx, ty, tile or tx * unroll * TILE_STEPS
 
 
-def word_row_shape(n_samples: int, tx: int | None = None, ty: int | None = None, unroll: int = UNROLL,
-                   tile: int | None = None):
-    """(tx, ty, tile) of the per-variant word kernels, ``tile`` in words: a warp a row where a row
-    has more than 256 words (1,024 samples), else the fewest threads that leave each 16 words or
-    fewer (a thread a row of 64 samples or fewer), rows of a warp summed by shuffles. A row is cut
-    into tiles of at most ``WORD_LANE_MAX`` words a thread (its counts' byte lanes must not
-    overflow), of equal lengths in whole unrolled steps, so no block gets a short remainder.
-    ``tile`` given in samples is rounded up to words."""
-    n_words = -(-n_samples // WORD_CALLS)
+def word_row_shape(n_variants: int, n_samples: int, tx: int | None = None, ty: int | None = None,
+                   unroll: int = UNROLL, tile: int | None = None):
+    """(tx, ty, tile) of the per-variant word kernel, ``tile`` in 16-byte units (eight calls): a
+    warp a row where a row has more than 256 units (2,048 samples), else the fewest threads that
+    leave each 8 units or fewer; a row in one tile unless the rows are too few to give the GPU
+    ``WORD_THREADS`` threads, and never fewer than 4 unrolled steps a thread a tile."""
+    units = max(1, 2 * n_samples // UNIT)
     if tx is None:
         tx = 1
-        while tx < 32 and 16 * tx < n_words:
+        while tx < 32 and 8 * tx < units:
             tx *= 2
     ty = ty or THREADS // tx
-    if tile:
-        words = -(-tile // WORD_CALLS)
-    else:
-        step = tx * unroll
-        steps = -(-n_words // step)
-        words = step * -(-steps // -(-steps // max(1, WORD_LANE_MAX // unroll)))
     if tx & (tx - 1) or tx > 32 or tx * ty % 32:
         raise ValueError(f"word kernels: tx must be a power of two up to 32 and tx * ty a multiple of 32, "
                          f"not {tx}, {ty}")
-    if -(-words // tx) > WORD_LANE_MAX:
-        raise ValueError(f"word kernels: at most {WORD_LANE_MAX} words a thread a tile, not {-(-words // tx)}")
-    return tx, ty, words
+    if not tile:
+        tiles = max(1, WORD_THREADS // max(1, n_variants * tx))
+        tile = max(4 * unroll * tx, -(-units // tiles))
+    return tx, ty, max(tile, -(-units // 65535))
 
 
 def word_sample_tile(n_variants: int, n_samples: int) -> int:
     """Variants a thread of the per-sample word kernel walks: enough tiles for ``WORD_THREADS``
     threads, at least 64 variants a tile (each tile adds its counts to the output: three atomic
     adds a sample), at most ``SAMPLE_LANE_MAX`` (16-bit lanes) and few enough tiles for the grid."""
-    tiles = max(1, WORD_THREADS // -(-n_samples // WORD_CALLS))
+    tiles = max(1, WORD_THREADS // -(-n_samples // SAMPLE_CALLS))
     vtile = max(64, -(-n_variants // tiles), -(-n_variants // 65535))
     return min(SAMPLE_LANE_MAX, vtile)
 
@@ -1042,21 +793,23 @@ def _row_counts(kind: str, g, n_alleles: int, n_counts: int, tx, ty, unroll, til
 
 
 def _word_row_counts(kind: str, g, n_counts: int, tx, ty, unroll, tile):
+    """The per-variant CUDA C kernel (``pipeline_word_call_rows`` or ``_genotype_rows``)."""
     xp = _xp(g)
     nv, ns, _ = g.shape
     out = xp.zeros((nv, n_counts), np.int64)
-    tx, ty, tile = word_row_shape(ns, tx, ty, unroll, tile)
-    kernel = _word_row_kernel(kind, tx, ty, unroll)
-    grid = (-(-nv // ty), -(-(-(-ns // WORD_CALLS)) // tile))
-    launch.launch_numba(kernel, 0, g, _words_of(g), np.int64(tile), out, threads=(tx, ty), grid=grid)
+    tx, ty, tile = word_row_shape(nv, ns, tx, ty, unroll, tile)
+    kernel = _c_kernel(f"pipeline_word_{kind[:-1]}_rows", unroll)
+    grid = (-(-nv // ty), -(-(2 * ns // UNIT) // tile) or 1)
+    kernel(grid, (tx, ty), (g, np.int64(nv), np.int64(2 * ns), np.int64(tile), out))
     return out[:, None, :]
 
 
 def variant_call_counts_gpu(g, n_alleles: int, *, tx: int | None = None, ty: int | None = None,
                             unroll: int = UNROLL, tile: int | None = None, words: bool | None = None):
-    """:func:`variant_call_counts_cpu` by the per-variant CUDA kernel: the word kernel where
-    :func:`word_path` holds (or as ``words`` says), else the generic one; shapes by
-    :func:`word_row_shape` or :func:`row_shape` unless given (the tests pick small ones)."""
+    """:func:`variant_call_counts_cpu` by the per-variant CUDA kernel: the word kernel (CUDA C)
+    where :func:`word_path` holds on the GPU (or as ``words`` says), else the generic one (Numba
+    CUDA); shapes by :func:`word_row_shape` or :func:`row_shape` unless given (the tests pick
+    small ones)."""
     g = _xp(g).ascontiguousarray(g)
     if _use_words(g, n_alleles, words):
         return _word_row_counts("calls", g, CLASSES + 2, tx, ty, unroll, tile)
@@ -1075,9 +828,9 @@ def variant_genotype_counts_gpu(g, n_alleles: int, *, tx: int | None = None, ty:
 
 def sample_call_counts_gpu(g, *, threads: int = THREADS, unroll: int = UNROLL, vtile: int | None = None,
                            words: bool | None = None):
-    """:func:`sample_call_counts_cpu` by the per-sample CUDA kernel: a thread a sample (a word of
-    four samples, the word kernel) and a tile of ``vtile`` variants (:func:`word_sample_tile`, or
-    ``VARIANT_TILE``)."""
+    """:func:`sample_call_counts_cpu` by the per-sample CUDA kernel: a thread a sample (16 bytes
+    of a row, eight samples, in the word kernel in CUDA C) and a tile of ``vtile`` variants
+    (:func:`word_sample_tile`, or ``VARIANT_TILE``)."""
     xp = _xp(g)
     g = xp.ascontiguousarray(g)
     nv, ns, ploidy = g.shape
@@ -1086,9 +839,9 @@ def sample_call_counts_gpu(g, *, threads: int = THREADS, unroll: int = UNROLL, v
         vtile = vtile or word_sample_tile(nv, ns)
         if vtile > SAMPLE_LANE_MAX:
             raise ValueError(f"word kernels: at most {SAMPLE_LANE_MAX} variants a tile, not {vtile}")
-        kernel = _word_sample_kernel(unroll)
-        grid = (-(-(-(-ns // WORD_CALLS)) // threads), -(-nv // vtile))
-        launch.launch_numba(kernel, 0, g, _words_of(g), np.int64(vtile), out, threads=threads, grid=grid)
+        grid = (-(-(-(-ns // SAMPLE_CALLS)) // threads), -(-nv // vtile))
+        _c_kernel("pipeline_word_samples", sample_unroll=unroll)(
+            grid, (threads,), (g, np.int64(nv), np.int64(ns), np.int64(vtile), out))
     elif g.size:
         vtile = vtile or VARIANT_TILE
         kernel = _sample_kernel(np.dtype(g.dtype), ploidy, unroll, vtile)
@@ -1098,12 +851,12 @@ def sample_call_counts_gpu(g, *, threads: int = THREADS, unroll: int = UNROLL, v
 
 def call_allele_counts_gpu(g, n_alleles: int, *, threads: int = THREADS, unroll: int = UNROLL,
                            words: bool | None = None):
-    """:func:`call_allele_counts_cpu` by a CUDA kernel: a word of calls a step (the word kernel,
-    grid-stride), else a call a thread."""
+    """:func:`call_allele_counts_cpu` by a Numba CUDA kernel: a word of calls a step (the word
+    kernel, grid-stride), else a call a thread."""
     xp = _xp(g)
     g = xp.ascontiguousarray(g)
     out = xp.empty(g.shape[:2] + (n_alleles,), np.uint8)  # every count is written
-    if _use_words(g, n_alleles, words):
+    if _use_words(g, n_alleles, words, numba=True):
         w = _words_of(g)
         grid = max(1, -(-w.size // (threads * unroll)))
         launch.launch_numba(_word_call_kernel(unroll), 0, w, _words_of(out), threads=threads, grid=(grid,))
@@ -1116,12 +869,14 @@ def call_allele_counts_gpu(g, n_alleles: int, *, threads: int = THREADS, unroll:
 
 
 def hwe_exact_gpu(het, hom1, hom2, *, threads: int = THREADS):
-    """:func:`hwe_exact_cpu` by a CUDA kernel, a thread a variant."""
+    """:func:`hwe_exact_cpu` by the CUDA C kernel ``pipeline_hwe_exact``, a thread a variant (CuPy
+    arrays)."""
     xp = _xp(het)
     out = xp.empty(het.shape, np.float64)
     if out.size:
         args = [xp.ascontiguousarray(c, dtype=np.int64).ravel() for c in (het, hom1, hom2)]
-        launch.launch_numba(_hwe_kernel(), out.size, *args, out.reshape(-1), threads=threads)
+        _c_kernel("pipeline_hwe_exact")((launch.blocks(out.size, threads),), (threads,),
+                                        (*args, out.reshape(-1), np.int64(out.size)))
     return out
 
 

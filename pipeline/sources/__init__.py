@@ -39,9 +39,6 @@ class Format:
     zarr). ``stored_values``: values are data as stored (VCF Zarr's -1 and -2 in integers), not
     CF-packed: nothing is masked or scaled, characters are not joined, booleans also go to the
     backend, and every variable xarray leaves as stored takes ``device_array`` on the GPU.
-    ``numba_kernels``: its ops run Numba CUDA kernels on the GPU (the genotype families), so
-    opening it there starts loading ``numba.cuda`` in the background
-    (:func:`pipeline.kernels.launch.prepare_numba_cuda`), while the user's first steps read.
     """
 
     detect: Callable[[Path], str | None]
@@ -50,12 +47,11 @@ class Format:
     device_array: Callable | None = None
     is_zarr: bool = False
     stored_values: bool = False
-    numba_kernels: bool = False
 
 
 ZARR = Format(zarr.detect, zarr.open_store, zarr._shard_chunks, zarr.device_array, is_zarr=True)
 VCF_ZARR = Format(
-    vcf.detect, vcf.open_store, zarr._shard_chunks, zarr.device_array, is_zarr=True, stored_values=True, numba_kernels=True,
+    vcf.detect, vcf.open_store, zarr._shard_chunks, zarr.device_array, is_zarr=True, stored_values=True,
 )
 # in the order formats are tried: a VCF Zarr store is also a Zarr store
 FORMATS: dict[str, Format] = {
@@ -126,11 +122,9 @@ def open_dataset(
     name = "zarr3" if is_url(path) else store_format(path)
     fmt = FORMATS[name]
     if target == "gpu":
-        from ..kernels.launch import prepare_numba_cuda, share_cupy_compiles
+        from ..kernels.launch import share_cupy_compiles
 
         share_cupy_compiles()  # each of CuPy's own kernels compiled once, not by every thread at once
-        if fmt.numba_kernels:
-            prepare_numba_cuda()
     local = not is_url(path)
     kind = name if local else "url"
     raw = _open(fmt, path, kind, name, decode_cf=False)  # metadata: storage types and attributes
