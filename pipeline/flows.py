@@ -500,6 +500,10 @@ def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
         key = ("source.variables" if src.dataset else "source.variable") if "no variable" in str(e) else "source.path"
         raise FlowError(f"{f}: {key}: {e}") from None
     t_open = time.perf_counter() - t_open
+    if src.dataset:  # each step's variables, before a filter's statistics run over the data
+        from .ops.genomics.variables import State
+
+        check_dataset_steps(flow, State.of(ds))
     results = {"source": ds if src.dataset else ds[src.variable]}
     parts = {"read": _layers(results["source"])}
     seen = set(parts["read"])

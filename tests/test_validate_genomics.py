@@ -341,3 +341,23 @@ def test_what_the_table_accepts_the_ops_build():
         assert set(state.variables) == set(map(str, ds.variables)), op
     assert {k: v.dims for k, v in state.variables.items()} == {k: tuple(v.dims) for k, v in ds.variables.items()}
     assert np.isfinite(ds.variant_linreg_beta.values).any()
+
+
+def test_run_checks_the_steps_before_any_filter_reads_the_data(root, tmp_path, monkeypatch, capsys):
+    """`pipeline run` makes the same checks as the source opens, before the filters compute their
+    statistics over the data: a mistake in the last step exits 2 with validate's message (the op
+    itself would say otherwise, after the filters' passes), and nothing is computed or written."""
+    from pipeline import cli as pipeline_cli
+    from pipeline.ops.genomics import qc
+
+    mutate, texts = MISTAKES["covariate"][1:]
+    path = tmp_path / "late.yaml"
+    data = _flow("gwas", root, mutate)
+    data["sink"]["path"] = str(tmp_path / "out.zarr")
+    path.write_text(yaml.safe_dump(data))
+    computed = []
+    monkeypatch.setattr(qc, "_computed", lambda *a, **k: computed.append(1))  # a filter's statistics
+    assert pipeline_cli.main(["run", str(path), "--backend", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: {texts[0]}" in err, err
+    assert not computed and not (tmp_path / "out.zarr").exists()
