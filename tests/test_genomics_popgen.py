@@ -407,3 +407,31 @@ def test_gpu_cohort_kernel_equals_the_cpu():
     got = K.window_sum_gpu(cupy.asarray(x), starts, starts + 25)
     np.testing.assert_array_equal(cupy.asnumpy(got), K.window_sum_cpu(x, starts, starts + 25))
 
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_terms_and_fst_kernels_equal_the_formulas():
+    """The CUDA C per-variant terms and Fst against the array formulas on NumPy, bit for bit: counts
+    with cohorts of no calls and of one, one allele to four, uint64 and uint8 counts; Fst by both
+    estimators over (windows, cohorts, cohorts), with zeros and NaN among the divergences."""
+    import cupy
+
+    rng = np.random.default_rng(3)
+    for shape, dtype in (((500, 3, 2), np.uint64), ((37, 5, 4), np.uint64), ((9, 2, 1), np.uint8), ((1, 1, 3), np.uint64)):
+        ac = rng.integers(0, 4, size=shape).astype(dtype)
+        ac[::5, 0] = 0  # no calls
+        ac[1::7, -1] = 0
+        ac[1::7, -1, 0] = 1  # one call
+        for name in ("diversity_terms", "divergence_terms"):
+            got = cupy.asnumpy(getattr(K, f"{name}_gpu")(cupy.asarray(ac)))
+            np.testing.assert_array_equal(got, getattr(K, name)(ac), err_msg=f"{name} {shape}")
+    d = rng.random((6, 4, 4))
+    d[0, 1, 2] = d[0, 2, 1] = 0.0
+    d[1, 0, 3] = np.nan
+    d[2, 1, 1] = 0.0
+    for estimator in ("Hudson", "Nei"):
+        got = cupy.asnumpy(K.fst_gpu(cupy.asarray(d), estimator))
+        np.testing.assert_array_equal(got, K.fst(d, estimator), err_msg=estimator)
+    with pytest.raises(ValueError, match="estimator"):
+        K.fst_gpu(cupy.asarray(d), "Weir")
