@@ -357,3 +357,36 @@ def test_pca_tsqr_refuses_a_device_budget_below_its_eigendecomposition():
         with pytest.raises(InputError, match="algorithm='randomized'"):
             sg.pca(data, n_components=4, merge=False)
         sg.pca(data, n_components=4, algorithm="randomized", merge=False)  # no such limit
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_patterson_kernels_equal_the_formulas():
+    """The CUDA C moments and standardization against the array formulas on NumPy: bit for bit
+    for integer counts (exact sums) and every standardized value; floats' sums within rounding.
+    Missing values (negative, NaN), a row with none present, odd shapes."""
+    import cupy
+
+    from pipeline.kernels import linalg as L
+
+    rng = np.random.default_rng(5)
+    for shape, dtype in (((37, 1001), np.int8), ((5, 3), np.int16), ((300, 257), np.float32), ((2, 70000), np.float64)):
+        ac = rng.integers(-1, 3, size=shape).astype(dtype)
+        ac[1] = -1  # nothing present
+        if ac.dtype.kind == "f":
+            ac[0, ::7] = np.nan
+            ac += rng.random(shape).astype(dtype) * (ac >= 0)
+        mean, scale = rng.random(shape[0]), rng.random(shape[0]) + 0.5
+        scale[2 % shape[0]] = 0.0
+        got = cupy.asnumpy(L.patterson_standardize_gpu(cupy.asarray(ac), mean, scale))
+        np.testing.assert_array_equal(got, L.patterson_standardize(ac, mean, scale), err_msg=f"{dtype}")
+        got = cupy.asnumpy(L.patterson_moments_gpu(cupy.asarray(ac)))
+        want = L.patterson_moments(ac)
+        if ac.dtype.kind == "i":
+            np.testing.assert_array_equal(got, want, err_msg=f"{dtype}")
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=f"{dtype}")
+    ac = rng.integers(0, 3, size=(50, 40)).astype(np.int8)
+    mean, scale = ac.mean(axis=1), np.full(50, 0.7)
+    got = L.patterson_gram_gpu(cupy.asarray(ac), cupy.asarray(ac), mean, scale)
+    np.testing.assert_allclose(cupy.asnumpy(got), L.patterson_gram(ac, ac, mean, scale), rtol=1e-13, atol=1e-12)

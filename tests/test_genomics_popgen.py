@@ -26,7 +26,6 @@ import pipeline.genomics as sg
 from pipeline import backend as B
 from pipeline import kernels
 from pipeline.errors import InputError
-from pipeline.kernels import launch
 from pipeline.kernels import popgen as K
 from pipeline.reduce.windows import window_sums
 
@@ -337,33 +336,6 @@ def test_fst_and_diversity_formulas():
     assert np.isnan(np.diagonal(h, axis1=1, axis2=2)).all() and h[0, 2, 0] == h[0, 0, 2]
 
 
-# --- the CUDA kernels, in Numba's simulator where there is no GPU ---------------------------------------
-
-
-@pytest.mark.cudasim
-def test_cuda_cohort_kernel_matches_the_cpu():
-    """Two blocks of samples for each variant (rounds=1), two runs over the cohorts (13 cohorts x
-    4 alleles > the histogram's 48 bins), missing and out-of-range alleles and cohorts."""
-    rng = np.random.default_rng(6)
-    g = rng.integers(-2, 5, size=(2, 700, 2)).astype(np.int8)
-    cohort = rng.integers(-1, 14, size=700).astype(np.int64)
-    assert len(K.cohort_passes(13, 4)) == 2 and -(-700 // (K.THREADS * K.UNROLL)) == 2
-    out = np.zeros((2, 13, 4), np.uint64)
-    K.run_cohort_kernel(g, cohort, 13, 4, out, rounds=1)
-    np.testing.assert_array_equal(out, K.cohort_allele_count_cpu(g, cohort, 13, 4))
-
-
-@pytest.mark.cudasim
-def test_cuda_window_kernel_matches_the_cpu_bit_for_bit():
-    rng = np.random.default_rng(7)
-    x = rng.random((30, 3))
-    x[5, 1] = np.nan
-    starts, stops = np.array([0, 2, 5, 10, 29]), np.array([3, 9, 5, 30, 30])
-    out = np.empty((5, 3))
-    launch.launch_numba(K.window_kernel(), out.size, x, starts, stops, out)
-    np.testing.assert_array_equal(out, K.window_sum_cpu(x, starts, stops))
-
-
 # --- GPU == CPU ---------------------------------------------------------------------------------------
 
 
@@ -397,15 +369,24 @@ def test_gpu_cohort_kernel_equals_the_cpu():
     import cupy
 
     rng = np.random.default_rng(8)
-    for shape, n_cohorts, n_alleles in (((50, 5000, 2), 3, 2), ((7, 9000, 3), 20, 4), ((1, 3, 2), 1, 2)):
-        g = rng.integers(-2, n_alleles + 1, size=shape).astype(np.int8)
-        cohort = rng.integers(-1, n_cohorts, size=shape[1])
-        got = K.cohort_allele_count_gpu(cupy.asarray(g), cupy.asarray(cohort), n_cohorts, n_alleles)
-        np.testing.assert_array_equal(cupy.asnumpy(got), K.cohort_allele_count_cpu(g, cohort, n_cohorts, n_alleles))
+    cases = (((50, 5000, 2), 3, 2, np.int8, 8), ((7, 9000, 3), 20, 4, np.int8, 8), ((1, 3, 2), 1, 2, np.int8, 8),
+             # several tiles a variant (rounds=1), two runs over the cohorts (13 x 4 > 48 bins)
+             ((2, 700, 2), 13, 4, np.int8, 1), ((3, 1100, 2), 13, 4, np.int64, 1))
+    for shape, n_cohorts, n_alleles, dtype, rounds in cases:
+        g = rng.integers(-2, n_alleles + 1, size=shape).astype(dtype)
+        if dtype == np.int64:
+            g[0, :5, 0] = 2**32 + 1  # past int32: not allele 1
+        cohort = rng.integers(-1, n_cohorts + 1, size=shape[1])  # n_cohorts itself: in none
+        got = K.cohort_allele_count_gpu(cupy.asarray(g), cupy.asarray(cohort), n_cohorts, n_alleles, rounds=rounds)
+        np.testing.assert_array_equal(cupy.asnumpy(got), K.cohort_allele_count_cpu(g, cohort, n_cohorts, n_alleles),
+                                      err_msg=f"{shape} {dtype}")
     x = rng.random((300, 9))
+    x[5, 1] = np.nan
     starts = np.arange(0, 290, 7)
-    got = K.window_sum_gpu(cupy.asarray(x), starts, starts + 25)
-    np.testing.assert_array_equal(cupy.asnumpy(got), K.window_sum_cpu(x, starts, starts + 25))
+    stops = starts + 25
+    stops[3] = starts[3]  # an empty window
+    got = K.window_sum_gpu(cupy.asarray(x), starts, stops)
+    np.testing.assert_array_equal(cupy.asnumpy(got), K.window_sum_cpu(x, starts, stops))
 
 
 

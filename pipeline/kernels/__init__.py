@@ -99,7 +99,7 @@ BACKENDS = ("cpu", "gpu")
 # Every kernel of these families; of the genotypes family, the per-call allele counts (the other
 # counts and the HWE test are CUDA C for int8 diploid biallelic calls, and import numba.cuda at
 # their first launch on other calls).
-NUMBA_CUDA_FAMILIES = frozenset({"alternate", "groups", "popgen", "trend"})
+NUMBA_CUDA_FAMILIES = frozenset({"alternate", "groups", "trend"})
 NUMBA_CUDA_KERNELS = frozenset({"call_allele_counts"})
 
 

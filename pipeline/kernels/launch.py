@@ -228,11 +228,25 @@ def share_compiles(module, name: str) -> bool:
         with guard:
             lock = locks.setdefault(key, threading.Lock())
         with lock, compiling():
-            return compile_(*args, **kwargs)
+            if not log.isEnabledFor(logging.DEBUG):
+                return compile_(*args, **kwargs)
+            start = time.perf_counter()
+            out = compile_(*args, **kwargs)
+            log.debug("CuPy kernel %s: %.3f s (compiled or loaded from the disk cache)",
+                      _kernel_names(args[0] if args else kwargs.get("source", "")), time.perf_counter() - start)
+            return out
 
     compile_once.shared_by_pipeline = True
     setattr(module, name, compile_once)
     return True
+
+
+def _kernel_names(source) -> str:
+    """The kernels a CUDA source defines (for the compile log)."""
+    import re
+
+    names = re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)", str(source))
+    return ",".join(names[:4]) + (f",+{len(names) - 4}" if len(names) > 4 else "") or "?"
 
 
 # --- CUDA C: .cu files, filled in and compiled by CuPy ----------------------------------------------

@@ -6,10 +6,10 @@ diversity and divergence, sums over windows of variants, Fst and Tajima's D.
   block. Negative alleles (missing, -1, or fill, -2) and samples of a negative cohort are not
   counted; neither are allele numbers past the alleles dimension (sgkit's loop would write past
   its row). On the CPU Numba loops that compile to SIMD comparisons where the samples' layout
-  allows (:func:`cohort_allele_count_cpu`); on the GPU a Numba CUDA kernel counting into shared
-  memory (:func:`cohort_kernel`, below). Counts are integers, the same whatever the order of the
-  additions, so these CPU loops are not the GPU kernel's loop step for step; the tests hold the
-  kernel (in Numba's CUDA simulator) equal to them. A Dask task gets the samples of one sample
+  allows (:func:`cohort_allele_count_cpu`); on the GPU a CUDA C kernel counting into shared
+  memory (``pipeline_cohort_counts``). Counts are integers, the same whatever the order of the
+  additions, so these CPU loops are not the GPU kernel's loop step for step; the GPU tests hold
+  the kernel equal to them. A Dask task gets the samples of one sample
   chunk: counts over several chunks of samples add up.
 - ``cohort_sum``: per-sample allele counts (variants, samples, alleles) summed by cohort, for a
   dataset that already holds ``call_allele_count`` (sgkit then uses it): one array formula,
@@ -22,32 +22,25 @@ diversity and divergence, sums over windows of variants, Fst and Tajima's D.
 - ``window_sum``: the sums of a (variants, columns) block's rows over windows ``[start, stop)``
   (relative to the block): one loop per (window, column), adding the rows in order as NumPy's
   ``sum(axis=0)`` does in sgkit's ``window_statistic``, so a window inside one block gets the
-  same value bit for bit. A Numba loop on the CPU, the same loop under Numba CUDA on the GPU
-  (one thread per window and column).
+  same value bit for bit. A Numba loop on the CPU, the same loop in CUDA C on the GPU (one
+  thread per window and column).
 - ``segregating_sites``, ``fst``, ``tajimas_d``: array formulas, the same operations in the same
   order as sgkit's.
 
-On the GPU the per-variant terms and Fst are CUDA C (``cuda/popgen.cu``, one module: a thread an
-output value, the formulas' operations in their order), where the formulas on CuPy compiled a
-kernel for each of their operations on a fresh machine (3.4 s of popgen's first run there).
-
-The Numba CUDA kernels run in Numba's CUDA simulator where no GPU is visible (the tests check
-them against the CPU loops).
+On the GPU every kernel is CUDA C in one module (``cuda/popgen.cu``: a thread an output value for
+the terms, Fst and the window sums, the formulas' operations in their order), compiled once on a
+fresh machine, where the formulas on CuPy compiled a kernel for each of their operations (3.4 s
+of popgen's first run there) and the counts and sums under Numba CUDA loaded numba.cuda and
+compiled two kernels (1.2 s).
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 
 from ..backend import xp_of
 from . import launch
 from .slabs import map_slabs, temporaries
-
-# numba.cuda, set on first GPU use by cohort_kernel / window_kernel: a global of the module that
-# defines the @cuda.jit kernels, as Numba's CUDA simulator requires (see launch.numba_cuda)
-cuda = None
 
 COUNT = np.uint64  # sgkit's type of allele counts summed over samples
 
@@ -149,87 +142,22 @@ def cohort_allele_count_cpu(g, cohort, n_cohorts: int, n_alleles: int):
     return out
 
 
-# The GPU kernel. A block of THREADS threads counts one variant's calls in a tile of samples, a
-# warp reading neighbouring samples (coalesced); each thread reads UNROLL samples' cohorts, then
-# their alleles one ploidy slot at a time, UNROLL loads in flight. Counts go to a histogram in
-# shared memory with a column per thread (bin b of thread t at b * THREADS + t): no atomics and no
-# bank conflicts while counting, and the columns are added up at the end (each thread starting at
-# its own column, so that a warp reads 32 banks) and added into the output, which blocks of the
-# same variant share (atomically). The histogram holds BINS (cohort, allele) pairs: with more
-# cohorts than BINS // alleles, the kernel runs once per range of cohorts, each run reading the
-# block again. (Not yet measured on a GPU.)
-THREADS = 128
-UNROLL = 4
-BINS = 48  # 48 x 128 int32: 24 KiB of shared memory a block
-HIST = BINS * THREADS  # one constant: Numba CUDA takes a shared array's size from a global, not from an expression
+# The GPU kernel (``pipeline_cohort_counts`` in ``cuda/popgen.cu``): a block of THREADS threads
+# counts one variant's calls in a tile of samples, into a histogram in shared memory of BINS
+# (cohort, allele) bins, a column per thread. With more cohorts than BINS // alleles, the kernel
+# runs once per range of cohorts (:func:`cohort_passes`), each run reading the block again.
+THREADS = 128  # COHORT_THREADS in the kernel
+UNROLL = 4  # COHORT_UNROLL: samples a thread has in flight
+BINS = 48  # COHORT_BINS: 48 x 128 int32, 24 KiB of shared memory a block
 TILE_ROUNDS = 8  # a block covers THREADS * UNROLL * TILE_ROUNDS samples of a variant
 
 
-@functools.cache
-def cohort_kernel():
-    """The Numba CUDA kernel ``(g, cohort, c0, n_alleles, tiles, per_tile, out)``: the counts of
-    cohorts from ``c0`` on (as many as the histogram holds) into ``out`` (variants, cohorts,
-    alleles), zeroed; a 1-D grid of ``variants * tiles`` blocks of :data:`THREADS` threads, a
-    block counting ``per_tile`` samples of one variant."""
-    global cuda
-    cuda = launch.numba_cuda()
-
-    @launch.cuda_kernel
-    def cohort_counts(g, cohort, c0, n_alleles, tiles, per_tile, out):
-        hist = cuda.shared.array(HIST, dtype=np.int32)
-        t = cuda.threadIdx.x
-        n_cohorts = out.shape[1]
-        bins = min(n_cohorts - c0, BINS // n_alleles) * n_alleles
-        for b in range(bins):
-            hist[b * THREADS + t] = 0
-        v = cuda.blockIdx.x // tiles
-        tile = cuda.blockIdx.x % tiles
-        n_samples = g.shape[1]
-        s_end = min(n_samples, (tile + 1) * per_tile)
-        s = tile * per_tile + t
-        while s < s_end:
-            # UNROLL samples: their cohorts first (bin of allele 0, or -1), then each ploidy slot
-            k0 = -1
-            k1 = -1
-            k2 = -1
-            k3 = -1
-            if s < s_end:
-                k0 = cohort[s] - c0
-            if s + THREADS < s_end:
-                k1 = cohort[s + THREADS] - c0
-            if s + 2 * THREADS < s_end:
-                k2 = cohort[s + 2 * THREADS] - c0
-            if s + 3 * THREADS < s_end:
-                k3 = cohort[s + 3 * THREADS] - c0
-            k0 = k0 * n_alleles if k0 >= 0 and k0 * n_alleles < bins else -1
-            k1 = k1 * n_alleles if k1 >= 0 and k1 * n_alleles < bins else -1
-            k2 = k2 * n_alleles if k2 >= 0 and k2 * n_alleles < bins else -1
-            k3 = k3 * n_alleles if k3 >= 0 and k3 * n_alleles < bins else -1
-            for p in range(g.shape[2]):
-                a0 = g[v, s, p] if k0 >= 0 else -1
-                a1 = g[v, s + THREADS, p] if k1 >= 0 else -1
-                a2 = g[v, s + 2 * THREADS, p] if k2 >= 0 else -1
-                a3 = g[v, s + 3 * THREADS, p] if k3 >= 0 else -1
-                if a0 >= 0 and a0 < n_alleles:
-                    hist[(k0 + a0) * THREADS + t] += 1
-                if a1 >= 0 and a1 < n_alleles:
-                    hist[(k1 + a1) * THREADS + t] += 1
-                if a2 >= 0 and a2 < n_alleles:
-                    hist[(k2 + a2) * THREADS + t] += 1
-                if a3 >= 0 and a3 < n_alleles:
-                    hist[(k3 + a3) * THREADS + t] += 1
-            s += UNROLL * THREADS
-        cuda.syncthreads()
-        b = t
-        while b < bins:
-            total = 0
-            for j in range(THREADS):
-                total += hist[b * THREADS + (t + j) % THREADS]
-            if total > 0:
-                cuda.atomic.add(out, (v, c0 + b // n_alleles, b % n_alleles), np.uint64(total))
-            b += THREADS
-
-    return cohort_counts
+def _kernel(name: str, count_dtype=COUNT, call_dtype=np.int8):
+    """A kernel of ``cuda/popgen.cu``. One module for all of popgen (one compilation on a fresh
+    machine): its per-variant terms for uint64 counts and its cohort counts for int8 calls, the
+    types of VCF Zarr's genotypes and of the counts summed from them, compile the same source."""
+    return launch.raw_kernel("popgen.cu", name, launch.FMAD, count_t=launch.c_type(count_dtype),
+                             call_t=launch.c_type(call_dtype))
 
 
 def cohort_passes(n_cohorts: int, n_alleles: int) -> list[int]:
@@ -239,30 +167,26 @@ def cohort_passes(n_cohorts: int, n_alleles: int) -> list[int]:
     return list(range(0, max(int(n_cohorts), 1), BINS // int(n_alleles)))
 
 
-def run_cohort_kernel(g, cohort, n_cohorts: int, n_alleles: int, out, rounds: int = TILE_ROUNDS):
-    """Launch :func:`cohort_kernel` over ``g`` into ``out`` (zeroed), once per range of cohorts
-    (:func:`cohort_passes`), a block counting ``rounds`` rounds of ``THREADS * UNROLL`` samples.
-    CuPy arrays are launched on CuPy's current stream; NumPy arrays run in Numba's CUDA simulator
-    (the tests)."""
-    if not (out.size and g.size):
-        return out
-    kernel = cohort_kernel()
-    per_tile = THREADS * UNROLL * int(rounds)
-    tiles = max(1, -(-g.shape[1] // per_tile))
-    for c0 in cohort_passes(n_cohorts, n_alleles):
-        launch.launch_numba(kernel, g.shape[0] * tiles * THREADS, g, cohort, np.int64(c0), np.int64(n_alleles),
-                            np.int64(tiles), np.int64(per_tile), out, threads=THREADS)
-    return out
-
-
-def cohort_allele_count_gpu(g, cohort, n_cohorts: int, n_alleles: int):
-    """:func:`cohort_allele_count_cpu` on a CuPy block, by the Numba CUDA kernel."""
+def cohort_allele_count_gpu(g, cohort, n_cohorts: int, n_alleles: int, rounds: int = TILE_ROUNDS):
+    """:func:`cohort_allele_count_cpu` on a CuPy block, by the CUDA C kernel, once per range of
+    cohorts (:func:`cohort_passes`), a block of threads counting ``rounds`` rounds of
+    ``THREADS * UNROLL`` samples of a variant (the tests pick 1, for several tiles a variant)."""
     import cupy
 
     g = _genotypes(g, cupy)
     cohort = cupy.ascontiguousarray(cupy.asarray(cohort), dtype=np.int64)
-    out = cupy.zeros((g.shape[0], int(n_cohorts), int(n_alleles)), dtype=COUNT)
-    return run_cohort_kernel(g, cohort, n_cohorts, n_alleles, out)
+    n_cohorts, n_alleles = int(n_cohorts), int(n_alleles)
+    out = cupy.zeros((g.shape[0], n_cohorts, n_alleles), dtype=COUNT)
+    if not (out.size and g.size):
+        return out
+    v, n_samples, ploidy = g.shape
+    kernel = _kernel("pipeline_cohort_counts", call_dtype=g.dtype)
+    per_tile = THREADS * UNROLL * int(rounds)
+    tiles = max(1, -(-n_samples // per_tile))
+    for c0 in cohort_passes(n_cohorts, n_alleles):
+        kernel((v * tiles,), (THREADS,), (g, cohort, out, np.int64(n_samples), np.int32(ploidy), np.int32(n_cohorts),
+                                          np.int32(n_alleles), np.int32(c0), np.int64(tiles), np.int64(per_tile)))
+    return out
 
 
 @temporaries(8)
@@ -324,10 +248,6 @@ def divergence_terms(ac):
         return (n_pairs - n_same) / xp.where(n_pairs != 0, n_pairs, xp.nan)
 
 
-def _terms_kernel(name: str, count_dtype):
-    return launch.raw_kernel("popgen.cu", name, launch.FMAD, count_t=launch.c_type(count_dtype))
-
-
 def diversity_terms_gpu(ac):
     """:func:`diversity_terms` on a CuPy block, by the CUDA C kernel (``cuda/popgen.cu``): the
     same values, bit for bit."""
@@ -336,7 +256,7 @@ def diversity_terms_gpu(ac):
     ac = cupy.ascontiguousarray(ac)
     out = cupy.empty(ac.shape[:2], np.float64)
     if out.size:
-        _terms_kernel("pipeline_diversity_terms", ac.dtype)(
+        _kernel("pipeline_diversity_terms", ac.dtype)(
             (launch.blocks(out.size),), (launch.THREADS,), (ac, out, np.int64(out.size), np.int32(ac.shape[2])))
     return out
 
@@ -349,7 +269,7 @@ def divergence_terms_gpu(ac):
     v, c, a = ac.shape
     out = cupy.empty((v, c, c), np.float64)
     if out.size:
-        _terms_kernel("pipeline_divergence_terms", ac.dtype)(
+        _kernel("pipeline_divergence_terms", ac.dtype)(
             (launch.blocks(out.size),), (launch.THREADS,), (ac, out, np.int64(v), np.int32(c), np.int32(a)))
     return out
 
@@ -391,37 +311,17 @@ def window_sum_cpu(x2d, starts, stops):
     return out
 
 
-@functools.cache
-def window_kernel():
-    """The window sums under Numba CUDA, ``(x, starts, stops, out)``: one thread per window and
-    column, neighbouring threads on neighbouring columns; each adds its rows in order, as
-    :func:`_window_sum_loop`."""
-    global cuda
-    cuda = launch.numba_cuda()
-
-    @launch.cuda_kernel
-    def window_sum(x, starts, stops, out):
-        k = cuda.grid(1)
-        cols = x.shape[1]
-        if k < starts.shape[0] * cols:
-            w = k // cols
-            j = k % cols
-            acc = 0.0
-            for i in range(starts[w], stops[w]):
-                acc += x[i, j]
-            out[w, j] = acc
-
-    return window_sum
-
-
 def window_sum_gpu(x2d, starts, stops):
-    """:func:`window_sum_cpu` on a CuPy block, by the Numba CUDA kernel."""
+    """:func:`window_sum_cpu` on a CuPy block, by the CUDA C kernel (one thread a window and
+    column, its rows added in order: the same values, bit for bit)."""
     import cupy
 
     x2d, starts, stops = _window_inputs(x2d, starts, stops, cupy)
     out = cupy.empty((starts.size, x2d.shape[1]), dtype=np.float64)
     if out.size:
-        launch.launch_numba(window_kernel(), out.size, x2d, cupy.asarray(starts), cupy.asarray(stops), out)
+        _kernel("pipeline_window_sum")((launch.blocks(out.size),), (launch.THREADS,),
+                                       (x2d, cupy.asarray(starts), cupy.asarray(stops), out,
+                                        np.int64(starts.size), np.int64(x2d.shape[1])))
     return out
 
 
@@ -461,7 +361,7 @@ def fst_gpu(d, estimator: str = "Hudson"):
     c = d.shape[-1]
     out = cupy.empty(d.shape, np.float64)
     if out.size:
-        _terms_kernel("pipeline_fst", np.uint64)(
+        _kernel("pipeline_fst")(
             (launch.blocks(out.size),), (launch.THREADS,),
             (d, out, np.int64(out.size // (c * c)), np.int32(c), np.int32(estimator == "Nei")))
     return out

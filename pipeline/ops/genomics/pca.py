@@ -196,18 +196,19 @@ def pca(
         u, s, components = _tsqr(x, stats, check, k, scaled, op, backend)
         projection = u * s
     else:
-        u, s, components = _randomized(x, check, k, n_iter, random_state, out_dtype, scaled, backend)
-        projection = scaled(components).T @ components  # sgkit's transform: X @ components_.T
+        u, s, components = _randomized(x, check, k, n_iter, random_state, out_dtype, scaled)
+        projection = _xt_product(scaled(components), components)  # sgkit's transform: X @ components_.T
     explained = (u * s).var(axis=0)
     ratio = explained / stats["total_variance"]
     loading = components * da.sqrt(explained)
-    new = xr.Dataset({
-        "sample_pca_projection": (("samples", "components"), projection.astype(out_dtype)),
-        "sample_pca_component": (("variants", "components"), components.astype(out_dtype)),
-        "sample_pca_explained_variance": (("components",), explained.astype(out_dtype)),
-        "sample_pca_explained_variance_ratio": (("components",), ratio.astype(out_dtype)),
-        "sample_pca_loading": (("variants", "components"), loading.astype(out_dtype)),
-    })
+    outputs = {
+        "sample_pca_projection": (("samples", "components"), projection),
+        "sample_pca_component": (("variants", "components"), components),
+        "sample_pca_explained_variance": (("components",), explained),
+        "sample_pca_explained_variance_ratio": (("components",), ratio),
+        "sample_pca_loading": (("variants", "components"), loading),
+    }
+    new = xr.Dataset({n: (dims, B.to_backend(a.astype(out_dtype), backend)) for n, (dims, a) in outputs.items()})
     return _merge(ds, new, merge)
 
 
@@ -220,6 +221,7 @@ def _patterson(x, ploidy: int, kernel, backend) -> dict:
     of variants whose scale is not above 0. One kernel a block, summed over tiles of samples."""
     parts = da.blockwise(kernel, "kis", x, "ki", new_axes={"s": 3}, adjust_chunks={"i": 1}, dtype=ACC,
                          meta=B.meta(backend, ACC, 3))
+    parts = B.to_backend(parts, "cpu")  # the thin end on the host (see _xt_product)
     moments = parts.sum(axis=1) if parts.numblocks[1] > 1 else parts[:, 0]
     count, total, squares = moments[:, 0], moments[:, 1], moments[:, 2]
     mean = da.where(count > 0, total / da.maximum(count, 1), np.nan)
@@ -269,8 +271,9 @@ def _tsqr(x, stats, check, k: int, scaled, op, backend):
         variable=check["variable"], check_missing=check["check_missing"],
         chunks=((n + 1,), (k,)), dtype=ACC, meta=B.meta(backend, ACC, 2),
     )
-    u, s = eig[:n], eig[n]
-    v = scaled(eig) @ u.rechunk((x.chunks[1], (k,))) / s  # V = X^T U / S, by blocks of variants
+    eig_host = B.to_backend(eig, "cpu")
+    u, s = eig_host[:n], eig_host[n]
+    v = _x_product(scaled(eig), u.rechunk((x.chunks[1], (k,)))) / s  # V = X^T U / S, by blocks of variants
     signs = da.where(v.sum(axis=0) >= 0, 1.0, -1.0)
     return u * signs, s, v * signs
 
@@ -365,30 +368,68 @@ def _eigenpairs(gram, n_missing, n_flat, *, kernel, k: int, variable: str, check
     return kernel(gram, k)
 
 
-def _randomized(x, check, k: int, n_iter: int, random_state, out_dtype, scaled, backend):
+def _randomized(x, check, k: int, n_iter: int, random_state, out_dtype, scaled):
     """dask's ``svd_compressed(X, k, n_power_iter=n_iter, seed=random_state)`` on the scaled data
     (samples x variants), in float64, step for step, with dask's random matrix: ``U`` (samples,
     k), ``S`` (k,), components ``V`` (variants, k), signs by ``svd_flip``."""
     m, n = x.shape  # variants, samples
     c = min(max(MIN_SUBSPACE, k + OVERSAMPLES), min(m, n))
     # the random matrix as dask draws it for data of the output's float type (float32 values
-    # when the data are float32), chunked as the data's variants; then on the data's backend
+    # when the data are float32), chunked as the data's variants
     omega_type = np.float32 if out_dtype == np.float32 else np.float64
     omega = da.random.default_rng(random_state).standard_normal(size=(m, c), chunks=(x.chunks[0], (c,)))
-    omega = B.to_backend(omega.astype(omega_type).astype(ACC), backend)
-    h = scaled().T @ omega  # (samples, c)
+    omega = omega.astype(omega_type).astype(ACC)
+    h = _xt_product(scaled(), omega)  # (samples, c)
     h = h.map_blocks(_checked, check["n_missing"], check["n_flat"], variable=check["variable"],
-                     check_missing=check["check_missing"], dtype=ACC, meta=B.meta(backend, ACC, 2))
+                     check_missing=check["check_missing"], dtype=ACC, meta=B.meta("cpu", ACC, 2))
     for _ in range(n_iter):
-        t = scaled(h) @ h  # X^T h: (variants, c)
-        h = scaled(t).T @ t
+        t = _x_product(scaled(h), h)  # X^T h: (variants, c)
+        h = _xt_product(scaled(t), t)
     q, _ = da.linalg.tsqr(h)
-    bt = scaled(q) @ q  # (Q^T X)^T: (variants, c)
+    bt = _x_product(scaled(q), q)  # (Q^T X)^T: (variants, c)
     v, s, ut = da.linalg.tsqr(bt, compute_svd=True)
     u = (q @ ut.T)[:, :k]
     s, v = s[:k], v[:, :k]
     signs = da.where(v.sum(axis=0) >= 0, 1.0, -1.0)
     return u * signs, s, v * signs
+
+
+# --- products with thin matrices, the thin end on the host -------------------------------------------
+#
+# The data's passes are products of the scaled blocks (variants x samples, float64) with matrices of
+# c = 20 columns or fewer: each block's product is cuBLAS on the GPU, and its result (a few MB) comes
+# to the host, where the blocks' results are summed and everything of the thin size (the scaler's
+# statistics, dask's tsqr and SVD of the thin matrices, signs, variances) is NumPy. That work is
+# milliseconds on either side; on CuPy it compiled a kernel for each of its operations and dtypes on
+# a fresh machine (about 45, among them CUB reductions at 1.7 s each: 10.8 s of a 11.7 s first run
+# of the randomized algorithm at 200,000 variants x 25,000 samples, where the warm run took 0.9 s).
+
+
+def _xt_block(x, m):
+    """``x^T m`` of one block, on the host."""
+    return B.to_numpy(x.T @ B.xp_of(x).asarray(m))[None]
+
+
+def _x_block(x, m):
+    """``x m`` of one block, on the host."""
+    return B.to_numpy(x @ B.xp_of(x).asarray(m))[:, None]
+
+
+def _xt_product(xs, m) -> "da.Array":
+    """``X^T M`` (samples, c), NumPy: ``xs`` the scaled data (variants, samples) on either backend,
+    ``m`` (variants, c) on the host, chunked as ``xs``'s variants, in one chunk of columns."""
+    m = m.rechunk((xs.chunks[0], -1))
+    parts = da.blockwise(_xt_block, "kic", xs, "ki", m, "kc", adjust_chunks={"k": 1}, dtype=ACC,
+                         meta=B.meta("cpu", ACC, 3))
+    return parts.sum(axis=0)
+
+
+def _x_product(xs, m) -> "da.Array":
+    """``X M`` (variants, c), NumPy: ``m`` (samples, c) on the host."""
+    m = m.rechunk((xs.chunks[1], -1))
+    parts = da.blockwise(_x_block, "kic", xs, "ki", m, "ic", adjust_chunks={"i": 1}, dtype=ACC,
+                         meta=B.meta("cpu", ACC, 3))
+    return parts.sum(axis=1)
 
 
 __all__ = ["count_call_alternate_alleles", "pca"]
