@@ -869,12 +869,16 @@ def call_allele_counts_gpu(g, n_alleles: int, *, threads: int = THREADS, unroll:
 
 
 def hwe_exact_gpu(het, hom1, hom2, *, threads: int = THREADS):
-    """:func:`hwe_exact_cpu` by the CUDA C kernel ``pipeline_hwe_exact``, a thread a variant (CuPy
-    arrays)."""
-    xp = _xp(het)
-    out = xp.empty(het.shape, np.float64)
+    """:func:`hwe_exact_cpu` by the CUDA C kernel ``pipeline_hwe_exact``, a thread a variant: the
+    p-values on the GPU. The counts may be CuPy or NumPy arrays (NumPy ones are made int64 on the
+    host, where that conversion compiles no kernel)."""
+    import cupy
+
+    out = cupy.empty(np.shape(het), np.float64)
     if out.size:
-        args = [xp.ascontiguousarray(c, dtype=np.int64).ravel() for c in (het, hom1, hom2)]
+        args = [cupy.asarray(np.ascontiguousarray(c, dtype=np.int64)) if isinstance(c, np.ndarray)
+                else cupy.ascontiguousarray(c, dtype=np.int64) for c in (het, hom1, hom2)]
+        args = [a.ravel() for a in args]
         _c_kernel("pipeline_hwe_exact")((launch.blocks(out.size, threads),), (threads,),
                                         (*args, out.reshape(-1), np.int64(out.size)))
     return out

@@ -103,7 +103,11 @@ def _by_cohort(x: "da.Array", cohort: np.ndarray, fn, n_cohorts: int, width: int
         fn, "vsca", x, "vsk", coh, "s", new_axes={"c": n_cohorts, "a": width}, adjust_chunks={"s": 1},
         concatenate=True, dtype=COUNT, meta=backend_meta(backend, COUNT, 4), n_cohorts=n_cohorts, **kwargs,
     )
-    return parts[:, 0] if parts.numblocks[1] == 1 else parts.sum(axis=1, dtype=COUNT)
+    if parts.numblocks[1] == 1:
+        return parts[:, 0]
+    # the blocks' counts (a few MB) added on the host: on CuPy the sum and its copy compiled
+    # kernels of their own on a fresh machine, in the first run's path
+    return to_backend(to_backend(parts, "cpu").sum(axis=1, dtype=COUNT), backend)
 
 
 def _cohorts(ds: xr.Dataset, sample_cohort: str, op: str) -> tuple[np.ndarray, int]:
