@@ -21,6 +21,9 @@ BACKENDS = ("auto", "cpu", "gpu")
 
 @functools.cache
 def _cupy():
+    from .kernels.launch import cache_env
+
+    cache_env()  # before CuPy is imported: where it keeps the kernels it compiles
     try:
         import cupy
     except Exception:  # ImportError, or a CUDA library that fails to load

@@ -232,6 +232,22 @@ def test_cuda_kernels_compile_once_per_machine(tmp_path):
     assert "genotypes" in cached, cached
 
 
+@pytest.mark.gpu
+@requires_gpu
+def test_cupy_keeps_its_kernels_under_the_cache_dir(tmp_path):
+    """CuPy's compilations, its own kernels first among them (a selection's take, before any of
+    pipeline's), go to pipeline.cache-dir: CuPy reads CUPY_CACHE_DIR once, so pipeline sets it
+    before it imports CuPy."""
+    env = _env(DASK_PIPELINE__CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("CUPY_CACHE_DIR", None)
+    script = ("from pipeline import backend as B\nassert B.gpu_available()\nimport cupy\n"
+              "x = cupy.arange(10, dtype='int8')\nprint(int(x[cupy.asarray([1, 3, 5])].sum()))\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-1] == "9"
+    assert any((tmp_path / "cache" / "cupy").iterdir())
+
+
 def test_pinning_waits_for_a_second_read_in_a_one_shot_run(tmp_path):
     """Under ``reread`` a file is pinned from its second read on (a new file or changed contents
     count as a first read); under ``first-read`` and ``auto`` outside the CLI, at once."""

@@ -131,6 +131,18 @@ def cache_dir() -> str:
     return os.path.join(base, "pipeline")
 
 
+def cache_env() -> str:
+    """Set ``NUMBA_CACHE_DIR`` and ``CUPY_CACHE_DIR`` to folders of :func:`cache_dir` where they
+    are not set; returns that folder. Called before pipeline imports CuPy (``backend._cupy``):
+    CuPy 14 reads ``CUPY_CACHE_DIR`` once, when it makes its disk cache, so a setting made after
+    its first compilation was not seen and its kernels went to ``~/.cupy/kernel_cache``."""
+    root = cache_dir()
+    for var, sub in (("NUMBA_CACHE_DIR", "numba"), ("CUPY_CACHE_DIR", "cupy")):
+        if not os.environ.get(var):
+            os.environ[var] = os.path.join(root, sub)
+    return root
+
+
 @once  # its listener registered once, however many threads ask first
 def use_cache_dir() -> str:
     """Point Numba's and CuPy's kernel caches into :func:`cache_dir` (``numba``, ``cupy``), where
@@ -141,10 +153,7 @@ def use_cache_dir() -> str:
     says otherwise: typing a kernel raises and catches many errors while it tries overloads, and
     colouring each message (colorama wrapping the terminal's streams anew) took 0.49 s of the 3.9 s
     that the four counting kernels took to compile on the GPU machine."""
-    root = cache_dir()
-    for var, sub in (("NUMBA_CACHE_DIR", "numba"), ("CUPY_CACHE_DIR", "cupy")):
-        if not os.environ.get(var):
-            os.environ[var] = os.path.join(root, sub)
+    root = cache_env()
     os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")  # read at Numba's import
     import numba
     from numba.core import event
