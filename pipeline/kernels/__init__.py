@@ -31,7 +31,9 @@ How kernels are written (the idioms that remain, and why):
   Numba's CUDA simulator in the tests.
 - GPU, CuPy's own ``ElementwiseKernel`` and ``ReductionKernel`` (one C expression), and CuPy
   array formulas: for the general layouts the kernels above do not cover (broadcast or strided
-  blocks, several axes).
+  blocks, several axes). Each compiles a kernel per operation and dtype on a machine's first run
+  (0.1-0.4 s each, CUB reductions 1.7 s), so small results (per-variant counts, thin matrices)
+  are finished on the host by the ops instead (``docs/genomics.md``).
 
 The machinery (block sizes, grids, moving an axis to a (steps, points) layout, loading and
 compiling ``.cu`` files, Numba on the CPU and on the GPU) lives in :mod:`pipeline.kernels.launch`.

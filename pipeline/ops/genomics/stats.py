@@ -3,10 +3,12 @@
 variants and samples, genotype counts and the Hardy-Weinberg exact test.
 
 Every count comes from one pass over ``call_genotype`` by a kernel of
-:mod:`pipeline.kernels.genotypes` (Numba on the CPU, Numba CUDA on the GPU), block by block:
-counts per variant are summed over blocks of samples, counts per sample over blocks of variants,
-by Dask's sum of int64 partials, so any chunking gives the same integers. The ratios derived from
-them (call rates, allele frequencies) are sgkit's float64 formulas on those integers.
+:mod:`pipeline.kernels.genotypes` (Numba on the CPU; on the GPU CUDA C for int8 diploid
+biallelic calls, Numba CUDA for the others), block by block: counts per variant are summed over
+blocks of samples, counts per sample over blocks of variants, by Dask's sum of int64 partials on
+the host, so any chunking gives the same integers. The ratios derived from them (call rates,
+allele frequencies) are sgkit's float64 formulas on those integers, on the host too; each
+output goes to the dataset's backend.
 
 sgkit's semantics, kept (the kernels' docstring has the per-call rules):
 
