@@ -71,16 +71,16 @@ def patterson_standardize(ac, mean, scale):
     return x
 
 
-def patterson_gram(ac_i, ac_j, mean, scale):
+def patterson_gram(ac_i, ac_j, mean, scale, *, standardize=patterson_standardize):
     """``Xi^T Xj`` (samples_i, samples_j), float64, where ``Xi``, ``Xj`` are the standardized
     (variants, samples) tiles ``ac_i``, ``ac_j`` of one block of variants (the same tile twice on
-    the diagonal of the Gram matrix: standardized once)."""
+    the diagonal of the Gram matrix: standardized once), by ``standardize``."""
     xp = xp_of(ac_i)
     out = xp.zeros((ac_i.shape[1], ac_j.shape[1]), dtype=ACC)
     for v in range(0, ac_i.shape[0], SLAB):
         s = slice(v, v + SLAB)
-        xi = patterson_standardize(ac_i[s], mean[s], scale[s])
-        xj = xi if ac_j is ac_i else patterson_standardize(ac_j[s], mean[s], scale[s])
+        xi = standardize(ac_i[s], mean[s], scale[s])
+        xj = xi if ac_j is ac_i else standardize(ac_j[s], mean[s], scale[s])
         out += xi.T @ xj
     return out
 
@@ -126,15 +126,7 @@ def patterson_standardize_gpu(ac, mean, scale):
 
 def patterson_gram_gpu(ac_i, ac_j, mean, scale):
     """:func:`patterson_gram` on CuPy tiles, standardized by the CUDA C kernel (cuBLAS products)."""
-    import cupy
-
-    out = cupy.zeros((ac_i.shape[1], ac_j.shape[1]), dtype=ACC)
-    for v in range(0, ac_i.shape[0], SLAB):
-        s = slice(v, v + SLAB)
-        xi = patterson_standardize_gpu(ac_i[s], mean[s], scale[s])
-        xj = xi if ac_j is ac_i else patterson_standardize_gpu(ac_j[s], mean[s], scale[s])
-        out += xi.T @ xj
-    return out
+    return patterson_gram(ac_i, ac_j, mean, scale, standardize=patterson_standardize_gpu)
 
 
 def top_eigenpairs(gram, k: int):
