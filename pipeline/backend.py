@@ -8,6 +8,7 @@ arrays carry their backend in ``_meta``; :func:`to_numpy` is the one exit to hos
 from __future__ import annotations
 
 import functools
+import os
 from typing import Literal
 
 import numpy as np
@@ -19,10 +20,30 @@ Backend = Literal["cpu", "gpu"]
 BACKENDS = ("auto", "cpu", "gpu")
 
 
+def cache_dir() -> str:
+    """``pipeline.cache-dir``, or the user's cache folder (``$XDG_CACHE_HOME/pipeline``,
+    ``~/.cache/pipeline``)."""
+    configured = config.get("cache-dir")
+    if configured:
+        return os.path.expanduser(str(configured))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pipeline")
+
+
+def cache_env() -> str:
+    """Set ``NUMBA_CACHE_DIR`` and ``CUPY_CACHE_DIR`` to folders of :func:`cache_dir` where they
+    are not set; returns that folder. Called before pipeline imports CuPy (:func:`_cupy`):
+    CuPy 14 reads ``CUPY_CACHE_DIR`` once, when it makes its disk cache, so a setting made after
+    its first compilation was not seen and its kernels went to ``~/.cupy/kernel_cache``."""
+    root = cache_dir()
+    for var, sub in (("NUMBA_CACHE_DIR", "numba"), ("CUPY_CACHE_DIR", "cupy")):
+        if not os.environ.get(var):
+            os.environ[var] = os.path.join(root, sub)
+    return root
+
+
 @functools.cache
 def _cupy():
-    from .kernels.launch import cache_env
-
     cache_env()  # before CuPy is imported: where it keeps the kernels it compiles
     try:
         import cupy

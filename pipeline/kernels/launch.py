@@ -16,7 +16,7 @@
 
 Every kernel is compiled on its first call, never at import, and once per machine: Numba's CPU
 and CUDA kernels are cached on disk, as CuPy caches compiled CUDA C, all under
-``pipeline.cache-dir`` (:func:`use_cache_dir`) unless ``NUMBA_CACHE_DIR`` or ``CUPY_CACHE_DIR``
+``pipeline.cache-dir`` (:func:`use_cache_dir`, ``backend.cache_dir``) unless ``NUMBA_CACHE_DIR`` or ``CUPY_CACHE_DIR``
 say otherwise. :func:`compile_seconds` counts the time spent compiling, for run reports.
 
 Nothing here imports CuPy or Numba at module level.
@@ -119,33 +119,9 @@ _compile_total = [0.0]
 _compile_lock = threading.Lock()
 
 
-def cache_dir() -> str:
-    """``pipeline.cache-dir``, or the user's cache folder (``$XDG_CACHE_HOME/pipeline``,
-    ``~/.cache/pipeline``)."""
-    from .. import config
-
-    configured = config.get("cache-dir")
-    if configured:
-        return os.path.expanduser(str(configured))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "pipeline")
-
-
-def cache_env() -> str:
-    """Set ``NUMBA_CACHE_DIR`` and ``CUPY_CACHE_DIR`` to folders of :func:`cache_dir` where they
-    are not set; returns that folder. Called before pipeline imports CuPy (``backend._cupy``):
-    CuPy 14 reads ``CUPY_CACHE_DIR`` once, when it makes its disk cache, so a setting made after
-    its first compilation was not seen and its kernels went to ``~/.cupy/kernel_cache``."""
-    root = cache_dir()
-    for var, sub in (("NUMBA_CACHE_DIR", "numba"), ("CUPY_CACHE_DIR", "cupy")):
-        if not os.environ.get(var):
-            os.environ[var] = os.path.join(root, sub)
-    return root
-
-
 @once  # its listener registered once, however many threads ask first
 def use_cache_dir() -> str:
-    """Point Numba's and CuPy's kernel caches into :func:`cache_dir` (``numba``, ``cupy``), where
+    """Point Numba's and CuPy's kernel caches into ``backend.cache_dir()`` (``numba``, ``cupy``), where
     ``NUMBA_CACHE_DIR`` and ``CUPY_CACHE_DIR`` are not set; returns the folder. Numba reads its
     setting at import (dask.array may import it first), so its config is set too.
 
@@ -153,6 +129,8 @@ def use_cache_dir() -> str:
     says otherwise: typing a kernel raises and catches many errors while it tries overloads, and
     colouring each message (colorama wrapping the terminal's streams anew) took 0.49 s of the 3.9 s
     that the four counting kernels took to compile on the GPU machine."""
+    from ..backend import cache_env
+
     root = cache_env()
     os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")  # read at Numba's import
     import numba
