@@ -169,3 +169,31 @@ def test_kept_variants_stay_in_their_blocks():
     # a block with nothing kept: None, and filter_variants' other selection takes over
     assert keep_in_blocks(ds, "variants", np.r_[np.zeros(20, bool), np.ones(83, bool)]) is None
     del dask
+
+
+def _same_up_to_sign(cpu: np.ndarray, gpu: np.ndarray, name: str):
+    """PCA's components are defined up to their sign: each column of ``gpu`` flipped to ``cpu``'s."""
+    flat_c, flat_g = cpu.reshape(-1, cpu.shape[-1]), gpu.reshape(-1, gpu.shape[-1])
+    signs = np.sign(np.sum(flat_c * flat_g, axis=0))
+    np.testing.assert_allclose(flat_g * signs, flat_c, rtol=1e-6, atol=1e-6 * np.abs(flat_c).max(), err_msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gwas", "genomics_qc"])
+def test_genomics_flows_on_the_gpu_equal_the_cpu(store, tmp_path, name):
+    out = {}
+    for backend in ("cpu", "gpu"):
+        path = tmp_path / f"{name}-{backend}.zarr"
+        run_flow(parse_flow(_flow(name, store, path), f"{name}.yaml"), backend=backend)
+        out[backend] = xr.open_zarr(path).load()
+    cpu, gpu = out["cpu"], out["gpu"]
+    assert set(cpu.variables) == set(gpu.variables)
+    assert dict(cpu.sizes) == dict(gpu.sizes)
+    for var, c in cpu.variables.items():
+        g = gpu[var].values
+        if var in ("sample_pca_projection", "sample_pca_component", "sample_pca_loading"):
+            _same_up_to_sign(c.values, g, var)
+        elif c.dtype.kind == "f":
+            np.testing.assert_allclose(g, c.values, rtol=1e-6, atol=1e-12, equal_nan=True, err_msg=var)
+        else:
+            np.testing.assert_array_equal(g, c.values, err_msg=var)

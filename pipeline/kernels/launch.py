@@ -5,7 +5,8 @@
   points (:func:`to_2d`, :func:`from_2d`, :func:`reduced_from_2d`);
 - CUDA C: the sources are ``.cu`` files in ``cuda/`` beside this module, with ``${name}``
   placeholders (:class:`string.Template`) for the element types and the compile-time constants;
-  :func:`cuda_source` fills them in, :func:`raw_kernel` compiles the result once with CuPy;
+  :func:`cuda_source` fills them in, :func:`raw_kernel` loads the result's binary built ahead of
+  time (:mod:`.prebuilt`) or compiles it once with CuPy;
 - streaming kernels (:class:`Spec`, :func:`stream`): one C expression per element, in two
   templates (``streaming_flat.cu``, ``streaming_column.cu``) that keep four loads in flight per
   thread;
@@ -17,7 +18,9 @@
 Every kernel is compiled on its first call, never at import, and once per machine: Numba's CPU
 and CUDA kernels are cached on disk, as CuPy caches compiled CUDA C, all under
 ``pipeline.cache-dir`` (:func:`use_cache_dir`, ``backend.cache_dir``) unless ``NUMBA_CACHE_DIR`` or ``CUPY_CACHE_DIR``
-say otherwise. :func:`compile_seconds` counts the time spent compiling, for run reports.
+say otherwise. The CUDA C modules that flows use with their usual types are compiled ahead of time
+and shipped (:mod:`.prebuilt`): those load on a machine's first run without compiling.
+:func:`compile_seconds` counts the time spent compiling, for run reports.
 
 Nothing here imports CuPy or Numba at module level.
 """
@@ -263,13 +266,31 @@ FMAD_CXX17 = ("--fmad=false", "-std=c++17")
 def raw_kernel(filename: str, kernel: str, options: tuple[str, ...], /, **params):
     """The kernel named ``kernel`` in ``cuda/<filename>`` filled in with ``params``, compiled by
     CuPy with ``options`` (once per combination; CuPy keeps the binary in its disk cache)."""
+    from . import prebuilt
+
+    return _compiled(cuda_source(filename, **params), kernel, options, prebuilt.module_entry(filename, options, params))
+
+
+def _compiled(source: str, kernel: str, options: tuple[str, ...], entry: dict):
+    """``kernel`` of ``source``: loaded from the binary built ahead of time for it
+    (:mod:`.prebuilt`), or else compiled by CuPy (NVRTC, or CuPy's disk cache). Now, not at its
+    first launch: counted in :func:`compile_seconds`."""
     import cupy
+
+    from . import prebuilt
 
     use_cache_dir()
     share_cupy_compiles()
+    prebuilt.record(entry)
     with compiling():
-        compiled = cupy.RawKernel(cuda_source(filename, **params), kernel, options=options)
-        compiled.compile()  # now, not at its first launch: counted here
+        path = prebuilt.binary(source, options)
+        if path is not None:
+            try:
+                return cupy.RawModule(path=str(path)).get_function(kernel)  # loads the module
+            except cupy.cuda.driver.CUDADriverError as e:  # not built for this GPU, or an older driver
+                prebuilt.refused(path, e)
+        compiled = cupy.RawKernel(source, kernel, options=options)
+        compiled.compile()
     return compiled
 
 
@@ -312,14 +333,9 @@ class Spec:
 
 @once
 def _streaming_kernel(spec: Spec, in_dtype, out_dtype):
-    import cupy
+    from . import prebuilt
 
-    use_cache_dir()
-    share_cupy_compiles()
-    with compiling():
-        compiled = cupy.RawKernel(spec.source(in_dtype, out_dtype), spec.name, options=FMAD_CXX17)
-        compiled.compile()
-    return compiled
+    return _compiled(spec.source(in_dtype, out_dtype), spec.name, FMAD_CXX17, prebuilt.stream_entry(spec, in_dtype, out_dtype))
 
 
 def stream(spec: Spec, x, out, *args):

@@ -25,8 +25,9 @@ from ._dataset import as_dask, backend_of_dataset, merge as merge_datasets, vari
 da = _deferred("dask.array")  # imported when the first graph is built
 
 
-def _columns(ds: xr.Dataset, names: list[str], what: str, op: str) -> list:
-    """The variables ``names`` as Dask arrays (samples, columns): a 1-D variable is one column, a
+def _columns(ds: xr.Dataset, names: list[str], what: str, op: str, backend: str) -> list:
+    """The variables ``names`` as Dask arrays (samples, columns) on ``backend`` (the dosage's; a
+    flow's source keeps small per-sample variables on the host): a 1-D variable is one column, a
     2-D one its columns, as sgkit's ``concat_2d``. (sgkit leaves out, silently, a variable whose
     first dimension is not ``samples``; here that is an error.)"""
     out = []
@@ -37,7 +38,7 @@ def _columns(ds: xr.Dataset, names: list[str], what: str, op: str) -> list:
                 f"{op}: {what} variable {name!r} has dimensions {tuple(map(str, x.dims))}, "
                 "expected ('samples',) or ('samples', <one more>)"
             )
-        a = as_dask(x)
+        a = to_backend(as_dask(x), backend)
         out.append(a[:, None] if a.ndim == 1 else a)
     return out
 
@@ -89,7 +90,7 @@ def gwas_linear_regression(
     backend = backend_of_dataset(g)
     n = ds.sizes["samples"]
 
-    columns = _columns(ds, covariates, "covariate", op.name)
+    columns = _columns(ds, covariates, "covariate", op.name, backend)
     if not columns and not add_intercept:
         raise InputError(f"{op.name}: add_intercept must be True if no covariates are given")
     if columns:
@@ -110,7 +111,7 @@ def gwas_linear_regression(
     # the backend: a (samples, covariates) matrix is small, and cuSOLVER's float32 Q differs from
     # LAPACK's (sgkit's) in the last places, which moved GPU betas by 2e-5 relative
     q = x.map_blocks(_qr_on_host, backend, dtype=x.dtype, meta=meta(backend, x.dtype, 2))
-    y = da.concatenate([c.rechunk((-1, -1)) for c in _columns(ds, traits, "trait", op.name)], axis=1)
+    y = da.concatenate([c.rechunk((-1, -1)) for c in _columns(ds, traits, "trait", op.name, backend)], axis=1)
     out_dtype = np.result_type(g.dtype, q.dtype, y.dtype)
     out_dtype = out_dtype if out_dtype.kind == "f" and out_dtype.itemsize >= 4 else np.dtype(np.float64)
     # sgkit's products promote Q and Y to float64 against float64 operands: the same values

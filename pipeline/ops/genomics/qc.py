@@ -16,7 +16,7 @@ import xarray as xr
 from ...backend import to_numpy
 from ...errors import InputError
 from ..registry import register
-from ._dataset import keep_in_blocks, variable
+from ._dataset import as_dask, keep_in_blocks, variable
 from ._dataset import variable as _variable
 
 __all__ = ["filter_samples", "filter_variants", "impute_mean"]
@@ -118,11 +118,14 @@ def impute_mean(ds: xr.Dataset, variable: str = "call_alternate_allele_count") -
     imputation PLINK's ``--pca`` makes, for ``pca`` and ``gwas_linear_regression``, which take
     complete data only (sgkit refuses missing values and leaves imputation to the user).
     Array formulas on the dataset's backend; nothing is computed."""
+    import dask.array as da
+
     x = _variable(ds, variable, ("variants", "samples"), "iuf", op="impute_mean")
-    values = x.astype("float64")
-    missing = (values < 0) | values.isnull()
-    called = (~missing).sum("samples")
-    mean = values.where(~missing, 0.0).sum("samples") / called.where(called > 0)
-    out = values.where(~missing, mean)
-    out.attrs = {**x.attrs, "comment": f"{variable} with missing values replaced by the variant's mean over called samples"}
+    # dask's where, not xarray's: xarray makes a scalar fill a NumPy array, which CuPy blocks refuse
+    values = as_dask(x).astype(np.float64)
+    missing = (values < 0) | da.isnan(values)
+    called = (~missing).sum(axis=1)
+    mean = da.where(missing, 0.0, values).sum(axis=1) / da.where(called > 0, called, np.nan)
+    out = xr.DataArray(da.where(missing, mean[:, None], values), dims=x.dims, coords=x.coords,
+                       attrs={**x.attrs, "comment": f"{variable} with missing values replaced by the variant's mean over called samples"})
     return ds.assign({variable: out})
