@@ -152,7 +152,7 @@ def _results(prebuilt_on: bool) -> dict:
         out["standardize"] = elementwise.standardize_gpu(dx, m, s, np.float32)
         w = cupy.broadcast_to(cupy.cos(cupy.linspace(-1.4, 1.4, 19))[:, None], (40, 19, 33))
         out["weighted"] = weighted.weighted_sums_gpu(dx, w, (1, 2))
-        u = np.arange(40, dtype=np.float64)
+        u = cupy.arange(40, dtype=np.float64)
         out["detrend"] = trend.detrend_block_gpu(dx, u, axis=0, deg=1, out_dtype=np.float32)
     return out
 
