@@ -25,7 +25,8 @@ How kernels are written (the idioms that remain, and why):
   kernels, where control over loads in flight, shared memory and the order of additions reaches
   the memory bandwidth; ``${name}`` placeholders carry the element types and compile-time
   constants. The simplest (one C expression per element) share two streaming templates
-  (``launch.Spec``).
+  (``launch.Spec``). The instantiations that runs meet ship compiled (:mod:`.prebuilt`, built by
+  :mod:`.build`).
 - GPU, Numba CUDA (``launch.numba_cuda``, ``launch.launch_numba``): the per-point loops shared
   with the CPU where they remain the GPU kernel (``group_runs``, the trend kernels); they run in
   Numba's CUDA simulator in the tests.
