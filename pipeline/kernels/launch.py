@@ -264,8 +264,9 @@ FMAD_CXX17 = ("--fmad=false", "-std=c++17")
 
 @once
 def raw_kernel(filename: str, kernel: str, options: tuple[str, ...], /, **params):
-    """The kernel named ``kernel`` in ``cuda/<filename>`` filled in with ``params``, compiled by
-    CuPy with ``options`` (once per combination; CuPy keeps the binary in its disk cache)."""
+    """The kernel named ``kernel`` in ``cuda/<filename>`` filled in with ``params``: from the
+    binary shipped for it (:mod:`.prebuilt`), or compiled by CuPy with ``options`` (once per
+    combination; CuPy keeps the binary in its disk cache)."""
     from . import prebuilt
 
     return _compiled(cuda_source(filename, **params), kernel, options, prebuilt.module_entry(filename, options, params))

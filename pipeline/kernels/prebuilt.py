@@ -43,8 +43,6 @@ ARCHS = (80, 90, 100, 120)
 # NVRTC's would.
 CUPY_OPTIONS = ("-ftz=true",)
 BUILD = ("-fatbin", "-compress-mode=size", *(f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS))
-# (A kernel that does not compile for an architecture, as thread block clusters before sm_90, is
-# built for the others.)
 RECORD = "PIPELINE_RECORD_KERNELS"
 
 
