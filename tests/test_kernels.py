@@ -487,6 +487,100 @@ def test_weighted_partials_gpu_match_the_twin():
             np.testing.assert_array_equal(cupy.asnumpy(got), weighted.weighted_partials_twin(x.astype(dtype), w))
 
 
+@pytest.mark.gpu
+@requires_gpu
+def test_weighted_partials_gpu_read_a_grid_of_weights_in_place():
+    """cos(lat) weights as a (lat, lon) view with zero strides along lon, and a transposed grid:
+    read in place, the same sums as their contiguous copy."""
+    import cupy
+
+    nlat, nlon = 37, 70
+    x = sample(nt=9, npts=nlat * nlon, seed=3)
+    coslat = np.cos(np.deg2rad(np.linspace(-90, 90, nlat)))
+    grids = [
+        cupy.broadcast_to(cupy.asarray(coslat)[:, None], (nlat, nlon)),
+        cupy.asarray(np.random.default_rng(0).uniform(0.1, 1, (nlon, nlat))).T,
+    ]
+    for grid in grids:
+        assert not grid.flags.c_contiguous
+        got = weighted.weighted_partials_gpu(cupy.asarray(x), grid)
+        np.testing.assert_array_equal(cupy.asnumpy(got), weighted.weighted_partials_twin(x, cupy.asnumpy(grid).ravel()))
+        wx, ws = weighted.weighted_rows_gpu(cupy.asarray(x), grid)
+        valid = ~np.isnan(x)
+        w = cupy.asnumpy(grid).ravel()
+        np.testing.assert_allclose(wx, np.where(valid, x * w, 0).sum(1), rtol=1e-12)
+        np.testing.assert_allclose(ws, np.where(valid, w, 0).sum(1), rtol=1e-12)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_moment_partials_merge_on_the_gpu_as_the_formula(k):
+    """The merge and the mean/std of moment partials by the CUDA C kernels equal NumPy's formulas
+    bit for bit: points with no value, one part with values, and parts of unequal counts."""
+    import cupy
+
+    from pipeline.kernels import moments
+
+    rng = np.random.default_rng(k)
+    shape = (k, 6, 7)
+    n = rng.integers(0, 5, shape).astype(np.float64)
+    n[:, 0, 0] = 0  # no value anywhere
+    n[1:, 1, 1] = 0  # values in one part only
+    p = {"n": n, "mean": np.where(n > 0, rng.normal(280, 20, shape), 0.0), "m2": np.where(n > 1, rng.uniform(0, 50, shape), 0.0)}
+    want = moments.moments_merge_cpu(p, (0,))
+    got = moments.moments_merge_gpu({f: cupy.asarray(v) for f, v in p.items()}, (0,))
+    for f in ("n", "mean", "m2"):
+        assert isinstance(got[f], cupy.ndarray) and got[f].shape == (1, 6, 7)
+        np.testing.assert_array_equal(cupy.asnumpy(got[f]), want[f])
+    stats = moments.mean_std_gpu(got, 0)
+    np.testing.assert_array_equal(cupy.asnumpy(stats), moments.mean_std_cpu(want, 0))
+    assert np.isnan(cupy.asnumpy(stats)[:, 0, 0]).all()
+    # against float64 NumPy from the counts: the merge is Chan's formula, not an approximation
+    total = n.sum(0)
+    mean = (n * p["mean"]).sum(0) / np.where(total > 0, total, 1)
+    np.testing.assert_allclose(want["mean"][0][total > 0], mean[total > 0], rtol=1e-14)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_concatenate_on_the_gpu_copies_bytes_into_place():
+    import cupy
+
+    from pipeline.kernels.launch import concatenate
+
+    parts = [cupy.arange(k * 12, dtype=np.float64).reshape(k, 3, 4) + 100 * k for k in (1, 3, 2)]
+    np.testing.assert_array_equal(cupy.asnumpy(concatenate(parts, 0, cupy)), cupy.asnumpy(cupy.concatenate(parts, 0)))
+    lead = [p[None] for p in parts]  # an axis of length 1 before the one concatenated
+    np.testing.assert_array_equal(cupy.asnumpy(concatenate(lead, 1, cupy)), cupy.asnumpy(cupy.concatenate(lead, 1)))
+    columns = [cupy.arange(5 * k * 2, dtype=np.int8).reshape(5, k, 2) - k for k in (4, 1, 3)]  # rows at two pitches
+    np.testing.assert_array_equal(cupy.asnumpy(concatenate(columns, 1, cupy)), cupy.asnumpy(cupy.concatenate(columns, 1)))
+    np.testing.assert_array_equal(cupy.asnumpy(concatenate(columns, -1 - 1, cupy)), cupy.asnumpy(cupy.concatenate(columns, 1)))
+    across = [p[:, :2] for p in parts]  # not contiguous: CuPy's own
+    np.testing.assert_array_equal(cupy.asnumpy(concatenate(across, 0, cupy)), cupy.asnumpy(cupy.concatenate(across, 0)))
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_dask_joins_cupy_blocks_by_copies():
+    """Once GPU work begins, dask concatenates CuPy blocks (a computed result of several blocks,
+    chunked along one axis or two) with pipeline's copies, and the values are NumPy's."""
+    import cupy
+    import dask.array as da
+    from dask.array.dispatch import concatenate_lookup
+
+    from pipeline.kernels import launch
+
+    launch.prepare_cupy()
+    assert concatenate_lookup.dispatch(cupy.ndarray).__name__ == "concatenate_blocks"
+    x = np.random.default_rng(1).integers(-1, 3, (50, 31, 2)).astype(np.int8)
+    for chunks in ((7, 31, 2), (7, 10, 2), (50, 4, 1)):
+        d = da.from_array(x, chunks=chunks).map_blocks(cupy.asarray)
+        got = d.compute(scheduler="threads")
+        assert isinstance(got, cupy.ndarray)
+        np.testing.assert_array_equal(cupy.asnumpy(got), x)
+
+
 # --- detrend: the Numba CUDA kernels against the CPU formulas --------------------------------------------
 
 from pipeline.kernels import fields as field_kernels  # noqa: E402
@@ -798,3 +892,29 @@ def test_cupy_compiles_once_for_eight_threads(tmp_path):
     alone, threaded, distinct, value, one = map(int, r.stdout.split())
     assert distinct == 1 and value == one == int(((np.arange(1000) * 3) % 7).sum())
     assert alone >= 1 and threaded == alone  # once each, not once a thread
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_copy_into_puts_cut_chunks_in_place():
+    """A chunk cut by the array's edge copied into its place in a block (rows of bytes at two
+    pitches), and layouts the copy engine does not take, equal NumPy's assignment."""
+    import cupy
+
+    from pipeline.kernels.launch import copy_into
+
+    rng = np.random.default_rng(2)
+    cases = [
+        ((6, 25, 2), (slice(0, 4), slice(20, 25)), (4, 10, 2), np.int8),  # variants x samples x ploidy
+        ((9, 7, 11), (slice(3, 9), slice(0, 7)), (6, 7, 11), np.float32),  # whole rows: one run
+        ((5, 8), (slice(0, 5), slice(2, 3)), (5, 4), np.float64),  # one column: CuPy's copy
+    ]
+    for shape, place, chunk_shape, dtype in cases:
+        out = rng.integers(-2, 100, shape).astype(dtype)
+        chunk = rng.integers(-2, 100, chunk_shape).astype(dtype)
+        cut = tuple(slice(0, sl.stop - sl.start) for sl in place)
+        want = out.copy()
+        want[place] = chunk[cut]
+        got = cupy.asarray(out)
+        copy_into(got[place], cupy.asarray(chunk)[cut])
+        np.testing.assert_array_equal(cupy.asnumpy(got), want)

@@ -5,6 +5,9 @@ on a GPU, every binary loads, the kernels come from it, and compute what NVRTC's
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import dask
 import numpy as np
@@ -154,6 +157,9 @@ def _results(prebuilt_on: bool) -> dict:
         out["weighted"] = weighted.weighted_sums_gpu(dx, w, (1, 2))
         u = cupy.arange(40, dtype=np.float64)
         out["detrend"] = trend.detrend_block_gpu(dx, u, axis=0, deg=1, out_dtype=np.float32)
+        parts = {f: cupy.concatenate([moments.moments_gpu(dx[i : i + 13], 0)[f] for i in (0, 13, 26)]) for f in ("n", "mean", "m2")}
+        merged = moments.moments_merge_gpu(parts, (0,))
+        out["moments_merge"] = (merged, moments.mean_std_gpu(merged, 0))
     return out
 
 
@@ -178,3 +184,30 @@ def test_prebuilt_kernels_equal_the_compiled():
             np.testing.assert_array_equal(x, y, err_msg=name)
     launch.raw_kernel.cache_clear()
     launch._streaming_kernel.cache_clear()
+
+
+_FLOW_COMPILES = """
+import sys
+from pipeline import cli
+from pipeline.reduce import aggregation
+aggregation.HOST_FINISH_BYTES = int(sys.argv[2])
+sys.exit(cli.main(["run", sys.argv[1], "--backend", "gpu", "--log-level", "debug"]))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("host_finish_bytes", [None, 0], ids=["small-partials-on-host", "partials-on-device"])
+def test_the_climate_flow_on_the_gpu_compiles_no_cupy_kernel(tmp_path, host_finish_bytes):
+    """A fresh process runs the climate flow on the GPU from shipped binaries alone: every CuPy
+    compilation (or load from CuPy's disk cache) is logged, and there is none, whether the
+    reduction's partials are finished on the host or merged on the device."""
+    from pipeline.reduce import aggregation
+
+    flow = Path(__file__).resolve().parents[1] / "flows" / "climate_anomaly.yaml"
+    limit = aggregation.HOST_FINISH_BYTES if host_finish_bytes is None else host_finish_bytes
+    done = subprocess.run([sys.executable, "-c", _FLOW_COMPILES, str(flow), str(limit)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "out" / "climate_anomaly.zarr").exists()
+    compiles = [line for line in done.stderr.splitlines() if "CuPy kernel" in line]
+    assert compiles == [], "\n".join(compiles)

@@ -140,9 +140,9 @@ def compute(obj, progress: bool = False, threads: int | None = None):
     from dask.threaded import get as threaded_get
 
     if "cupy" in sys.modules:  # CuPy's own kernels compiled once however many of the threads ask
-        from ..kernels.launch import share_cupy_compiles
+        from ..kernels.launch import prepare_cupy
 
-        share_cupy_compiles()
+        prepare_cupy()
     if threads is None:
         threads = compute_threads(obj)
     pool = ThreadPoolExecutor(threads or dask.config.get("num_workers", None) or CPU_COUNT)

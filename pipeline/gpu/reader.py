@@ -47,6 +47,7 @@ import numpy as np
 from .. import config
 from ..backend import use_device_memory_limit
 from ..errors import DecodeError, UnsupportedLayout, chunk_error
+from ..kernels.launch import copy_into
 from . import blosc, pinned, split
 from .iopool import io_pool
 from .nvcomp import _copy_frames, _decode_frames, nvcomp_available
@@ -612,7 +613,7 @@ def _place_host_decoded(lay: Layout, items, out, stream) -> None:
         else:  # cut by the array's edge: the whole chunk to the device, then its part in place
             chunk = cp.empty(lay.chunk, dtype=lay.dtype)
             chunk.reshape(-1).view(np.uint8).set(decode.out, stream=stream)
-            target[...] = chunk[tuple(slice(0, sl.stop - sl.start) for sl in local)]
+            copy_into(target, chunk[tuple(slice(0, sl.stop - sl.start) for sl in local)])
 
 
 def _decode_into_place(lay: Layout, direct, dev, out) -> None:
@@ -642,7 +643,7 @@ def _decode_scratch(lay: Layout, scratch, dev, out) -> None:
     _run_frames(lay, dev, src_off, src_size, buf, dst_off, scratch)
     for k, ((local, _, _), present) in enumerate(zip(scratch, present_all)):
         chunk = assemble(cp, lay, buf[k][cp.asarray(present)] if len(present) < count else buf[k], present)
-        out[local] = chunk[tuple(slice(0, sl.stop - sl.start) for sl in local)]
+        copy_into(out[local], chunk[tuple(slice(0, sl.stop - sl.start) for sl in local)])
 
 
 # --- Dask arrays ----------------------------------------------------------------------------------

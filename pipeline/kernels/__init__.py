@@ -56,6 +56,8 @@ FAMILIES: dict[str, str] = {
     "cf_decode": "elementwise",
     "standardize": "elementwise",
     "moments": "moments",
+    "moments_merge": "moments",
+    "mean_std": "moments",
     "weighted_sums": "weighted",
     "rolling_mean": "rolling",
     "group_sum": "groups",

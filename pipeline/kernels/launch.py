@@ -105,6 +105,77 @@ def to_2d(block, axis: int, xp):
     return xp.ascontiguousarray(moved).reshape(moved.shape[0], -1), moved.shape
 
 
+def concatenate(arrays, axis: int, xp):
+    """``xp.concatenate(arrays, axis)``; on CuPy, for C-contiguous arrays of one dtype, device
+    copies of each array's rows into place (one 2-D memory copy each): CuPy's concatenation is a
+    kernel that a fresh machine compiles for each dtype (0.1-0.4 s)."""
+    first = arrays[0]
+    if xp is np or len(arrays) == 1:
+        return xp.concatenate(arrays, axis=axis)
+    axis %= max(first.ndim, 1)
+    rest = first.shape[:axis] + first.shape[axis + 1 :]
+    if first.ndim == 0 or any(
+        a.dtype != first.dtype or a.ndim != first.ndim or a.shape[:axis] + a.shape[axis + 1 :] != rest or not a.flags.c_contiguous
+        for a in arrays
+    ):
+        return xp.concatenate(arrays, axis=axis)
+    out = xp.empty(first.shape[:axis] + (sum(a.shape[axis] for a in arrays),) + first.shape[axis + 1 :], dtype=first.dtype)
+    if out.size == 0:
+        return out
+    height = int(np.prod(first.shape[:axis], dtype=np.int64))
+    inner = int(np.prod(first.shape[axis + 1 :], dtype=np.int64)) * first.itemsize
+    pitch = out.shape[axis] * inner
+    stream, offset = xp.cuda.get_current_stream().ptr, 0
+    for a in arrays:
+        width = a.shape[axis] * inner
+        if width:
+            xp.cuda.runtime.memcpy2DAsync(out.data.ptr + offset, pitch, a.data.ptr, width, width, height,
+                                          getattr(xp.cuda.runtime, "memcpyDeviceToDevice", 3), stream)
+        offset += width
+    return out
+
+
+def _runs(shape, *strides_of):
+    """The dimensions of arrays of ``shape`` with the given strides (bytes), each run of dimensions
+    that steps evenly in all of them merged into one: [(length, strides...)], innermost last, the
+    dimensions of length 1 dropped."""
+    dims = [(n, *st) for n, *st in zip(shape, *strides_of) if n != 1]
+    merged = []
+    for n, *st in reversed(dims):
+        if merged and all(s == ms * merged[-1][0] for s, ms in zip(st, merged[-1][1:])):
+            merged[-1] = (merged[-1][0] * n, *merged[-1][1:])
+        else:
+            merged.append((n, *st))
+    return merged[::-1]
+
+
+def copy_into(dst, src) -> None:
+    """``dst[...] = src`` for two CuPy arrays of one shape and dtype, by the copy engine where both
+    are rows of contiguous bytes at even pitches (a chunk cut by the array's edge put in its place:
+    one 2-D memory copy); else by CuPy's copy kernel (a kernel that a fresh machine compiles for
+    each dtype, 0.1-0.2 s)."""
+    import cupy
+
+    if dst.shape != src.shape or dst.dtype != src.dtype:
+        dst[...] = src
+        return
+    if dst.size == 0:
+        return
+    item = dst.itemsize
+    runs = _runs(dst.shape, dst.strides, src.strides)
+    if runs and runs[-1][1] == runs[-1][2] == item:
+        width = runs[-1][0] * item
+        rows = runs[:-1]
+    else:
+        width, rows = item, runs
+    if len(rows) <= 1 and all(r[1] >= width and r[2] >= width for r in rows) and (width > item or not rows):
+        height, dpitch, spitch = (rows[0] if rows else (1, width, width))
+        cupy.cuda.runtime.memcpy2DAsync(dst.data.ptr, dpitch, src.data.ptr, spitch, width, height,
+                                        getattr(cupy.cuda.runtime, "memcpyDeviceToDevice", 3), cupy.cuda.get_current_stream().ptr)
+        return
+    dst[...] = src
+
+
 def from_2d(out2d, moved_shape, axis: int, xp):
     """A (steps, points) result back in the block's layout."""
     return xp.moveaxis(out2d.reshape(moved_shape), 0, axis)
@@ -177,6 +248,38 @@ def compile_seconds() -> float:
         return _compile_total[0]
 
 
+def prepare_cupy() -> None:
+    """Where GPU work begins (a source opened on the GPU, a computation on threads once CuPy is
+    imported, pipeline's own CuPy kernels): CuPy's compilations shared between threads, and dask's
+    concatenation of CuPy blocks by device copies."""
+    share_cupy_compiles()
+    concatenate_cupy_blocks_by_copies()
+
+
+@once
+def concatenate_cupy_blocks_by_copies() -> bool:
+    """Make dask concatenate CuPy blocks with :func:`concatenate` (device copies where the layout
+    allows, else CuPy's ``concatenate``): a computed result of several blocks, or an array moved
+    to the host, was joined by CuPy's copy kernel, which a fresh machine compiled for each dtype
+    (0.1-0.2 s each; four of them in a population-genetics run). Registered through dask's own
+    dispatch (``concatenate_lookup``), after dask's registrations for CuPy, which it makes now."""
+    try:
+        import cupy
+        from dask.array.dispatch import concatenate_lookup
+    except ImportError:
+        return False
+    concatenate_lookup.dispatch(cupy.ndarray)  # dask's lazy registrations for CuPy, all of them, now
+
+    def concatenate_blocks(arrays, axis=0):
+        arrays = list(arrays)
+        if not arrays or not all(isinstance(a, cupy.ndarray) for a in arrays):
+            return cupy.concatenate(arrays, axis=axis)
+        return concatenate(arrays, axis, cupy)
+
+    concatenate_lookup.register(cupy.ndarray, concatenate_blocks)
+    return True
+
+
 @once
 def share_cupy_compiles() -> bool:
     """Make each of CuPy's compilations run once however many threads ask for it at the same time,
@@ -222,13 +325,29 @@ def share_compiles(module, name: str) -> bool:
                 return compile_(*args, **kwargs)
             start = time.perf_counter()
             out = compile_(*args, **kwargs)
-            log.debug("CuPy kernel %s: %.3f s (compiled or loaded from the disk cache)",
-                      _kernel_names(args[0] if args else kwargs.get("source", "")), time.perf_counter() - start)
+            log.debug("CuPy kernel %s: %.3f s (compiled or loaded from the disk cache), for %s",
+                      _kernel_names(args[0] if args else kwargs.get("source", "")), time.perf_counter() - start,
+                      _caller())
             return out
 
     compile_once.shared_by_pipeline = True
     setattr(module, name, compile_once)
     return True
+
+
+def _caller() -> str:
+    """The innermost line of pipeline's own code on this thread's stack, outside this module, or
+    else the innermost outside CuPy (for the compile log: which operation asked for a kernel)."""
+    import traceback
+
+    other = []
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        path = frame.filename.replace("\\", "/")
+        if "/pipeline/" in path and not path.endswith(("kernels/launch.py", "deferred.py")):
+            return f"{path.rsplit('/pipeline/', 1)[1]}:{frame.lineno} ({frame.name})"
+        if len(other) < 3 and "/cupy" not in path and "functools" not in path:
+            other.append(f"{'/'.join(path.split('/')[-3:])}:{frame.lineno} ({frame.name})")
+    return " < ".join(other) or "?"
 
 
 def _kernel_names(source) -> str:
@@ -281,7 +400,7 @@ def _compiled(source: str, kernel: str, options: tuple[str, ...], entry: dict):
     from . import prebuilt
 
     use_cache_dir()
-    share_cupy_compiles()
+    prepare_cupy()
     prebuilt.record(entry)
     with compiling():
         path = prebuilt.binary(source, options)

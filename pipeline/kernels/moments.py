@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import xp_of
 from . import launch
 from .slabs import map_slabs, temporaries
 
@@ -101,23 +102,16 @@ def plan(nt: int, npts: int, sms: int = 132, threads: int = THREADS, unroll: int
 
 
 def merge_tiles(parts, xp):
-    """(n, mean, m2) of the tiles of ``parts`` (tiles, 3, points), merged by Chan's formula (as
-    :func:`pipeline.reduce.aggregation._moments_combine`, in the same order on NumPy and CuPy)."""
-    n_i, mean_i, m2_i = parts[:, 0], parts[:, 1], parts[:, 2]
+    """(n, mean, m2) of the tiles of ``parts`` (tiles, 3, points), merged by Chan's formula: on
+    CuPy by the merge kernel, on NumPy by its formula (:func:`moments_merge_cpu`), bit for bit."""
     if parts.shape[0] == 1:
-        return n_i[0], mean_i[0], m2_i[0]
-    n = n_i[0].copy()
-    for k in range(1, parts.shape[0]):
-        n = n + n_i[k]
-    safe = xp.where(n > 0, n, 1.0)
-    s = n_i[0] * mean_i[0]
-    for k in range(1, parts.shape[0]):
-        s = s + n_i[k] * mean_i[k]
-    mean = s / safe
-    m2 = m2_i[0] + n_i[0] * (mean_i[0] - mean) ** 2
-    for k in range(1, parts.shape[0]):
-        m2 = m2 + (m2_i[k] + n_i[k] * (mean_i[k] - mean) ** 2)
-    return n, mean, m2
+        return parts[0, 0], parts[0, 1], parts[0, 2]
+    if xp is np:
+        merged = moments_merge_cpu({"n": parts[:, 0], "mean": parts[:, 1], "m2": parts[:, 2]}, 0)
+        return tuple(merged[f][0] for f in ("n", "mean", "m2"))
+    out = [xp.empty(parts.shape[2], dtype=np.float64) for _ in range(3)]
+    _merge([parts[:, f] for f in range(3)], 3 * parts.shape[2], out)
+    return tuple(out)
 
 
 def moments_raw(x2d, *, tile: int | None = None, threads: int = THREADS, unroll: int = UNROLL):
@@ -241,8 +235,6 @@ def moments_formula(block, axis) -> dict:
 
 
 def _moments_formula(block, axis: tuple[int, ...]) -> dict:
-    from ..backend import xp_of
-
     xp = xp_of(block)
     valid = ~xp.isnan(block)
     n = valid.sum(axis=axis, keepdims=True, dtype=np.float64)
@@ -266,3 +258,95 @@ def moments_gpu(block, axis) -> dict:
     x2, moved = launch.to_2d(block, axis, cupy)
     n, mean, m2 = moments_raw(x2)
     return {k: launch.reduced_from_2d(v, moved, axis, cupy) for k, v in {"n": n, "mean": mean, "m2": m2}.items()}
+
+
+# --- merging partials: the reduction's combine and finalize -----------------------------------------
+#
+# On CuPy the array formulas below compiled a kernel for each operation on a fresh machine (a sum,
+# where, multiply, divide, subtract, add, sqrt: ten of them, 0.1 s each, one after another, the
+# largest part of the climate flow's first run once pipeline's own kernels shipped compiled). The
+# CUDA C kernels of cuda/moments_merge.cu do the same operations in the same order, in one pass.
+
+MERGE_THREADS = 256
+
+
+def _merge_kernel(name: str):
+    return launch.raw_kernel("moments_merge.cu", name, launch.FMAD)
+
+
+def _rows(a, axis: tuple[int, ...]):
+    """``a`` as (parts, points) without a copy, where the partials lie side by side along one axis
+    with no other axis of length > 1 before it (dask's tree along the first axis); else None."""
+    if len(axis) != 1 or not a.flags.c_contiguous or a.dtype != np.float64 or int(np.prod(a.shape[: axis[0]], dtype=np.int64)) != 1:
+        return None
+    return a.reshape(a.shape[axis[0]], -1)
+
+
+def moments_merge_cpu(p, axis) -> dict:
+    """Chan, Golub and LeVeque's merge of (n, mean, M2) partials laid side by side along ``axis``
+    (an int or a tuple), to one partial with those axes at length 1. Written against the array
+    module of the partials: the GPU's fallback for layouts its kernel does not take."""
+    axis = (axis,) if isinstance(axis, int) else tuple(axis)
+    xp = xp_of(p["n"])
+    n_i, mean_i, m2_i = p["n"], p["mean"], p["m2"]
+    n = n_i.sum(axis=axis, keepdims=True)
+    safe_n = xp.where(n > 0, n, 1)
+    mean = (n_i * mean_i).sum(axis=axis, keepdims=True) / safe_n
+    delta = mean_i - mean
+    m2 = m2_i.sum(axis=axis, keepdims=True) + (n_i * delta * delta).sum(axis=axis, keepdims=True)
+    return {"n": n, "mean": mean, "m2": m2}
+
+
+def moments_merge_gpu(p, axis) -> dict:
+    """:func:`moments_merge_cpu` on CuPy partials, by one CUDA C kernel, bit for bit."""
+    import cupy
+
+    axis = (axis,) if isinstance(axis, int) else tuple(axis)
+    rows = [_rows(p[k], axis) for k in ("n", "mean", "m2")]
+    if any(r is None for r in rows) or len({r.shape for r in rows}) != 1:
+        return moments_merge_cpu(p, axis)
+    shape = tuple(1 if a in axis else s for a, s in enumerate(p["n"].shape))
+    out = {f: cupy.empty(shape, dtype=np.float64) for f in ("n", "mean", "m2")}
+    _merge(rows, rows[0].shape[1], [v.reshape(-1) for v in out.values()])
+    return out
+
+
+def _merge(fields, stride: int, out) -> None:
+    """The merge kernel over ``fields`` (n, mean, m2: (parts, points) views whose parts are
+    ``stride`` values apart) into ``out`` (three arrays of ``points``)."""
+    k, npts = fields[0].shape
+    if npts:
+        _merge_kernel("pipeline_moments_merge")(
+            (launch.blocks(npts, MERGE_THREADS),), (MERGE_THREADS,), (*fields, np.int64(stride), *out, np.int64(k), np.int64(npts))
+        )
+
+
+def mean_std_cpu(p, axis: int):
+    """The mean and the (ddof=0) standard deviation of a merged partial, stacked along ``axis``
+    (where it has length 1), NaN where there is no value. Written against the array module of
+    the partial: the GPU's fallback."""
+    if isinstance(axis, tuple):
+        (axis,) = axis
+    xp = xp_of(p["n"])
+    n = p["n"]
+    has = n > 0
+    mean = xp.where(has, p["mean"], xp.nan)
+    std = xp.sqrt(xp.where(has, p["m2"] / xp.where(has, n, 1), xp.nan))
+    return xp.concatenate([mean, std], axis=axis)
+
+
+def mean_std_gpu(p, axis: int):
+    """:func:`mean_std_cpu` on a CuPy partial, by one CUDA C kernel, bit for bit."""
+    import cupy
+
+    if isinstance(axis, tuple):
+        (axis,) = axis
+    n = p["n"]
+    if any(_rows(p[k], (axis,)) is None for k in ("n", "mean", "m2")):
+        return mean_std_cpu(p, axis)
+    out = cupy.empty(n.shape[:axis] + (2,) + n.shape[axis + 1 :], dtype=np.float64)
+    if n.size:
+        _merge_kernel("pipeline_mean_std")(
+            (launch.blocks(n.size, MERGE_THREADS),), (MERGE_THREADS,), (n, p["mean"], p["m2"], out, np.int64(n.size))
+        )
+    return out

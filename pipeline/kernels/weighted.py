@@ -52,10 +52,26 @@ def weighted_partials_gpu(x2d, w1d, threads: int = TILE_THREADS, unroll: int = T
     partial = cupy.empty((nrows, 2, nslices), dtype=np.float64)
     if nrows == 0:
         return partial
-    w1d = cupy.ascontiguousarray(w1d, dtype=np.float64)
+    w, layout = _weights_layout(w1d, npts)
     kernel = _tiled(np.dtype(x2d.dtype), threads, unroll, rows)
-    kernel((nslices, -(-nrows // rows)), (threads,), (cupy.ascontiguousarray(x2d), w1d, partial, np.int64(nrows), np.int64(npts)))
+    kernel((nslices, -(-nrows // rows)), (threads,), (cupy.ascontiguousarray(x2d), w, partial, np.int64(nrows), np.int64(npts), *layout))
     return partial
+
+
+def _weights_layout(w, npts: int):
+    """The weights of the points, float64, as the kernel reads them: the array and (columns, row
+    stride, column stride) in elements, point p's weight at ``(p // columns) * row + (p % columns)
+    * column``. A 1-D or 2-D view is read in place, zero strides included (on a fresh machine the
+    copy that made it contiguous compiled a CuPy kernel); other layouts are copied."""
+    import cupy
+
+    if w.dtype == np.float64 and w.size == npts and w.ndim in (1, 2) and all(s % 8 == 0 for s in w.strides):
+        strides = [s // 8 for s in w.strides]
+        if w.ndim == 1:
+            return w, (np.int64(max(npts, 1)), np.int64(0), np.int64(strides[0]))
+        return w, (np.int64(max(w.shape[1], 1)), np.int64(strides[0]), np.int64(strides[1]))
+    w = cupy.ascontiguousarray(w, dtype=np.float64).reshape(-1)
+    return w, (np.int64(max(npts, 1)), np.int64(0), np.int64(1))
 
 
 def weighted_partials_twin(x2d, w1d, threads: int = TILE_THREADS, unroll: int = TILE_U):
@@ -87,10 +103,14 @@ def weighted_partials_twin(x2d, w1d, threads: int = TILE_THREADS, unroll: int = 
     return out
 
 
-def weighted_rows_gpu(x2d, w1d):
+def weighted_rows_gpu(x2d, w):
     """(sum of w * x, sum of w) over the valid values of each row of a (rows, points) CuPy array,
-    with one weight per point; two float64 arrays of length rows."""
-    sums = weighted_partials_gpu(x2d, w1d).sum(axis=2)
+    with one weight per point (``w`` of ``points`` values, or a (a, b) grid of them, a view with
+    zero strides included); two float64 NumPy arrays of length rows.
+
+    The slices' sums (a few KB a row) are added on the host: they are the start of a small partial
+    that the reduction finishes there (on CuPy the sum compiled a kernel on a fresh machine)."""
+    sums = weighted_partials_gpu(x2d, w).get().sum(axis=2)
     return sums[:, 0], sums[:, 1]
 
 
@@ -202,7 +222,8 @@ def _weighted_sum_reduction():
 
 
 def weighted_sums_gpu(x, w, axis) -> dict:
-    """:func:`weighted_sums_cpu` on a CuPy block."""
+    """:func:`weighted_sums_cpu` on a CuPy block; the partial (a value a row) on the host, where
+    the reduction finishes it."""
     import cupy
 
     w = cupy.asarray(w)
@@ -212,9 +233,9 @@ def weighted_sums_gpu(x, w, axis) -> dict:
         # the usual case: weights that vary only along the reduced axes (cos(lat)), and a block
         # laid out with those axes last: one pass of the two-stage kernel
         rows = int(np.prod(x.shape[:lead], dtype=np.int64))
-        wx, ws = weighted_rows_gpu(x.reshape(rows, -1), w[(0,) * lead].reshape(-1))
+        wx, ws = weighted_rows_gpu(x.reshape(rows, -1), w[(0,) * lead])
         shape = (*x.shape[:lead], *(1,) * len(axis))
         return {"wx": wx.reshape(shape), "w": ws.reshape(shape)}
-    sums = _weighted_sum_reduction()(x, w.astype(np.float64, copy=False), axis=axis, keepdims=True)
+    sums = _weighted_sum_reduction()(x, w.astype(np.float64, copy=False), axis=axis, keepdims=True).get()
     return {"wx": sums.real.copy(), "w": sums.imag.copy()}
 

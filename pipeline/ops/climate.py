@@ -31,7 +31,7 @@ da = _deferred("dask.array")  # imported when the first graph is built
 
 
 @register(
-    kernels=("moments", "standardize"),
+    kernels=("moments", "moments_merge", "mean_std", "standardize"),
     produces=Produces("standardized anomaly of {name} along {dim}", units="1", standard_name=None),
 )
 def standardized_anomaly(x: xr.DataArray, dim: Dim = "time") -> xr.DataArray:

@@ -40,9 +40,9 @@ import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-from ..backend import backend_of, meta as backend_meta, xp_of
+from ..backend import backend_of, meta as backend_meta, module as backend_module, to_numpy, xp_of
 from ..deferred import module as _deferred
-from ..kernels.launch import from_2d, to_2d
+from ..kernels.launch import concatenate, from_2d, to_2d
 from .declare import declare
 
 da = _deferred("dask.array")  # imported when the first graph is built
@@ -79,9 +79,12 @@ class Aggregation:
     combine
         Over axes: ``combine(partial, axis)``, the fields of several partials side by side along
         ``axis``, to one partial with those axes at length 1. By groups (``pairwise``):
-        ``combine(earlier, later)`` of two partials on the same groups.
+        ``combine(earlier, later)`` of two partials on the same groups. Over axes it may be the
+        name of a kernel pair (``{name}_cpu`` and ``{name}_gpu``, :func:`pipeline.kernels.get`),
+        called as the function: the one of the backend where the partials lie (small partials
+        are finished on the host, :data:`HOST_FINISH_BYTES`).
     finalize
-        ``finalize(partial) -> array``.
+        ``finalize(partial) -> array``; over axes, or a kernel's name: ``kernel(partial, axis)``.
     fields
         Name -> dtype of each field of a partial: their bytes a value are what a partial declares.
     identity
@@ -99,8 +102,8 @@ class Aggregation:
 
     name: str
     chunk: str
-    combine: Callable
-    finalize: Callable
+    combine: Callable | str
+    finalize: Callable | str
     fields: Mapping[str, str] = field(default_factory=dict)
     identity: Mapping[str, float] = field(default_factory=dict)
     params: Mapping[str, object] = field(default_factory=dict)
@@ -142,7 +145,7 @@ def _concat_nested(parts, axes: tuple[int, ...]):
     if not axes:
         return parts
     blocks = [_concat_nested(p, axes[1:]) for p in parts]
-    return blocks[0] if len(blocks) == 1 else xp_of(blocks[0]).concatenate(blocks, axis=axes[0])
+    return blocks[0] if len(blocks) == 1 else concatenate(blocks, axes[0], xp_of(blocks[0]))
 
 
 def _field(parts, key):
@@ -155,6 +158,40 @@ def _first_leaf(parts):
     while isinstance(parts, list):
         parts = parts[0]
     return parts
+
+
+# Partials of at most this many bytes in all are merged and finished on the host by the CPU's
+# kernels, and the result moved to the device: a transfer of a few KB, where on the GPU each
+# operation of the small formulas that finish a reduction (a where, a divide, a cast) compiled a
+# CuPy kernel on a fresh machine, 0.1 s each, one after another at the end of the run.
+HOST_FINISH_BYTES = 4 << 20
+
+
+def _leaves(parts):
+    if isinstance(parts, list):
+        for p in parts:
+            yield from _leaves(p)
+    else:
+        yield parts
+
+
+def _map_leaves(parts, fn):
+    return [_map_leaves(p, fn) for p in parts] if isinstance(parts, list) else fn(parts)
+
+
+def _small(parts) -> bool:
+    """Whether dask's nested lists of partials hold at most :data:`HOST_FINISH_BYTES`."""
+    return sum(getattr(v, "nbytes", 0) for leaf in _leaves(parts) for v in leaf.values()) <= HOST_FINISH_BYTES
+
+
+def _step(fn, backend: str) -> Callable:
+    """A blueprint's combine or finalize: the function itself, or the kernel it names for
+    ``backend`` (:func:`pipeline.kernels.get`)."""
+    if not isinstance(fn, str):
+        return fn
+    from ..kernels import get
+
+    return get(fn, backend)
 
 
 def _gather(parts, axis) -> dict:
@@ -197,6 +234,8 @@ def reduce(
     kernel = _check_kernel(agg, kernel)
     axis = tuple(sorted(a % x.ndim for a in axis))
     params = dict(agg.params)
+    backend = backend_of(x)
+    xp_out = backend_module(backend)  # the result's array module
     weighted = weights is not None or weights_const is not None
 
     def chunk(block, weights_block=None, axis=None, keepdims=True, computing_meta=False):
@@ -208,19 +247,27 @@ def reduce(
             return kernel(block, weights_block, axis, **params)
         return kernel(block, axis, **params)
 
+    def merged(parts, axis):
+        on_host = backend == "cpu" or _small(parts)
+        if on_host:
+            parts = _map_leaves(parts, lambda leaf: {k: to_numpy(v) for k, v in leaf.items()})
+        where = "cpu" if on_host else backend
+        return _step(agg.combine, where)(_gather(parts, axis), axis), where
+
     def combine(parts, axis=None, keepdims=True, computing_meta=False):
         if computing_meta:
             return parts
-        return agg.combine(_gather(parts, axis), axis)
+        return merged(parts, axis)[0]
 
     def aggregate(parts, axis=None, keepdims=False, computing_meta=False):
         if computing_meta:
             return parts
-        partial = agg.combine(_gather(parts, axis), axis)
-        out = agg.finalize(partial)
+        partial, where = merged(parts, axis)
+        finalize = agg.finalize
+        out = _step(finalize, where)(partial, axis) if isinstance(finalize, str) else finalize(partial)
         if not keepdims:
             out = out.squeeze(axis=axis)
-        return out.astype(dtype, copy=False)
+        return xp_out.asarray(out.astype(dtype, copy=False))  # finished on the host: to the device
 
     if weights is not None:
         weights = broadcast_view(weights, x.shape)  # as dask's reduction would, declared a view
@@ -447,46 +494,10 @@ def _sum_fields(p, axis):
 # mean and variance: count, mean and sum of squared deviations, merged stably
 
 
-def _moments_combine(p, axis):
-    """Chan, Golub and LeVeque's pairwise merge of (n, mean, M2), over any number of partials."""
-    xp = xp_of(p["n"])
-    n_i, mean_i, m2_i = p["n"], p["mean"], p["m2"]
-    n = n_i.sum(axis=axis, keepdims=True)
-    safe_n = xp.where(n > 0, n, 1)
-    mean = (n_i * mean_i).sum(axis=axis, keepdims=True) / safe_n
-    delta = mean_i - mean
-    m2 = m2_i.sum(axis=axis, keepdims=True) + (n_i * delta * delta).sum(axis=axis, keepdims=True)
-    return {"n": n, "mean": mean, "m2": m2}
-
-
-def _nan_where_empty(p, value):
-    xp = xp_of(value)
-    return xp.where(p["n"] > 0, value, xp.nan)
-
-
-def _mean_finalize(p):
-    return _nan_where_empty(p, p["mean"])
-
-
-def _var_finalize(p, ddof: int = 0):
-    xp = xp_of(p["n"])
-    dof = p["n"] - ddof
-    return xp.where(dof > 0, p["m2"] / xp.where(dof > 0, dof, 1), xp.nan)
-
-
-def _std_finalize(p):
-    return xp_of(p["n"]).sqrt(_var_finalize(p))
-
-
-def _mean_std_finalize(p, axis: int):
-    xp = xp_of(p["n"])
-    return xp.concatenate([_mean_finalize(p), _std_finalize(p)], axis=axis)
-
-
 def mean_std(axis: int) -> Aggregation:
     """Mean and (ddof=0) standard deviation, stacked along ``axis``."""
     return Aggregation(
-        "pipeline-moments", "moments", _moments_combine, functools.partial(_mean_std_finalize, axis=axis),
+        "pipeline-moments", "moments", "moments_merge", "mean_std",
         fields={"n": F8, "mean": F8, "m2": F8}, identity={"n": 0.0, "mean": 0.0, "m2": 0.0},
     )
 
@@ -500,11 +511,15 @@ def nanmean_std(x: da.Array, axis: int, *, kernel: Callable, dtype=ACC) -> tuple
     """
     axis = axis % x.ndim
     stats = reduce(x, mean_std(axis), (axis,), kernel=kernel, dtype=dtype, keepdims=True, output_size=2)
-    index = [slice(None)] * x.ndim
-    index[axis] = slice(0, 1)
-    mean = stats[tuple(index)]
-    index[axis] = slice(1, 2)
-    return mean, stats[tuple(index)]
+    chunks = stats.chunks[:axis] + ((1,),) + stats.chunks[axis + 1 :]
+    # each a view of the stacked block: dask's own indexing copies a view of half a block or less
+    # (dask.array.chunk.getitem), and on CuPy that copy compiled a kernel on a fresh machine
+    return tuple(stats.map_blocks(_stacked, axis=axis, k=k, chunks=chunks, dtype=stats.dtype, meta=stats._meta) for k in (0, 1))
+
+
+def _stacked(block, axis: int, k: int):
+    """Statistic ``k`` of a block that stacks them along ``axis``, a view."""
+    return block[(slice(None),) * axis + (slice(k, k + 1),)]
 
 
 # weighted mean: sum(w * x) / sum(w where x is valid)

@@ -122,9 +122,9 @@ def open_dataset(
     name = "zarr3" if is_url(path) else store_format(path)
     fmt = FORMATS[name]
     if target == "gpu":
-        from ..kernels.launch import share_cupy_compiles
+        from ..kernels.launch import prepare_cupy
 
-        share_cupy_compiles()  # each of CuPy's own kernels compiled once, not by every thread at once
+        prepare_cupy()  # each of CuPy's own kernels compiled once, not by every thread at once
     local = not is_url(path)
     kind = name if local else "url"
     raw = _open(fmt, path, kind, name, decode_cf=False)  # metadata: storage types and attributes

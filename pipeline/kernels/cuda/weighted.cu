@@ -6,9 +6,11 @@ typedef ${in_t} in_t;
 #define WARPS (THREADS / 32)
 extern "C" __global__ void __launch_bounds__(THREADS) pipeline_weighted_sums_tiled(
         const in_t* __restrict__ x, const double* __restrict__ w, double* __restrict__ partial, long long nrows,
-        long long npts) {
+        long long npts, long long wcols, long long wrow, long long wcol) {
     // block (slice, tile): points slice * THREADS * U + i * THREADS + threadIdx.x, i < U (coalesced for each i),
-    // rows tile * ROWS .. + ROWS
+    // rows tile * ROWS .. + ROWS. Point p's weight is w[(p / wcols) * wrow + (p % wcols) * wcol]: the
+    // weights of a (lat, lon) grid may be a view with zero strides (cos(lat) along lon), read once
+    // a thread, not copied out first.
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long base = (long long)blockIdx.x * THREADS * U + threadIdx.x;
     const long long r0 = (long long)blockIdx.y * ROWS;
@@ -18,7 +20,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) pipeline_weighted_sums_til
 #pragma unroll
     for (int i = 0; i < U; ++i) {
         in[i] = base + i * THREADS < npts;
-        wr[i] = in[i] ? w[base + i * THREADS] : 0.0;
+        const long long p = base + i * THREADS;
+        wr[i] = in[i] ? w[(p / wcols) * wrow + (p % wcols) * wcol] : 0.0;
     }
     __shared__ double sh[ROWS][WARPS][2];
     const in_t* row = x + r0 * npts + base;
