@@ -580,6 +580,14 @@ def test_dask_joins_cupy_blocks_by_copies():
         assert isinstance(got, cupy.ndarray)
         np.testing.assert_array_equal(cupy.asnumpy(got), x)
 
+    from pipeline.exec.compute import compute
+
+    lone = cupy.arange(12, dtype=np.float64).reshape(3, 4)
+    got = compute([da.from_array(lone, chunks=-1, asarray=False), da.from_array(cupy.asarray(x), chunks=(9, 31, 2))])
+    assert got[0] is not lone and isinstance(got[0], cupy.ndarray)  # the graph's buffer is not handed out
+    np.testing.assert_array_equal(cupy.asnumpy(got[0]), cupy.asnumpy(lone))
+    np.testing.assert_array_equal(cupy.asnumpy(got[1]), x)
+
 
 # --- detrend: the Numba CUDA kernels against the CPU formulas --------------------------------------------
 

@@ -155,10 +155,50 @@ def compute(obj, progress: bool = False, threads: int | None = None):
         with bar, dask.config.set(pool=pool, scheduler="threads"):
             # the scheduler as a function: named by a string, dask imports distributed to look
             # for a client first (0.3 s of a first run)
-            return dask.compute(obj, scheduler=functools.partial(threaded_get, pool=pool))[0]
+            return _compute_here(obj, functools.partial(threaded_get, pool=pool))
     finally:
         # dask's own pool would leave running tasks behind after an error; this one is joined
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _compute_here(obj, schedule):
+    """``dask.compute(obj, scheduler=schedule)[0]``, each Dask array's blocks assembled by
+    :func:`_finalize_array`: the graph optimized as ``dask.compute`` would, its output blocks
+    computed, and every other collection finished by its own finalizer."""
+    from dask.base import collections_to_expr, unpack_collections
+
+    collections, repack = unpack_collections(obj)
+    if not collections:
+        return obj
+    expr = collections_to_expr(list(collections), optimize_graph=True).optimize()
+    blocks = schedule(expr, [c.__dask_keys__() for c in collections])
+    return repack([_postcompute(c, b) for c, b in zip(collections, blocks)])[0]
+
+
+def _postcompute(collection, blocks):
+    import dask.array as da
+
+    post, args = collection.__dask_postcompute__()
+    if isinstance(collection, da.Array) and post is da.core.finalize and not args:
+        return _finalize_array(blocks)
+    return post(blocks, *args)
+
+
+def _finalize_array(blocks):
+    """dask's ``finalize`` of an array's blocks (joined, or the one block copied, so that the
+    result shares no buffer with the graph), the copy of a lone CuPy block by the copy engine:
+    CuPy's copy is a kernel that a fresh machine compiled for each dtype (0.1-0.2 s each, two or
+    three for the statistics of a genomics run)."""
+    import dask.array as da
+
+    one = blocks
+    while isinstance(one, (tuple, list)) and len(one) == 1:
+        one = one[0]
+    if isinstance(one, (tuple, list)) or "cupy" not in sys.modules or not B.is_cupy(one):
+        return da.core.finalize(blocks)
+    from ..kernels.launch import copy_of
+
+    return copy_of(one)
 
 
 def _compute_on_cluster(client, obj, progress: bool):
