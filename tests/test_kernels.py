@@ -556,7 +556,10 @@ def test_concatenate_on_the_gpu_copies_bytes_into_place():
     columns = [cupy.arange(5 * k * 2, dtype=np.int8).reshape(5, k, 2) - k for k in (4, 1, 3)]  # rows at two pitches
     np.testing.assert_array_equal(cupy.asnumpy(concatenate(columns, 1, cupy)), cupy.asnumpy(cupy.concatenate(columns, 1)))
     np.testing.assert_array_equal(cupy.asnumpy(concatenate(columns, -1 - 1, cupy)), cupy.asnumpy(cupy.concatenate(columns, 1)))
-    across = [p[:, :2] for p in parts]  # not contiguous: CuPy's own
+    one = concatenate(parts[:1], 0, cupy)
+    assert one is not parts[0]
+    np.testing.assert_array_equal(cupy.asnumpy(one), cupy.asnumpy(parts[0]))
+    across = [p[:, :2] for p in parts]  # not contiguous: by rows
     np.testing.assert_array_equal(cupy.asnumpy(concatenate(across, 0, cupy)), cupy.asnumpy(cupy.concatenate(across, 0)))
 
 

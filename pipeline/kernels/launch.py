@@ -110,8 +110,10 @@ def concatenate(arrays, axis: int, xp):
     its place by :func:`copy_into` (the copy engine wherever the layout allows): CuPy's
     concatenation is a kernel that a fresh machine compiles for each dtype (0.1-0.4 s)."""
     first = arrays[0]
-    if xp is np or len(arrays) == 1 or first.ndim == 0:
+    if xp is np or first.ndim == 0:
         return xp.concatenate(arrays, axis=axis)
+    if len(arrays) == 1:
+        return copy_of(first)
     axis %= first.ndim
     rest = first.shape[:axis] + first.shape[axis + 1 :]
     if any(a.dtype != first.dtype or a.ndim != first.ndim or a.shape[:axis] + a.shape[axis + 1 :] != rest for a in arrays):
