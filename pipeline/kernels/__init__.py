@@ -34,7 +34,9 @@ How kernels are written (the idioms that remain, and why):
   array formulas: for the general layouts the kernels above do not cover (broadcast or strided
   blocks, several axes). Each compiles a kernel per operation and dtype on a machine's first run
   (0.1-0.4 s each, CUB reductions 1.7 s), so small results (per-variant counts, thin matrices)
-  are finished on the host by the ops instead (``docs/genomics.md``).
+  are finished on the host by the ops and by the reductions instead (``docs/genomics.md``,
+  ``pipeline.reduce.aggregation.HOST_FINISH_BYTES``), and dask's joins and copies of CuPy blocks
+  go by the copy engine (``launch.concatenate``, ``launch.copy_of``, ``launch.copy_into``).
 
 The machinery (block sizes, grids, moving an axis to a (steps, points) layout, loading and
 compiling ``.cu`` files, Numba on the CPU and on the GPU) lives in :mod:`pipeline.kernels.launch`.
