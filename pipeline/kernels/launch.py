@@ -110,7 +110,7 @@ def concatenate(arrays, axis: int, xp):
     its place by :func:`copy_into` (the copy engine wherever the layout allows): CuPy's
     concatenation is a kernel that a fresh machine compiles for each dtype (0.1-0.4 s)."""
     first = arrays[0]
-    if xp is np or first.ndim == 0:
+    if xp is np or first.ndim == 0 or not all(isinstance(a, xp.ndarray) for a in arrays):
         return xp.concatenate(arrays, axis=axis)
     if len(arrays) == 1:
         return copy_of(first)
@@ -275,9 +275,7 @@ def concatenate_cupy_blocks_by_copies() -> bool:
 
     def concatenate_blocks(arrays, axis=0):
         arrays = list(arrays)
-        if not arrays or not all(isinstance(a, cupy.ndarray) for a in arrays):
-            return cupy.concatenate(arrays, axis=axis)
-        return concatenate(arrays, axis, cupy)
+        return concatenate(arrays, axis, cupy) if arrays else cupy.concatenate(arrays, axis=axis)
 
     concatenate_lookup.register(cupy.ndarray, concatenate_blocks)
     return True

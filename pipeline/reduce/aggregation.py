@@ -248,10 +248,9 @@ def reduce(
         return kernel(block, axis, **params)
 
     def merged(parts, axis):
-        on_host = backend == "cpu" or _small(parts)
-        if on_host:
+        where = "cpu" if backend == "cpu" or _small(parts) else backend
+        if where != backend:
             parts = _map_leaves(parts, lambda leaf: {k: to_numpy(v) for k, v in leaf.items()})
-        where = "cpu" if on_host else backend
         return _step(agg.combine, where)(_gather(parts, axis), axis), where
 
     def combine(parts, axis=None, keepdims=True, computing_meta=False):

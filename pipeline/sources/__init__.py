@@ -124,7 +124,7 @@ def open_dataset(
     if target == "gpu":
         from ..kernels.launch import prepare_cupy
 
-        prepare_cupy()  # each of CuPy's own kernels compiled once, not by every thread at once
+        prepare_cupy()  # CuPy's kernels compiled once, not by every thread at once; blocks joined by copies
     local = not is_url(path)
     kind = name if local else "url"
     raw = _open(fmt, path, kind, name, decode_cf=False)  # metadata: storage types and attributes
