@@ -218,7 +218,8 @@ def test_gpu_reads_pin_files_and_see_them_change(tmp_path, name):
         assert pinned.pinned_files_bytes() == 0
     # files that the GPU decodes are pinned (those that the CPU decodes never cross the bus
     # compressed): here the split sends all to the GPU
-    with dask.config.set({"pipeline.gpu.pinned-files": "1GB", "pipeline.gpu.decode-rates": {"cpu-frame": 1}}), \
+    with dask.config.set({"pipeline.gpu.pinned-files": "1GB", "pipeline.gpu.pin-min-file": 0,
+                          "pipeline.gpu.decode-rates": {"cpu-frame": 1}}), \
             _fresh_rates():
         for _ in range(2):  # the first read pins every file, the second copies from them
             np.testing.assert_array_equal(reader.open_array(store, "x").compute().get(), values)

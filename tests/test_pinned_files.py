@@ -32,7 +32,7 @@ def registry(monkeypatch):
     monkeypatch.setattr(pinned, "_register", register)
     monkeypatch.setattr(pinned, "_unregister", unregister)
     monkeypatch.setattr(state, "pinned", state.PinnedState())
-    with dask.config.set({"pipeline.gpu.pinned-files": "1MB"}):
+    with dask.config.set({"pipeline.gpu.pinned-files": "1MB", "pipeline.gpu.pin-min-file": 0}):
         yield held
     pinned.release_files()
     assert not held, "ranges left registered"
@@ -157,3 +157,13 @@ def test_the_limit_of_a_worker_is_a_share_of_its_memory_limit():
         import psutil
 
         assert pinned.pinned_files_limit() == int(0.25 * psutil.virtual_memory().total)
+
+
+def test_files_under_the_floor_are_never_pinned(tmp_path, registry):
+    """``pipeline.gpu.pin-min-file``: a smaller file is read into a buffer, whatever the room."""
+    with dask.config.set({"pipeline.gpu.pin-min-file": "4kB"}):
+        assert pinned.pin_min_file() == 4000
+        assert not pinned.may_pin(3999) and pinned.may_pin(4000)
+    with dask.config.set({"pipeline.gpu.pin-min-file": 2 << 20}):
+        assert pinned.pin_min_file() == 2 << 20 and not pinned.may_pin(400_000)
+    assert dask.config.get("pipeline.gpu.pin-min-file") == 0 and pinned.may_pin(1)

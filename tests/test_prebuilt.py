@@ -242,3 +242,27 @@ def test_the_climate_flow_on_the_gpu_compiles_no_cupy_kernel(tmp_path, host_fini
     assert (tmp_path / "out" / "climate_anomaly.zarr").exists()
     compiles = [line for line in done.stderr.splitlines() if "CuPy kernel" in line]
     assert compiles == [], "\n".join(compiles)
+
+
+_COUNTS_ALONE = """
+import sys
+import cupy, numpy as np
+from pipeline.kernels import genotypes as K
+g = np.random.default_rng(0).integers(-1, 2, (300, 1001, 2)).astype(np.int8)
+d = cupy.asarray(g)
+calls, samples = K.variant_call_counts_gpu(d, 2, words=True).get(), K.sample_call_counts_gpu(d, words=True).get()
+print(sorted(m for m in sys.modules if m == "numba" or m.startswith("numba.")))
+np.testing.assert_array_equal(calls, K.variant_call_counts_cpu(g, 2))  # (the CPU twins are Numba's)
+np.testing.assert_array_equal(samples, K.sample_call_counts_cpu(g))
+"""
+
+
+@pytest.mark.gpu
+def test_loading_a_cuda_c_kernel_imports_no_numba(tmp_path):
+    """The CUDA C kernels (shipped compiled) load without importing Numba: that import, where a
+    first run had nothing else for Numba to do, held up the threads at their first kernel."""
+    env = {**os.environ, "CUPY_CACHE_DIR": str(tmp_path / "cupy"), "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    done = subprocess.run([sys.executable, "-c", _COUNTS_ALONE], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[0] == "[]", done.stdout

@@ -265,8 +265,21 @@ def read_before(path: str, st: os.stat_result) -> bool:
     return False
 
 
+def pin_min_file() -> int:
+    """``pipeline.gpu.pin-min-file``: the bytes below which a file is never pinned."""
+    from dask.utils import parse_bytes
+
+    from .. import config
+
+    value = config.get("gpu.pin-min-file", 0)
+    return int(parse_bytes(value)) if isinstance(value, str) else int(value or 0)
+
+
 def may_pin(nbytes: int) -> bool:
-    """Whether a file of ``nbytes`` would be pinned now (room under the limit, no failure)."""
+    """Whether a file of ``nbytes`` would be pinned now (large enough, room under the limit, no
+    failure)."""
+    if nbytes < pin_min_file():
+        return False
     unused: list[PinnedFile] = []
     limit = pinned_files_limit()  # reads settings and the host's memory: not under the lock
     with state.pinned.lock:

@@ -303,9 +303,12 @@ def _compiled(source: str, kernel: str, options: tuple[str, ...], entry: dict):
     first launch: counted in :func:`compile_seconds`."""
     import cupy
 
+    from ..backend import cache_env
     from . import prebuilt
 
-    use_cache_dir()
+    # CuPy's disk cache only: use_cache_dir imports Numba for its setting, which held up a first
+    # run's threads 0.3 s at their first CUDA C kernel where nothing else needs Numba
+    cache_env()
     share_cupy_compiles()
     prebuilt.record(entry)
     with compiling():
