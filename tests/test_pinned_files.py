@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline import state
+from pipeline.errors import InputError
 from pipeline.gpu import pinned
 from pipeline.gpu import reader
 
@@ -167,3 +168,6 @@ def test_files_under_the_floor_are_never_pinned(tmp_path, registry):
     with dask.config.set({"pipeline.gpu.pin-min-file": 2 << 20}):
         assert pinned.pin_min_file() == 2 << 20 and not pinned.may_pin(400_000)
     assert dask.config.get("pipeline.gpu.pin-min-file") == 0 and pinned.may_pin(1)
+    for bad in ("two megabytes", -1, [1]):
+        with dask.config.set({"pipeline.gpu.pin-min-file": bad}), pytest.raises(InputError, match="pin-min-file"):
+            pinned.may_pin(10)

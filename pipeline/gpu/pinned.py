@@ -270,9 +270,16 @@ def pin_min_file() -> int:
     from dask.utils import parse_bytes
 
     from .. import config
+    from ..errors import InputError
 
     value = config.get("gpu.pin-min-file", 0)
-    return int(parse_bytes(value)) if isinstance(value, str) else int(value or 0)
+    try:
+        nbytes = int(parse_bytes(value)) if isinstance(value, str) else int(value or 0)
+    except (TypeError, ValueError):
+        nbytes = -1
+    if nbytes < 0:
+        raise InputError(f"pipeline.gpu.pin-min-file: expected bytes such as 2MiB or 0, got {value!r}")
+    return nbytes
 
 
 def may_pin(nbytes: int) -> bool:
