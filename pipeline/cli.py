@@ -73,9 +73,14 @@ def cmd_run(args) -> int:
 def _one_shot_pinning() -> None:
     """A run of one flow pins a chunk file in the page cache only when it reads it again
     (``pipeline.gpu.pin-files: auto`` becomes ``reread``): pinning costs about one read and ends
-    with the process."""
+    with the process. The pinning settings are checked here, before anything is written, on
+    any backend."""
     import dask.config
 
+    from .gpu import pinned
+
+    pinned.pin_policy()
+    pinned.pin_min_file()
     if dask.config.get("pipeline.gpu.pin-files", "auto") == "auto":
         dask.config.set({"pipeline.gpu.pin-files": "reread"})
 

@@ -109,6 +109,16 @@ def test_gpu_backend_without_gpu_exits_2(tmp_path):
     assert list(tmp_path.iterdir()) == []  # refused before the demo source was written
 
 
+@pytest.mark.parametrize("setting,value", [("PIN_MIN_FILE", "two megabytes"), ("PIN_FILES", "sometimes")])
+def test_bad_pinning_settings_exit_2_and_write_nothing(tmp_path, setting, value):
+    """Checked before the run starts, on any backend (they matter only on the GPU)."""
+    r = cli("run", FLOW, cwd=tmp_path, env={f"DASK_PIPELINE__GPU__{setting}": value})
+    assert r.returncode == 2, r.stderr
+    key = setting.lower().replace("_", "-")
+    assert f"pipeline.gpu.{key}:" in r.stderr and repr(value) in r.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written, not even the demo source
+
+
 def test_bad_backend_setting_exits_2_and_writes_nothing(tmp_path):
     r = cli("run", FLOW, cwd=tmp_path, env={"DASK_PIPELINE__BACKEND": "tpu"})
     assert r.returncode == 2
