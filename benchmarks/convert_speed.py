@@ -11,7 +11,8 @@ back with plain zarr and compared with the input:
 - ``zarr``: the reference, xarray and dask writing the same layout through zarr's own sharding
   codec (``to_zarr`` with ``shards``), with no manifest or digests.
 
-Figures are GB/s of uncompressed values (bytes of the array over seconds).
+``--backends cpu,gpu`` times ``api`` and ``cli`` with the frames compressed on each (``api-cpu``,
+``api-gpu``, ...). Figures are GB/s of uncompressed values (bytes of the array over seconds).
 
     python benchmarks/convert_speed.py --shape 1460,721,1440 --workdir data/bench
 """
@@ -86,17 +87,17 @@ def _drop(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def time_api(src: Path, dst: Path, level: int | None) -> float:
+def time_api(src: Path, dst: Path, level: int | None, backend: str) -> float:
     from pipeline.sinks.convert import convert
 
     t = time.perf_counter()
-    convert(src, dst, **({} if level is None else {"level": level}))
+    convert(src, dst, backend=backend, **({} if level is None else {"level": level}))
     return time.perf_counter() - t
 
 
-def time_cli(src: Path, dst: Path, level: int | None) -> float:
+def time_cli(src: Path, dst: Path, level: int | None, backend: str) -> float:
     t = time.perf_counter()
-    extra = [] if level is None else ["--level", str(level)]
+    extra = ["--backend", backend] + ([] if level is None else ["--level", str(level)])
     # run from the store's directory: ``-m`` puts the working directory first on the path, where
     # a checkout would shadow the pipeline that PYTHONPATH names
     subprocess.run([sys.executable, "-m", "pipeline", "convert", str(src), str(dst), "--no-progress", *extra],
@@ -104,7 +105,7 @@ def time_cli(src: Path, dst: Path, level: int | None) -> float:
     return time.perf_counter() - t
 
 
-def time_zarr(src: Path, dst: Path, level: int | None) -> float:
+def time_zarr(src: Path, dst: Path, level: int | None, backend: str) -> float:
     """The same layout written by xarray and zarr's sharding codec alone."""
     import xarray as xr
     from zarr.codecs import ZstdCodec
@@ -129,6 +130,7 @@ def main(argv=None) -> dict:
     p.add_argument("--workdir", default="data/bench")
     p.add_argument("--paths", default=",".join(PATHS), help=f"some of {','.join(PATHS)}")
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--backends", default="auto", help="where convert compresses, each timed: some of auto,cpu,gpu")
     p.add_argument("--level", type=int, default=None, help="zstd level (default: convert's; zarr's 0 for the zarr path)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
@@ -139,19 +141,21 @@ def main(argv=None) -> dict:
     nbytes = int(np.prod(shape)) * 4
     timers = {"api": time_api, "cli": time_cli, "zarr": time_zarr}
     out = {"shape": shape, "time_chunk": args.time_chunk, "level": args.level, "bytes": nbytes, "cpus": os.cpu_count(), "paths": {}}
-    for name in args.paths.split(","):
+    runs = [(p, b) for p in args.paths.split(",") for b in (args.backends.split(",") if p != "zarr" else ["cpu"])]
+    for path, backend in runs:
+        name = path if path == "zarr" else f"{path}-{backend}"
         dst = work / f"convert_speed_{name}.zarr"
         seconds, cpu = [], []
         for _ in range(args.repeat):
             _drop(dst)
             c = _cpu_seconds()
-            seconds.append(timers[name](src, dst, args.level))
+            seconds.append(timers[path](src, dst, args.level, backend))
             cpu.append(_cpu_seconds() - c)
         best = min(seconds)
         stored = sum(f.stat().st_size for f in (dst / "tas").rglob("*") if f.is_file())
         out["paths"][name] = {"seconds": seconds, "cpu_seconds": cpu, "gb_per_s": nbytes / best / 1e9, "equal": _same(src, dst),
                               "ratio": nbytes / stored}
-        print(f"{name:5s} {best:7.2f} s  {nbytes / best / 1e9:6.2f} GB/s  ({', '.join(f'{s:.2f}' for s in seconds)} s; "
+        print(f"{name:9s} {best:7.2f} s  {nbytes / best / 1e9:6.2f} GB/s  ({', '.join(f'{s:.2f}' for s in seconds)} s; "
               f"CPU {min(cpu) / (nbytes / 1e9):.1f} s/GB; ratio {out['paths'][name]['ratio']:.2f})  "
               f"equal={out['paths'][name]['equal']}", flush=True)
         _drop(dst)

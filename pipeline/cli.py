@@ -244,7 +244,7 @@ def cmd_convert(args) -> int:
     t = time.perf_counter()
     path = convert(
         args.src, args.dst, inner_bytes=args.inner_chunk, chunks=chunks, compression=args.compression, level=args.level,
-        mode="overwrite" if args.overwrite else "fail", progress=_progress(args),
+        mode="overwrite" if args.overwrite else "fail", progress=_progress(args), backend=args.backend,
     )
     print(f"wrote {path} ({directory_bytes(path) / 1e9:.3f} GB stored) in {time.perf_counter() - t:.1f} s")
     return EXIT_OK
@@ -364,6 +364,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--compression", choices=("zstd", "none"), default="zstd",
                    help="zstd frames that nvCOMP decodes (default), or none: one uncompressed chunk per block")
     c.add_argument("--level", type=int, default=2, help="zstd level of the frames, -7 to 22 (default 2: twice as fast as 3)")
+    c.add_argument("--backend", choices=["auto", "cpu", "gpu"], default=None,
+                   help="where the frames are compressed: gpu (nvCOMP; no levels, a tenth larger), cpu, or auto (default)")
     c.add_argument("--overwrite", action="store_true")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_convert)

@@ -38,6 +38,10 @@ class DecodeError(PipelineError, RuntimeError):
     """nvCOMP refused or failed to decode frames (zarr decodes that block instead)."""
 
 
+class EncodeError(PipelineError, RuntimeError):
+    """nvCOMP failed to compress frames (the CPU compresses that block instead)."""
+
+
 def chunk_error(path, variable: str, region: tuple[slice, ...], error: Exception, zarr_array=None) -> InputError:
     """The InputError for a block of ``variable`` that could not be read: the store, the variable,
     the stored chunk (located within ``region`` where ``zarr_array`` is given) and the decoder's

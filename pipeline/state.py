@@ -18,7 +18,8 @@ process holds between computations, each under its own lock:
 - ``nvcomp``: whether nvCOMP's bindings take decompression configs, learnt at the first decode
   (:mod:`pipeline.gpu.nvcomp`).
 - ``encode``: the threads that compress the frames of the shards ``pipeline convert`` writes
-  (:mod:`pipeline.sinks.convert`), started on first use.
+  (:mod:`pipeline.sinks.convert`), and per device the thread that compresses them with nvCOMP
+  (:mod:`pipeline.gpu.encode`), started on first use.
 - ``cluster``: per distributed client, the workers' answers to the memory check
   (:mod:`pipeline.exec.memory`) and the schedulers that hold pipeline's plugin
   (:mod:`pipeline.exec.compute`), so that a second computation asks neither again.
@@ -83,6 +84,7 @@ class NvcompState:
 @dataclass
 class EncodeState:
     pool: object | None = None  # concurrent.futures.ThreadPoolExecutor
+    gpu: dict = field(default_factory=dict)  # device -> pipeline.gpu.encode.Encoder
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

@@ -170,6 +170,15 @@ def test_convert_command_and_verify(tmp_path):
     assert r.returncode == 0 and "match their digests" in r.stdout, r.stderr
     r = run("convert", src, tmp_path / "bad.zarr", "--level", "40")
     assert r.returncode == 2 and "level" in r.stderr and not (tmp_path / "bad.zarr").exists()
+    if not _has_gpu():  # the GPU asked for by name where none is: exit 2, nothing written
+        r = run("convert", src, tmp_path / "nogpu.zarr", "--backend", "gpu")
+        assert r.returncode == 2 and "backend 'gpu'" in r.stderr and not (tmp_path / "nogpu.zarr").exists()
+
+
+def _has_gpu() -> bool:
+    from pipeline.backend import gpu_available
+
+    return gpu_available()
 
 
 def test_bad_level_is_an_input_error(tmp_path):
@@ -186,6 +195,82 @@ def test_benchmark_smoke(tmp_path):
     spec = importlib.util.spec_from_file_location("convert_speed", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    out = bench.main(["--shape", "10,6,8", "--time-chunk", "4", "--workdir", str(tmp_path), "--paths", "api,zarr", "--json", str(tmp_path / "r.json")])
-    assert set(out["paths"]) == {"api", "zarr"} and all(r["equal"] and r["gb_per_s"] > 0 for r in out["paths"].values())
+    out = bench.main(["--shape", "10,6,8", "--time-chunk", "4", "--workdir", str(tmp_path), "--paths", "api,zarr", "--backends", "cpu", "--json", str(tmp_path / "r.json")])
+    assert set(out["paths"]) == {"api-cpu", "zarr"} and all(r["equal"] and r["gb_per_s"] > 0 for r in out["paths"].values())
     assert (tmp_path / "r.json").exists()
+
+
+# --- where the frames are compressed --------------------------------------------------------------
+
+
+def test_shard_falls_back_to_the_cpu_where_nvcomp_fails(tmp_path, monkeypatch):
+    """A shard whose frames nvCOMP could not compress is compressed on the CPU, with a warning:
+    its file is the one the CPU writes."""
+    from pipeline.errors import EncodeError
+    from pipeline.gpu import encode
+
+    def fails(flat, size, numbers):
+        raise EncodeError("frames not compressed on the GPU: out of memory")
+
+    monkeypatch.setattr(encode, "compress", fails)
+    values = _values((8, 16))
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=values.shape, shards=(8, 16), chunks=(2, 16), dtype="f4",
+                      compressors=[zarr.codecs.ZstdCodec(level=2)], fill_value=0)
+    arr = zarr.open_array(str(tmp_path / "s.zarr"), mode="r")
+    fmt = C.ShardFormat.of(arr)
+    with pytest.warns(RuntimeWarning, match="the CPU compresses this shard"):
+        gpu, buf = C.shard_file(fmt, values, (0, 0), backend="gpu")
+    cpu, _ = C.shard_file(fmt, values, (0, 0), backend="cpu")
+    assert buf is None and [bytes(b) for b in gpu] == [bytes(b) for b in cpu]
+
+
+def test_unaligned_frames_never_reach_nvcomp(tmp_path, monkeypatch):
+    """Frames whose size nvCOMP's alignment does not admit (rows of 13 float32: 52 bytes) go to
+    the CPU without a word; aligned ones go to nvCOMP."""
+    from pipeline.gpu import encode
+
+    calls = []
+    monkeypatch.setattr(encode, "compress", lambda flat, size, numbers: calls.append(size) or ([b"x"] * len(numbers), None))
+    for cols, expected in ((13, []), (16, [64])):
+        path = tmp_path / f"c{cols}.zarr"
+        zarr.create_array(str(path), shape=(4, cols), shards=(4, cols), chunks=(1, cols), dtype="f4",
+                          compressors=[zarr.codecs.ZstdCodec(level=2)], fill_value=0)
+        fmt = C.ShardFormat.of(zarr.open_array(str(path), mode="r"))
+        calls.clear()
+        C.shard_file(fmt, _values((4, cols)), (0, 0), backend="gpu")
+        assert calls == expected
+
+
+def test_where_frames_are_compressed(monkeypatch):
+    """auto: the GPU where one is visible and nvCOMP is installed, else the CPU; gpu asked for by
+    name where it cannot be: a BackendError saying why."""
+    from pipeline import backend as B
+    from pipeline.errors import BackendError
+    from pipeline.gpu import nvcomp
+
+    monkeypatch.setattr(B, "gpu_available", lambda: False)
+    assert C._where("auto") == "cpu" and C._where("cpu") == "cpu"
+    with pytest.raises(BackendError, match="no CUDA GPU"):
+        C._where("gpu")
+    monkeypatch.setattr(B, "gpu_available", lambda: True)
+    monkeypatch.setattr(nvcomp, "nvcomp_available", lambda: False)
+    assert C._where("auto") == "cpu"
+    with pytest.raises(BackendError, match="nvCOMP"):
+        C._where("gpu")
+    monkeypatch.setattr(nvcomp, "nvcomp_available", lambda: True)
+    assert C._where("auto") == "gpu"
+
+
+def test_timeline_benchmark_smoke(tmp_path):
+    """benchmarks/convert_timeline.py on the CPU at a tiny size, so that it cannot rot."""
+    import importlib.util
+    from pathlib import Path
+
+    src = _write_source(tmp_path, "zarr3-xarray-defaults")
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "convert_timeline.py"
+    spec = importlib.util.spec_from_file_location("convert_timeline", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main([str(src), "--runs", "1", "--backend", "cpu"])
+    shards = [e for e in out["runs"][0]["events"] if e["kind"] == "shard"]
+    assert shards and all(0 <= e["start"] <= e["end"] <= out["runs"][0]["seconds"] for e in shards)
