@@ -22,6 +22,9 @@ import time
 import numpy as np
 
 
+_KEEP: list = []
+
+
 def _field(cp, steps: int, ny: int, nx: int, t0: int):
     t = cp.arange(t0, t0 + steps, dtype="f4")[:, None, None]
     y = cp.linspace(-1, 1, ny, dtype="f4")[None, :, None]
@@ -55,6 +58,7 @@ def main(argv=None) -> dict:
     data = cp.concatenate(blocks)[:total]
     del blocks
     stream = cp.cuda.Stream(non_blocking=True)
+    _KEEP.append(stream)  # lives as long as the process: a codec destroyed after its stream crashed
     host = cp.asnumpy(data)
     out = {"rows": []}
     for policy in filter(None, args.policies.split(",")):
@@ -93,9 +97,12 @@ def main(argv=None) -> dict:
                     "cpu_ratio_sample": len(sample) * size / cpu_stored, "d2h_each_seconds": d2h, "exact": exact,
                 }
                 out["rows"].append(row)
+                del frames, srcs  # nvCOMP's objects go before the stream they were made on
                 print(f"{policy:11s} {kb:5d} KB x {n:5d}: {row['seconds'] * 1e3:8.1f} ms  {row['gb_per_s']:6.2f} GB/s  "
                       f"ratio {row['ratio']:.3f} (numcodecs L{args.level} {row['cpu_ratio_sample']:.3f})  "
                       f"frames back one by one {d2h * 1e3:.0f} ms  exact={exact}", flush=True)
+        stream.synchronize()
+        del codec
     if args.feed:
         out["feed"] = _feed(cp, args.feed)
     if args.json:
