@@ -283,7 +283,8 @@ def _threads(where: str):
     each task waits for the GPU about as long as it decodes its source block, and the blocks the
     other threads decode meanwhile fill nvCOMP's batches. The memory plan still caps them
     (:func:`pipeline.exec.compute.compute_threads`). Measured on one H200 with 16 cores, 6.1 GB
-    in 20 blocks: 3.00 s with 16 threads, 2.57 s with 24, 2.39 s with 32."""
+    in 20 blocks (benchmarks/RESULTS.md): 3.00 s with 16 threads, 2.57 s with 24, 2.21-2.39 s
+    with 32, no better with 48."""
     import contextlib
 
     import dask
