@@ -274,3 +274,26 @@ def test_timeline_benchmark_smoke(tmp_path):
     out = bench.main([str(src), "--runs", "1", "--backend", "cpu"])
     shards = [e for e in out["runs"][0]["events"] if e["kind"] == "shard"]
     assert shards and all(0 <= e["start"] <= e["end"] <= out["runs"][0]["seconds"] for e in shards)
+
+
+def test_small_chunks_are_grouped_into_shards(tmp_path):
+    """A store of one time step a chunk (Zarr v2 Blosc, as ERA5-style archives are) becomes shards
+    of several steps, two blocks a thread at least; the values are unchanged. Chunks given, or
+    ``pipeline.cpu.block-size`` set, are kept as they are."""
+    import dask
+
+    ds = _dataset()
+    blosc = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE)
+    src = tmp_path / "steps.zarr"
+    ds.chunk({"time": 1}).to_zarr(src, zarr_format=2, encoding={v: {"compressors": [blosc]} for v in ds.data_vars})
+    with dask.config.set(num_workers=2):  # at least 4 blocks of the 23 steps
+        dst = C.convert(src, tmp_path / "grouped.zarr", backend="cpu").path
+        kept = C.convert(src, tmp_path / "kept.zarr", backend="cpu", chunks={"time": 1}).path
+        with dask.config.set({"pipeline.cpu.block-size": "1B"}):
+            configured = C.convert(src, tmp_path / "configured.zarr", backend="cpu").path
+    grouped = zarr.open_group(dst, mode="r")["tas"].shards[0]
+    assert grouped > 1 and -(-23 // grouped) >= 4
+    for path, steps in ((dst, grouped), (kept, 1), (configured, 1)):
+        arr = zarr.open_group(path, mode="r")["tas"]
+        assert arr.shards[0] == steps
+        np.testing.assert_array_equal(arr[...], ds["tas"].values)

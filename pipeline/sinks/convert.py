@@ -36,6 +36,11 @@ from ..sources import open_dataset
 from .zarr import block_sha, store_with_zarr, write_zarr
 
 MISSING = np.uint64(2**64 - 1)  # an inner chunk not stored (outside the array)
+SHARD_BYTES = "128MiB"  # shards group a store's small chunks up to this (:func:`_grouped`)
+# the smallest shard whose frames nvCOMP compresses unless asked for by name: with twice as many
+# tasks as cores in flight, one nvCOMP batch then holds at least ~1,700 frames of 593 KB (9 GB/s);
+# shards of 4 MB (7 frames) were slower on the GPU than on the cores (benchmarks/RESULTS.md)
+GPU_MIN_SHARD = 32 << 20
 
 
 def inner_chunk(shard: tuple[int, ...], itemsize: int, target_bytes: int) -> tuple[int, ...]:
@@ -190,21 +195,43 @@ def shard_file(fmt: ShardFormat, block: np.ndarray, origin: tuple[int, ...], bac
     return [*frames, tail, np.array([google_crc32c.value(tail)], dtype="<u4").tobytes()], buf
 
 
+def _array_format(array_dir: str):
+    """The :class:`ShardFormat` of the Zarr v3 array at ``array_dir`` (None where this writer does
+    not produce its codecs) and its metadata, kept while its ``zarr.json`` is unchanged: opening
+    the array goes through zarr's one event-loop thread, and a store of one time step a shard
+    (1460 of them at 0.25 degrees) opened it once per shard from every thread."""
+    try:
+        st = os.stat(os.path.join(array_dir, "zarr.json"))
+    except OSError:
+        st = None
+    stamp = None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns)
+    return _opened(os.path.abspath(array_dir), stamp) if stamp else _open_format(array_dir)
+
+
+@functools.lru_cache(maxsize=32)
+def _opened(array_dir: str, stamp: tuple):
+    return _open_format(array_dir)
+
+
+def _open_format(array_dir: str):
+    import zarr
+
+    arr = zarr.open_array(array_dir, mode="r")
+    return ShardFormat.of(arr), arr.metadata
+
+
 def store_shard(block: np.ndarray, region: tuple[slice, ...], array_dir: str, backend: str = "cpu") -> str:
     """Store one block as its shard file, its frames compressed on every core (or, ``backend``
     "gpu", by nvCOMP with other blocks' frames), and return its digest (hashed by the pool
     meanwhile); an array whose codecs this writer does not produce goes through zarr
     (:func:`pipeline.sinks.zarr.store_with_zarr`)."""
-    import zarr
-
-    arr = zarr.open_array(array_dir, mode="r")
-    fmt = ShardFormat.of(arr)
+    fmt, metadata = _array_format(array_dir)
     if fmt is None:
         return store_with_zarr(block, region, array_dir)
     digest = _encoder().submit(block_sha, block)
     origin = tuple(r.start for r in region)
     buffers, buf = shard_file(fmt, block, origin, backend)
-    path = os.path.join(array_dir, *arr.metadata.encode_chunk_key(tuple(o // s for o, s in zip(origin, fmt.shard))).split("/"))
+    path = os.path.join(array_dir, *metadata.encode_chunk_key(tuple(o // s for o, s in zip(origin, fmt.shard))).split("/"))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
         with open(path, "wb") as f:  # buffered: writes every byte, large frames straight through
@@ -237,7 +264,7 @@ def convert(
     """Copy a Zarr store or NetCDF file into a Zarr v3 store that the GPU reads fastest.
 
     With ``compression="zstd"`` (the default) each shard holds one Dask block of the source (its
-    chunks, or ``chunks``); inside, values are zstd frames of about ``inner_bytes``, each a
+    chunks, small ones grouped along the first dimension up to 128 MiB, or ``chunks``); inside, values are zstd frames of about ``inner_bytes``, each a
     contiguous run of the shard, which nvCOMP decodes many at a time straight into place. zstd's
     ``level`` 2 compresses about twice as fast as zarr's default (3), to about the same size;
     any level is standard zstd. With ``compression="none"`` each chunk is one
@@ -261,7 +288,11 @@ def convert(
         raise InputError(f"level: zstd levels run from -7 to 22, got {level!r}")
     target = parse_bytes(inner_bytes) if isinstance(inner_bytes, str) else int(inner_bytes)
     where = _where(backend) if compression == "zstd" else "cpu"
-    ds = open_dataset(src, backend="cpu", chunks=chunks, decode_cf=False)
+    with _threads(where), _grouped(chunks):
+        ds = open_dataset(src, backend="cpu", chunks=chunks, decode_cf=False)
+    largest = max((math.prod(c[0] for c in v.data.chunks) * v.dtype.itemsize for v in ds.data_vars.values()), default=0)
+    if where == "gpu" and largest < GPU_MIN_SHARD and (backend or config.get("backend", "auto")) == "auto":
+        where = "cpu"  # nvCOMP's batches would hold too few frames to beat the cores
     encoding = {}
     for name, var in ds.data_vars.items():
         shard = tuple(c[0] for c in var.data.chunks)
@@ -276,6 +307,22 @@ def convert(
     with _threads(where):
         return write_zarr(ds, dst, mode=mode, encoding=encoding, progress=progress, protect=(src,), kind="convert",
                           store_block=functools.partial(store_shard, backend=where))
+
+
+def _grouped(chunks):
+    """Without ``chunks``, blocks (and so shards) of as many whole stored chunks along the first
+    dimension as fit :data:`SHARD_BYTES`, at least two blocks a thread (:func:`pipeline.sources.
+    blocks_along_first`; ``pipeline.cpu.block-size`` where it is set): a store of one time step a
+    chunk (4 MB at 0.25 degrees) otherwise cost a task, a shard file and an nvCOMP job per step.
+    Measured on one H200, 16 cores, 6.1 GB in 1460 chunks of 4 MB (Zarr v2, Blosc lz4): 4.9 s on
+    the cores and 6.1 s with nvCOMP in shards of one step."""
+    import contextlib
+
+    import dask
+
+    if chunks is not None or config.get("cpu.block-size", None):
+        return contextlib.nullcontext()
+    return dask.config.set({"pipeline.cpu.block-size": SHARD_BYTES})
 
 
 def _threads(where: str):
