@@ -92,8 +92,12 @@ class Encoder:
 
         with cp.cuda.Device(self.device):
             nv = _nvcomp()
-            stream = cp.cuda.Stream(non_blocking=True)
-            codec = nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW, cuda_stream=stream.ptr)
+            try:
+                stream = cp.cuda.Stream(non_blocking=True)
+                codec = nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW, cuda_stream=stream.ptr)
+                broken = None
+            except Exception as e:  # no codec: every job hears why, none waits forever
+                broken = e
             while True:
                 with self.cond:
                     self.cond.wait_for(lambda: self.queue)
@@ -103,6 +107,8 @@ class Encoder:
                         batch.append(job)
                         nbytes += job.nbytes
                 try:
+                    if broken is not None:
+                        raise broken
                     self._encode(cp, nv, codec, stream, batch)
                 except Exception as e:  # every task of the batch hears of it
                     for job in batch:

@@ -264,10 +264,10 @@ def convert(
     """Copy a Zarr store or NetCDF file into a Zarr v3 store that the GPU reads fastest.
 
     With ``compression="zstd"`` (the default) each shard holds one Dask block of the source (its
-    chunks, small ones grouped along the first dimension up to 128 MiB, or ``chunks``); inside, values are zstd frames of about ``inner_bytes``, each a
-    contiguous run of the shard, which nvCOMP decodes many at a time straight into place. zstd's
-    ``level`` 2 compresses about twice as fast as zarr's default (3), to about the same size;
-    any level is standard zstd. With ``compression="none"`` each chunk is one
+    chunks, small ones grouped along the first dimension up to 128 MiB, or ``chunks``); inside,
+    values are zstd frames of about ``inner_bytes``, each a contiguous run of the shard, which
+    nvCOMP decodes many at a time straight into place. zstd's ``level`` 2 compresses about twice
+    as fast as zarr's default (3), to about the same size; any level is standard zstd. With ``compression="none"`` each chunk is one
     such block, uncompressed: nothing to decode, a third more bytes to read (for stores read from
     memory or fast disks, where decoding is the slowest step). Values, attributes and CF encodings
     are copied unchanged (packed integers stay packed), and any Zarr v3 reader opens the result.
@@ -287,11 +287,12 @@ def convert(
     if not isinstance(level, int) or not -7 <= level <= 22:
         raise InputError(f"level: zstd levels run from -7 to 22, got {level!r}")
     target = parse_bytes(inner_bytes) if isinstance(inner_bytes, str) else int(inner_bytes)
-    where = _where(backend) if compression == "zstd" else "cpu"
+    asked = backend or config.get("backend", "auto")
+    where = _where(asked) if compression == "zstd" else "cpu"
     with _threads(where), _grouped(chunks):
         ds = open_dataset(src, backend="cpu", chunks=chunks, decode_cf=False)
     largest = max((math.prod(c[0] for c in v.data.chunks) * v.dtype.itemsize for v in ds.data_vars.values()), default=0)
-    if where == "gpu" and largest < GPU_MIN_SHARD and (backend or config.get("backend", "auto")) == "auto":
+    if where == "gpu" and largest < GPU_MIN_SHARD and asked == "auto":
         where = "cpu"  # nvCOMP's batches would hold too few frames to beat the cores
     encoding = {}
     for name, var in ds.data_vars.items():
@@ -351,7 +352,7 @@ def _where(backend: str | None) -> str:
 
     where = B.resolve(backend)
     if where == "gpu" and not nvcomp_available():
-        if (backend or config.get("backend", "auto")) == "gpu":
+        if (backend or config.get("backend", "auto")) == "gpu":  # asked for by name
             raise BackendError("compressing on the GPU needs nvCOMP: install the 'gpu' extra (nvidia-nvcomp)")
         return "cpu"
     return where
