@@ -134,10 +134,24 @@ def to_numpy(x):
             # each block to the host in the graph: dask's result of a lone CuPy block was its
             # copy by CuPy's copy kernel, which a fresh machine compiled for each dtype
             x = x.map_blocks(_host_block, dtype=x.dtype, meta=np.empty((0,) * x.ndim, dtype=x.dtype))
-        x = x.compute()
+        x = _compute(x)
     if is_cupy(x):
         return _host_block(x)
     return np.asarray(x)
+
+
+def _compute(x):
+    """``x.compute()``, on the scheduler dask would choose. Where distributed is not imported there
+    is no client, and dask chooses the collection's own scheduler; but dask imports distributed
+    to look for a client first (0.33 s of a process's first ``to_numpy`` on the GPU machine), so
+    that choice is made here."""
+    import sys
+
+    import dask
+
+    if "distributed" in sys.modules or dask.config.get("scheduler", None) is not None:
+        return x.compute()
+    return x.compute(scheduler=x.__dask_scheduler__)
 
 
 def _host_block(b):

@@ -30,10 +30,38 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _may_use_gpu(args, flow_path: str | None = None) -> bool:
+    """Whether this command may compute on the GPU in this process: no ``cpu`` backend asked for
+    (on the command line, in the settings, or by the flow), and no cluster to compute on."""
+    import dask.config
+
+    if getattr(args, "cluster", None) or getattr(args, "scheduler", None) or getattr(args, "scheduler_file", None):
+        return False
+    if (args.backend or dask.config.get("pipeline.backend", "auto")) == "cpu":
+        return False
+    return args.backend is not None or flow_path is None or _flow_backend(flow_path) != "cpu"
+
+
+def _flow_backend(path: str):
+    """The ``backend`` key of a flow file, if it reads as a mapping; the flow is validated later."""
+    import yaml  # dask's config has imported it
+
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except Exception:
+        return None
+    return doc.get("backend") if isinstance(doc, dict) else None
+
+
 def cmd_run(args) -> int:
     import time
 
     t = time.perf_counter()
+    if _may_use_gpu(args, args.flow):
+        from .gpu import context
+
+        context.start()  # made while the libraries below are imported
     import dask.array  # noqa: F401  (a run needs them: imported here, its report counts them as imports)
     import zarr  # noqa: F401
 
@@ -230,6 +258,10 @@ def cmd_import_vcf(args) -> int:
 def cmd_convert(args) -> int:
     import time
 
+    if _may_use_gpu(args):
+        from .gpu import context
+
+        context.start()  # made while convert's libraries are imported
     from .sinks.convert import convert
     from .sinks.zarr import directory_bytes
 
@@ -464,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
     finally:
         signal.signal(signal.SIGTERM, previous)
+        from .gpu import context
+
+        context.wait()
 
 
 # Set by script(): this process ends when the command does.

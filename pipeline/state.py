@@ -13,6 +13,8 @@ process holds between computations, each under its own lock:
 - ``held``: host buffers holding blocks between the passes of two-pass ops, and the bytes copied
   there since the last reset (:mod:`pipeline.exec.spill`).
 - ``device``: the most bytes CuPy's pool has held since the last reset (:mod:`pipeline.backend`).
+- ``context``: the thread that creates the CUDA context while a command imports its libraries
+  (:mod:`pipeline.gpu.context`).
 - ``decode``: the decode speeds measured on the GPU and on the CPU, and the blocks being read at
   once, by which each block's files are split between them (:mod:`pipeline.gpu.split`).
 - ``nvcomp``: whether nvCOMP's bindings take decompression configs, learnt at the first decode
@@ -38,6 +40,13 @@ from dataclasses import dataclass, field
 @dataclass
 class IOState:
     pool: object | None = None  # pipeline.gpu.iopool.IOPool
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class ContextState:
+    thread: threading.Thread | None = None
+    retained: bool = False  # the primary context of device 0 was made by that thread
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -96,6 +105,7 @@ class ClusterState:
 
 
 io = IOState()
+context = ContextState()
 streams = StreamState()
 pinned = PinnedState()
 held = HeldState()

@@ -402,9 +402,12 @@ def test_gpu_reads_checksummed_store_and_names_a_corrupt_chunk(tmp_path):
 def test_split_sends_large_single_frames_to_the_cpu_and_many_small_ones_to_the_gpu():
     from pipeline.gpu import split
 
-    rates = split.Rates(gpu_frame=450e6, gpu_batch=7e9, cpu_frame=950e6)  # measured on an H200
+    rates = split.Rates(gpu_frame=380e6, gpu_batch=7e9, cpu_frame=600e6)  # measured on an H200
     big = [[303_000_000]] * 20
-    assert split.plan(big, threads=16, r=rates) == [True] * 20  # a frame: 0.32 s on a core, 0.67 s on the GPU
+    # a frame: 0.5 s on a core with 16 decoding, 0.8 s on the GPU, whose batch takes about as long
+    # for one frame or six: the GPU takes the four that would make the cores decode twice
+    assert split.plan(big, threads=16, r=rates) == [True] * 16 + [False] * 4
+    assert split.plan(big[:16], threads=16, r=rates) == [True] * 16
     small = [[4_000_000]] * 400
     host = split.plan(small, threads=2, r=rates)
     # two threads take what they finish in the time the GPU takes for the rest, no more

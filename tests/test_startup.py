@@ -89,6 +89,75 @@ def test_the_command_keeps_what_its_imports_made_from_the_collector(demo, tmp_pa
     xr.testing.assert_equal(a.compute(), b.compute())  # the attributes' history holds the time
 
 
+def test_to_numpy_imports_no_distributed_and_follows_an_active_client(demo):
+    """``pipeline.to_numpy`` of a Dask array computes on dask's threads without importing
+    distributed to look for a client (0.33 s of a first call on the GPU machine); once a client
+    is active, on that client, as ``.compute()`` would."""
+    probe = ("import sys, numpy as np, dask.array as da, pipeline\n"
+             "x = da.from_array(np.arange(100.0).reshape(10, 10), chunks=3)\n"
+             "print((pipeline.to_numpy(x.sum(0)) == np.arange(100).reshape(10, 10).sum(0)).all(), 'distributed' in sys.modules)\n"
+             "from distributed import Client\n"
+             "with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as c:\n"
+             "    out = pipeline.to_numpy(x.sum(0))\n"
+             "    seen = c.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))\n"
+             "print((out == np.arange(100).reshape(10, 10).sum(0)).all(), any(p.startswith('sum') for p in seen))\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "False", "True", "True"], r.stdout
+
+
+def test_the_cuda_context_is_started_early_only_where_the_gpu_may_compute(tmp_path, monkeypatch):
+    """``pipeline run`` and ``convert`` start the CUDA context while they import (gpu/context.py),
+    unless the CPU is asked for (on the command line, in the settings or by the flow), a cluster
+    computes, or ``pipeline.gpu.early-context`` is false; without a driver the thread does nothing
+    and the command goes on."""
+    import argparse
+
+    from pipeline import cli, state
+    from pipeline.gpu import context
+
+    flow_cpu, flow_any = tmp_path / "cpu.yaml", tmp_path / "any.yaml"
+    flow_cpu.write_text("name: x\nbackend: cpu\nsource: {path: s.zarr, variable: tas}\nsteps: []\n")
+    flow_any.write_text("name: x\nsource: {path: s.zarr, variable: tas}\nsteps: []\n")
+
+    def args(backend=None, **kw):
+        return argparse.Namespace(backend=backend, cluster=kw.get("cluster"), scheduler=None, scheduler_file=None)
+
+    with dask.config.set({"pipeline.backend": "auto"}):
+        assert cli._may_use_gpu(args(), str(flow_any))
+        assert not cli._may_use_gpu(args(), str(flow_cpu))
+        assert cli._may_use_gpu(args("gpu"), str(flow_cpu))  # the command line wins over the flow
+        assert not cli._may_use_gpu(args("cpu"), str(flow_any))
+        assert not cli._may_use_gpu(args(cluster="local-gpu"), str(flow_any))
+        assert cli._may_use_gpu(args(), str(tmp_path / "missing.yaml"))  # its error comes later
+    with dask.config.set({"pipeline.backend": "cpu"}):
+        assert not cli._may_use_gpu(args(), str(flow_any))
+
+    monkeypatch.setattr(state, "context", state.ContextState())
+    with dask.config.set({"pipeline.gpu.early-context": False}):
+        context.start()
+    assert state.context.thread is None
+    monkeypatch.setattr(context.ctypes, "CDLL", lambda name: (_ for _ in ()).throw(OSError(name)))
+    context.start()
+    context.wait()
+    assert state.context.thread is not None and not state.context.thread.is_alive() and not state.context.retained
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_the_early_context_is_the_one_cupy_uses():
+    """In a fresh process, the context made through the driver is CuPy's: CuPy's first use of the
+    device finds it, and computes on it."""
+    probe = ("from pipeline.gpu import context; from pipeline import state; context.start(); context.wait()\n"
+             "import cupy as cp, ctypes\n"
+             "lib = ctypes.CDLL('libcuda.so.1'); flags, active = ctypes.c_uint(), ctypes.c_int()\n"
+             "lib.cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(active))\n"
+             "print(state.context.retained, active.value, float(cp.arange(10).sum()))\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "1", "45.0"], r.stdout
+
+
 def test_distributed_stays_importable_around_the_metadata_write():
     """The sink's guard marks distributed's shuffle module missing only while distributed is not
     imported, and unmarks it after, so that a later import (a cluster started afterwards) works."""

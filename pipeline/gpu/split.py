@@ -5,7 +5,10 @@ units. Many small frames (a sharded store's, or chunks of one time step) decode 
 faster than the CPU can; one large frame (zarr's default: one zstd frame per chunk, often hundreds
 of MB) decodes slower on the GPU than on one CPU core. Measured on the H200 machine
 (benchmarks/zstd_split.py, 20 frames of 303 MB): the GPU took 0.65 s for one frame and 0.86 s for
-all 20 in one batch; one CPU thread took 0.31 s a frame, 16 threads 0.70 s for the 20.
+all 20 in one batch; one CPU thread took 0.31 s a frame, 16 threads 0.70 s for the 20. Inside a
+run, with all 16 I/O threads decoding, a frame took each of them 0.47-0.53 s, and a GPU batch of
+two to six of them 0.84-0.88 s: the cores decode 16 in one round, and the GPU takes the four that
+would otherwise make them decode a second (the starting rates are these loaded ones).
 
 So each block's files are split by a small cost model rather than by a fixed frame size:
 
@@ -47,7 +50,7 @@ def _defaults() -> Rates:
         value = cfg.get(key, default)
         return float(parse_bytes(value) if isinstance(value, str) else value)
 
-    return Rates(rate("gpu-frame", "450MB"), rate("gpu-batch", "7GB"), rate("cpu-frame", "950MB"))
+    return Rates(rate("gpu-frame", "380MB"), rate("gpu-batch", "7GB"), rate("cpu-frame", "600MB"))
 
 
 def rates() -> Rates:
