@@ -16,7 +16,9 @@ process holds between computations, each under its own lock:
 - ``context``: the thread that creates the CUDA context while a command imports its libraries
   (:mod:`pipeline.gpu.context`).
 - ``decode``: the decode speeds measured on the GPU and on the CPU, and the blocks being read at
-  once, by which each block's files are split between them (:mod:`pipeline.gpu.split`).
+  once, by which each block's files are split between them (:mod:`pipeline.gpu.split`); the blocks
+  whose GPU files are being pinned or read, which the CPU's buffers wait for
+  (:mod:`pipeline.gpu.reader`).
 - ``nvcomp``: whether nvCOMP's bindings take decompression configs, learnt at the first decode
   (:mod:`pipeline.gpu.nvcomp`).
 - ``encode``: the threads that compress the frames of the shards ``pipeline convert`` writes
@@ -83,6 +85,8 @@ class DecodeState:
     rates: object | None = None  # pipeline.gpu.split.Rates: measured decode speeds
     reading: int = 0  # blocks being read at once
     lock: threading.Lock = field(default_factory=threading.Lock)
+    gpu_files: int = 0  # blocks whose GPU files are being pinned or read (pipeline.gpu.reader)
+    gpu_files_done: threading.Condition = field(default_factory=threading.Condition)
 
 
 @dataclass

@@ -116,27 +116,28 @@ def test_a_file_that_changes_while_pinned_is_no_reason_to_stop(tmp_path, registr
 
 
 def test_reads_pin_files_where_there_is_room_and_read_the_rest(tmp_path, registry):
-    """submit_reads with the files' stats: each file is pinned by one job, or read into the buffer
-    when the limit is reached; either way its bytes arrive whole."""
+    """submit_pins: each file that will_pin admits is pinned by one job, or, where the room went to
+    the others meanwhile, read into memory of its own; either way its bytes arrive whole."""
     data = [bytes([k]) * 300_000 for k in range(4)]  # 1 MB holds three
     paths = [str(write(tmp_path / f"f{k}", d)) for k, d in enumerate(data)]
-    sizes = [len(d) for d in data]
-    buffer = np.zeros(sum(sizes), dtype=np.uint8)
-    jobs = reader.submit_reads(paths, sizes, buffer, [os.stat(p) for p in paths])
-    got = [reader._arrived(buffer, start, waits, size) for (start, waits), size in zip(jobs, sizes)]
+    stats = [os.stat(p) for p in paths]
+    assert all(pinned.will_pin(p, st) for p, st in zip(paths, stats))  # each alone fits
+    jobs = reader.submit_pins(paths, stats)
+    got = [reader._pinned_or_own(job) for job in jobs]
     assert [bytes(g) for g in got] == data
-    held = [reader._pinned_by(waits) for _, waits in jobs]
+    held = [reader._pinned_by([job]) for job in jobs]
     for f in held:
         if f is not None:
             pinned.unpin_file(f)
     assert sum(f is not None for f in held) == 3  # the I/O threads race: any one of the four is left
     (left,) = [k for k, f in enumerate(held) if f is None]
-    assert bytes(buffer[jobs[left][0]:jobs[left][0] + sizes[left]]) == data[left]
+    assert isinstance(got[left], np.ndarray) and bytes(got[left]) == data[left]
     again = [pinned.lookup(p, os.stat(p)) for p in paths]
     assert [f is not None for f in again] == [f is not None for f in held]
     for f in again:
         if f is not None:
             pinned.unpin_file(f)
+    assert not pinned.will_pin(paths[left], stats[left])  # no room left beside the three
 
 
 def test_release_unpins_every_file(tmp_path, registry):
@@ -171,3 +172,17 @@ def test_files_under_the_floor_are_never_pinned(tmp_path, registry):
     for bad in ("two megabytes", -1, [1]):
         with dask.config.set({"pipeline.gpu.pin-min-file": bad}), pytest.raises(InputError, match="pin-min-file"):
             pinned.may_pin(10)
+
+
+def test_will_pin_follows_the_policy_and_counts_the_read(tmp_path, registry):
+    """Under "reread" a file's first read is counted and not pinned, its second is; under
+    "first-read" the first is; a file under pin-min-file never is."""
+    p = str(write(tmp_path / "a", b"a" * 1000))
+    with dask.config.set({"pipeline.gpu.pin-files": "reread"}):
+        assert not pinned.will_pin(p, os.stat(p))
+        assert pinned.will_pin(p, os.stat(p))
+    q = str(write(tmp_path / "b", b"b" * 1000))
+    with dask.config.set({"pipeline.gpu.pin-files": "first-read"}):
+        assert pinned.will_pin(q, os.stat(q))
+        with dask.config.set({"pipeline.gpu.pin-min-file": 2000}):
+            assert not pinned.will_pin(q, os.stat(q))

@@ -296,6 +296,13 @@ def may_pin(nbytes: int) -> bool:
     return room
 
 
+def will_pin(path: str, st: os.stat_result) -> bool:
+    """Whether a read of this file (not pinned yet) would pin it now: large enough, room under the
+    limit, and the policy lets this read pin it (under "reread", this read is counted).
+    :func:`pin_file` can still return None where the room went to other files meanwhile."""
+    return may_pin(st.st_size) and read_before(path, st)
+
+
 def _room(nbytes: int, limit: int, unused: list[PinnedFile]) -> bool:
     """Under the lock: whether ``nbytes`` more fit the limit, after unpinning the least recently
     read files that are idle or changed (appended to ``unused``, to close outside the lock)."""

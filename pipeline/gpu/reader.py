@@ -37,6 +37,7 @@ import json
 import math
 import mmap
 import os
+import threading
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import config
+from .. import config, state
 from ..backend import use_device_memory_limit
 from ..errors import DecodeError, UnsupportedLayout, chunk_error
 from ..kernels.copies import copy_into
@@ -290,12 +291,15 @@ def _read_into(path: str, view: memoryview) -> None:
         raise OSError(f"{path}: short read ({got} of {len(view)} bytes)")
 
 
-def _pin_or_read(path: str, st: os.stat_result, view: memoryview):
-    """The file pinned in the page cache (:func:`pipeline.gpu.pinned.pin_file`), or, where it is not,
-    read into ``view``."""
+def _pin_or_own(path: str, st: os.stat_result):
+    """The file pinned in the page cache (:func:`pipeline.gpu.pinned.pin_file`), or, where the room
+    went to other files meanwhile (or pinning failed), read into host memory of its own: pageable,
+    since a new pinned buffer is faulted in by the I/O threads, one of which this is."""
     f = pinned.pin_file(path, st)
     if f is None:
-        _read_into(path, view)
+        own = np.empty(st.st_size, dtype=np.uint8)
+        _read_into(path, memoryview(own))
+        return own
     return f
 
 
@@ -309,22 +313,27 @@ def _pread_piece(path: str, view: memoryview, offset: int) -> None:
         raise OSError(f"{path}: short read at {offset}")
 
 
-def submit_reads(paths: list[str], sizes: list[int], buffer: np.ndarray, stats=None) -> list[tuple[int, list[Future]]]:
+def submit_pins(paths: list[str], stats: list[os.stat_result]) -> list[Future]:
+    """Start pinning files where they lie in the page cache, one job a file, all at one place in
+    the I/O pool's order; each job's result is the pinned file, or the file's bytes in memory of
+    their own where it could not be pinned (:func:`_pin_or_own`)."""
+    pool = io_pool()
+    ticket = pool.ticket()
+    return [pool.submit(_pin_or_own, path, st, ticket=ticket) for path, st in zip(paths, stats)]
+
+
+def submit_reads(paths: list[str], sizes: list[int], buffer: np.ndarray) -> list[tuple[int, list[Future]]]:
     """Start reading whole files one after another into ``buffer``: (start, jobs) for each file,
     in order. Large files are split into pieces that the I/O pool reads in parallel; all pieces
-    share one place in the pool's order. With ``stats`` (each file's ``os.stat``), a file that
-    :func:`pipeline.gpu.pinned.may_pin` is pinned by one job instead, whose result is the pinned file
-    (None where it was read into ``buffer`` after all)."""
+    share one place in the pool's order."""
     starts = list(itertools.accumulate([0] + sizes[:-1]))
     mv = memoryview(buffer)
     pool = io_pool()
     ticket = pool.ticket()
     files = []
-    for k, (path, size, start) in enumerate(zip(paths, sizes, starts)):
+    for path, size, start in zip(paths, sizes, starts):
         view = mv[start:start + size]
-        if stats is not None and pinned.may_pin(size):
-            jobs = [pool.submit(_pin_or_read, path, stats[k], view, ticket=ticket)]
-        elif size <= PIECE:
+        if size <= PIECE:
             jobs = [pool.submit(_read_into, path, view, ticket=ticket)]
         else:
             jobs = [pool.submit(_pread_piece, path, mv[start + off:start + off + min(PIECE, size - off)], off, ticket=ticket)
@@ -358,37 +367,52 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
         # files pinned in the page cache cross from there (pipeline.gpu.pinned)
         held = [pinned.lookup(p, st) if st and st.st_size else None for p, st in zip(paths, stats)]
         host = _on_host(lay, sizes, held, blocks)
-        # the GPU's files are read into a pinned buffer, or pinned by the I/O threads where there
-        # is room; then the CPU's files are decoded by the same threads into pinned memory
+        # The GPU's files first: pinned by the I/O threads where the policy and the room let them,
+        # the rest read into a pinned buffer taken for them only. The CPU's files are decoded by
+        # the I/O threads into a pinned buffer taken once the GPU's batch is queued
+        # (:class:`_HostDecodes`), or at once in a block the CPU decodes whole. In a first run on
+        # zarr's default store, taking both buffers first held the GPU's batch back by 0.33 s: the
+        # CPU's (2.4 GB, new) took 0.24 s, and one for files that were then pinned (1.4 GB) 0.08 s
+        # more; taken beside the pinning, on a thread of its own, the CPU's buffer slowed the
+        # pinning as much (both register memory with the driver).
+        decodes = _HostDecodes(lay, paths, held, host)
         unread = [k for k, size in enumerate(sizes) if size and held[k] is None and not host[k]]
-        staging = pinned.take(sum(sizes[k] for k in unread))
-        jobs = submit_reads([paths[k] for k in unread], [sizes[k] for k in unread], staging.bytes,
-                            [stats[k] for k in unread])
-        decoded, decodes = None, {}
+        fetching = _GpuFiles(bool(unread))
+        to_pin = [k for k in unread if pinned.will_pin(paths[k], stats[k])]
+        pins = dict(zip(to_pin, submit_pins([paths[k] for k in to_pin], [stats[k] for k in to_pin])))
+        to_read = [k for k in unread if k not in pins]
+        staging, jobs = None, []
         try:
-            if any(host):
-                decoded = pinned.take(sum(host) * lay.inner_nbytes)
-                decodes = _submit_host_decodes(lay, paths, held, host, decoded.bytes)
+            if to_read:
+                staging = pinned.take(sum(sizes[k] for k in to_read))
+                jobs = submit_reads([paths[k] for k in to_read], [sizes[k] for k in to_read], staging.bytes)
             files, it = [], iter(jobs)
             for k, size in enumerate(sizes):
                 if host[k]:
-                    files.append(decodes[k])
+                    files.append(_HostDecode(decodes, k))
                 elif held[k] is not None:
                     files.append(functools.partial(getattr, held[k], "bytes"))
+                elif k in pins:
+                    files.append(functools.partial(_pinned_or_own, pins[k]))
                 elif size:
                     files.append(functools.partial(_arrived, staging.bytes, *next(it), size))
                 else:
                     files.append(None)
-            return _move_and_decode(lay, region, coords, files, [0 if h else n for h, n in zip(host, sizes)])
+            def queued():  # the GPU's files are on their way: the CPU's buffer may be taken
+                fetching.done()
+                decodes.start()
+
+            return _move_and_decode(lay, region, coords, files, [0 if h else n for h, n in zip(host, sizes)], queued)
         finally:
             # whatever happened (the block's stream was synchronized on the way out), no read or
             # decode may still be writing into a buffer, nor a copy reading a pinned file, when
             # they go back
-            futures_wait([j for _, waits in jobs for j in waits] + [d.job for d in decodes.values()])
-            pinned.give(staging)
-            if decoded is not None:
-                pinned.give(decoded)
-            for f in held + [_pinned_by(waits) for _, waits in jobs]:
+            fetching.done()
+            futures_wait([j for _, waits in jobs for j in waits] + list(pins.values()))
+            decodes.close()
+            if staging is not None:
+                pinned.give(staging)
+            for f in held + [_pinned_by([job]) for job in pins.values()]:
                 if f is not None:
                     pinned.unpin_file(f)
 
@@ -404,28 +428,89 @@ def _on_host(lay: Layout, sizes: list[int], held: list, blocks: int) -> list[boo
     return split.plan(frames_of, threads)
 
 
-@dataclass
-class _HostDecode:
-    """A file decoded by an I/O thread into ``out`` (pinned); calling it waits for that."""
+class _GpuFiles:
+    """While a block's GPU files are being pinned or read (until :meth:`done`), new pinned buffers
+    for the CPU's decodes wait (:func:`_gpu_files_fetched`): both register memory with the driver,
+    and a block's 2.4 GB buffer taken beside the pinning of another block's files slowed the
+    pinning from 0.02-0.05 s to 0.27 s a file, holding back that block's GPU batch, the longest
+    part of the run."""
 
-    job: Future
-    out: np.ndarray
+    def __init__(self, active: bool):
+        self.active = active
+        if active:
+            with state.decode.gpu_files_done:
+                state.decode.gpu_files += 1
+
+    def done(self) -> None:
+        if self.active:
+            self.active = False
+            with state.decode.gpu_files_done:
+                state.decode.gpu_files -= 1
+                state.decode.gpu_files_done.notify_all()
+
+
+def _gpu_files_fetched(timeout: float = 1.0) -> None:
+    """Wait (at most ``timeout`` seconds) until no block's GPU files are being pinned or read."""
+    with state.decode.gpu_files_done:
+        state.decode.gpu_files_done.wait_for(lambda: state.decode.gpu_files == 0, timeout)
+
+
+class _HostDecodes:
+    """The files of a block that the CPU decodes, once :meth:`start` is called: a pinned buffer for
+    them all is taken and each file's decode submitted to the I/O threads. :meth:`close` waits for
+    every decode and gives the buffer back."""
+
+    def __init__(self, lay: Layout, paths: list[str], held: list, host: list[bool]):
+        self.lay, self.paths, self.held, self.host = lay, paths, held, host
+        self.jobs: dict[int, tuple[Future, np.ndarray]] = {}
+        self.buffer = None
+        self.lock = threading.Lock()
+        self.started = not any(host)
+
+    def start(self) -> None:
+        with self.lock:
+            if self.started:
+                return
+            self.started = True
+            lay = self.lay
+            _gpu_files_fetched()
+            self.buffer = pinned.take(sum(self.host) * lay.inner_nbytes)
+            pool = io_pool()
+            ticket = pool.ticket()
+            slot = 0
+            for k, on_host in enumerate(self.host):
+                if on_host:
+                    out = self.buffer.bytes[slot * lay.inner_nbytes:(slot + 1) * lay.inner_nbytes]
+                    job = pool.submit(_decode_file, lay, self.paths[k], self.held[k], out, ticket=ticket)
+                    self.jobs[k] = (job, out)
+                    slot += 1
+
+    def get(self, k: int) -> np.ndarray:
+        """File ``k`` decoded (its bytes in pinned memory), once its decode is done."""
+        self.start()
+        job, out = self.jobs[k]
+        job.result()
+        return out
+
+    def close(self) -> None:
+        with self.lock:
+            futures_wait([job for job, _ in self.jobs.values()])
+            if self.buffer is not None:
+                pinned.give(self.buffer)
+                self.buffer = None
+
+
+class _HostDecode:
+    """File ``k`` of a block, decoded by the CPU (:class:`_HostDecodes`): calling it waits for
+    that; its bytes are then in ``out``."""
+
+    def __init__(self, group: _HostDecodes, k: int):
+        self.group, self.k = group, k
+        self.out: np.ndarray | None = None
 
     def __call__(self):
-        self.job.result()
+        self.out = self.group.get(self.k)
         return self
-
-
-def _submit_host_decodes(lay: Layout, paths: list[str], held: list, host: list[bool], buffer: np.ndarray) -> dict:
-    pool = io_pool()
-    ticket = pool.ticket()
-    decodes, slot = {}, 0
-    for k, on_host in enumerate(host):
-        if on_host:
-            out = buffer[slot * lay.inner_nbytes:(slot + 1) * lay.inner_nbytes]
-            decodes[k] = _HostDecode(pool.submit(_decode_file, lay, paths[k], held[k], out, ticket=ticket), out)
-            slot += 1
-    return decodes
 
 
 def _decode_file(lay: Layout, path: str, held, out: np.ndarray) -> None:
@@ -457,16 +542,20 @@ def _mapped(path: str, held) -> np.ndarray:
 
 
 def _arrived(buffer: np.ndarray, start: int, waits: list[Future], size: int) -> np.ndarray:
-    """A file's bytes in pinned memory once its jobs are done: the file pinned by its job, or its
-    place in ``buffer``."""
+    """A file's bytes once its jobs are done: its place in ``buffer``."""
     for job in waits:
         job.result()
-    f = _pinned_by(waits)
-    return f.bytes if f is not None else buffer[start:start + size]
+    return buffer[start:start + size]
+
+
+def _pinned_or_own(job: Future) -> np.ndarray:
+    """A file's bytes once :func:`_pin_or_own` is done: the pinned file's, or its own copy's."""
+    result = job.result()
+    return result.bytes if isinstance(result, pinned.PinnedFile) else result
 
 
 def _pinned_by(waits: list[Future]):
-    """The file that a read's one job pinned, if it did (None for reads into buffers, or failed)."""
+    """The file that a pinning job pinned, if it did (None otherwise, or where it failed)."""
     if len(waits) == 1 and waits[0].done() and not waits[0].exception():
         result = waits[0].result()
         if isinstance(result, pinned.PinnedFile):
@@ -481,9 +570,10 @@ def _stat(path: str) -> os.stat_result | None:
         return None
 
 
-def _move_and_decode(lay: Layout, region, coords, files, sizes):
+def _move_and_decode(lay: Layout, region, coords, files, sizes, start_host=None):
     """``files``: for each chunk of ``coords``, a function that waits for its file's bytes in pinned
-    host memory and returns them (None for a chunk with no file); ``sizes``: the files' sizes."""
+    host memory and returns them (None for a chunk with no file); ``sizes``: the files' sizes;
+    ``start_host``: called once the GPU's work is queued, to start the CPU's decodes."""
     import cupy as cp
 
     starts = [s.start for s in region]
@@ -537,6 +627,8 @@ def _move_and_decode(lay: Layout, region, coords, files, sizes):
         _decode_into_place(lay, direct, dev, out)
         _decode_scratch(lay, scratch, dev, out)
         timing.stop(stream)
+        if start_host is not None:
+            start_host()
         _place_host_decoded(lay, on_host, out, stream)
     timing.observe()
     return out
