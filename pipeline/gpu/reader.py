@@ -21,7 +21,9 @@ One Dask task reads one block of whole chunks (or shards):
    decode is queued without reading the frames' sizes back. Files of one large frame (zarr's
    default: a frame a chunk) that the CPU would finish sooner are decoded by the I/O threads
    instead, straight from the page cache into pinned memory, at the same time, and copied into
-   place (:mod:`pipeline.gpu.split` decides, from measured speeds);
+   place (:mod:`pipeline.gpu.split` decides, from measured speeds); the GPU's files go first, and
+   new pinned memory for the CPU's decodes is taken only once no block's GPU files are being
+   pinned or read (:class:`_GpuFiles`);
 4. the task waits for its stream only at the end, so threads overlap reading, copying and
    decoding.
 
