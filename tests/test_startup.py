@@ -24,6 +24,13 @@ def _env(**extra):
     return {**os.environ, "DASK_PIPELINE__BACKEND": "cpu", **extra}
 
 
+def _probe(code: str, env=None) -> list[str]:
+    """The words a fresh Python process running ``code`` prints (it must succeed)."""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env or _env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     from pipeline.demo import write_demo
@@ -101,9 +108,7 @@ def test_to_numpy_imports_no_distributed_and_follows_an_active_client(demo):
              "    out = pipeline.to_numpy(x.sum(0))\n"
              "    seen = c.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))\n"
              "print((out == np.arange(100).reshape(10, 10).sum(0)).all(), any(p.startswith('sum') for p in seen))\n")
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_env(), timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["True", "False", "True", "True"], r.stdout
+    assert _probe(probe) == ["True", "False", "True", "True"]
 
 
 def test_the_cuda_context_is_started_early_only_where_the_gpu_may_compute(tmp_path, monkeypatch):
@@ -153,9 +158,7 @@ def test_the_early_context_is_the_one_cupy_uses():
              "lib = ctypes.CDLL('libcuda.so.1'); flags, active = ctypes.c_uint(), ctypes.c_int()\n"
              "lib.cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(active))\n"
              "print(state.context.retained, active.value, float(cp.arange(10).sum()))\n")
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["True", "1", "45.0"], r.stdout
+    assert _probe(probe, env=dict(os.environ)) == ["True", "1", "45.0"]
 
 
 def test_distributed_stays_importable_around_the_metadata_write():
@@ -166,9 +169,7 @@ def test_distributed_stays_importable_around_the_metadata_write():
              "    try:\n        import distributed.shuffle._core\n    except ModuleNotFoundError:\n        print('blocked')\n"
              "import distributed.shuffle._core as m; print('after', m.P2PBarrierTask.__name__)\n"
              "with distributed_not_imported():\n    import distributed.shuffle._core; print('imported stays')\n")
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_env(), timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["blocked", "after", "P2PBarrierTask", "imported", "stays"], r.stdout
+    assert _probe(probe) == ["blocked", "after", "P2PBarrierTask", "imported", "stays"]
 
 
 STEPS = [

@@ -384,4 +384,6 @@ def _decode_on_host(root: str, hosts, chunks, flat, dst_offsets, nbytes: int) ->
 
 @functools.cache
 def _warn_once(message: str) -> None:
+    """A RuntimeWarning for the caller's caller, shown once per place (Python's default filter);
+    the GPU readers' one way to say that part of a store is decoded on the CPU."""
     warnings.warn(message, RuntimeWarning, stacklevel=3)

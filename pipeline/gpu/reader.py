@@ -52,6 +52,7 @@ from ..backend import use_device_memory_limit
 from ..errors import DecodeError, UnsupportedLayout, chunk_error
 from ..kernels.copies import copy_into
 from . import blosc, pinned, split
+from .blosc import _warn_once
 from .iopool import io_pool
 from .nvcomp import _copy_frames, _decode_frames, nvcomp_available
 from .streams import context
@@ -824,12 +825,6 @@ def _open_zarr_array_at(root: str, stamp: tuple[int, int, int]):
 
 
 @functools.cache
-def _warn_once(message: str) -> None:
-    import warnings
-
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
 def aligned(chunks: tuple[tuple[int, ...], ...], chunk: tuple[int, ...]) -> bool:
     """True when every block boundary of ``chunks`` falls on a boundary of the store's chunks."""
     for sizes, c in zip(chunks, chunk):
