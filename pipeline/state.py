@@ -48,7 +48,6 @@ class IOState:
 @dataclass
 class ContextState:
     thread: threading.Thread | None = None
-    retained: bool = False  # the primary context of device 0 was made by that thread
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

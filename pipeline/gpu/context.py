@@ -41,8 +41,7 @@ def _retain_primary_context() -> None:
     device = ctypes.c_int()
     ctx = ctypes.c_void_p()
     if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), 0) == 0:
-        if cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device) == 0:
-            state.context.retained = True  # kept for the life of the process, as CuPy keeps it
+        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device)  # kept for the life of the process, as CuPy keeps it
 
 
 def wait(timeout: float = 10.0) -> None:

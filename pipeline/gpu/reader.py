@@ -824,7 +824,6 @@ def _open_zarr_array_at(root: str, stamp: tuple[int, int, int]):
     return zarr.open_array(root, mode="r")
 
 
-@functools.cache
 def aligned(chunks: tuple[tuple[int, ...], ...], chunk: tuple[int, ...]) -> bool:
     """True when every block boundary of ``chunks`` falls on a boundary of the store's chunks."""
     for sizes, c in zip(chunks, chunk):
