@@ -9,7 +9,7 @@ The names below are imported on first use (PEP 562), so that a command that need
 dask.array, xarray, zarr or numba.
 """
 
-from importlib import import_module
+from importlib import import_module as _import_module
 
 from ._version import __version__
 from . import config  # noqa: F401  (registers pipeline's defaults in dask's config)
@@ -37,14 +37,16 @@ def __getattr__(name: str):
         module, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'pipeline' has no attribute {name!r}") from None
-    value = import_module(module, __name__)
+    value = _import_module(module, __name__)
     value = value if attr is None else getattr(value, attr)
     globals()[name] = value  # once imported, an ordinary attribute
     return value
 
 
-def __dir__():
-    return sorted([*globals(), *_LAZY])
-
-
 __all__ = [*_LAZY, "__version__"]
+
+
+def __dir__():
+    # the public names only: importing a submodule binds it here too (pipeline.config,
+    # pipeline.backend, ...), and a lazy name once imported is in globals() as well
+    return sorted(__all__)
