@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import logging
 import os
 import statistics
@@ -50,6 +51,7 @@ from . import backend as B
 from . import ops as ops_registry
 from .errors import InputError
 from .exec.compute import compute, compute_threads
+from .exec.report import check_report_path
 from .flows import Flow, build_flow, ensure_source, load_flow, with_source
 from .sources import is_url, store_format
 
@@ -170,13 +172,15 @@ PEERS = {
 # --- the peer script --------------------------------------------------------------------------------
 
 SCRIPT = '''\
-"""Flow {name!r} ({file}) in plain xarray + dask, as `pipeline bench` timed it beside pipeline.
+"""A flow in plain xarray + dask, as `pipeline bench` timed it beside pipeline.
 
     python {script_name} SOURCE OUTPUT
 
-reads variable {variable!r} of SOURCE and writes the result to the Zarr store OUTPUT.
+reads the flow's source variable of SOURCE, runs its steps and writes the result to the Zarr
+store OUTPUT. FLOW below holds the flow's values (names, parameters) as data.
 """
 
+import json
 import sys
 
 import numpy as np
@@ -184,15 +188,27 @@ import xarray as xr
 
 {functions}
 
+PEERS = {peers}
+
+FLOW = json.loads(
+{flow}
+)
+
+
 def analysis(source):
     """The flow's steps, each on the result before it or on the step it names."""
-    results = {{"source": source}}
-{steps}
-    return {result}
+    results, previous = {{"source": source}}, "source"
+    for step in FLOW["steps"]:
+        results[step["name"]] = PEERS[step["op"]](results[step["input"] or previous], **step["params"])
+        previous = step["name"]
+    if FLOW["sink"]["variables"]:
+        return xr.Dataset({{v: results[v] for v in FLOW["sink"]["variables"]}})
+    return results[previous].rename(FLOW["sink"]["name"] or previous).to_dataset()
 
 
 def open_source(path):
-    return xr.open_dataset(path, {engine}chunks={chunks!r})[{variable!r}]
+    source = FLOW["source"]
+    return xr.open_dataset(path, engine=source["engine"], chunks=source["chunks"])[source["variable"]]
 
 
 def main(path, output):
@@ -213,29 +229,41 @@ def missing_peers(flow: Flow) -> list[str]:
 
 def peer_script(flow: Flow, peer_scheduler: Literal["threads", "distributed"] = "threads") -> str:
     """A standalone Python script of ``flow`` in plain xarray + dask: the peers of its steps,
-    called with the flow's parameters (and the ops' defaults), on the flow's source variable."""
-    peers = [PEERS[op] for op in dict.fromkeys(s.op for s in flow.steps)]
-    steps, previous = [], "source"
-    for step in flow.steps:
-        params = ops_registry.get(step.op).params(**step.params).model_dump()
-        args = "".join(f", {k}={v!r}" for k, v in params.items())
-        steps.append(f"    results[{step.label!r}] = {PEERS[step.op].__name__}(results[{(step.input or previous)!r}]{args})")
-        previous = step.label
-    if flow.sink.variables:
-        result = "xr.Dataset({" + ", ".join(f"{v!r}: results[{v!r}]" for v in flow.sink.variables) + "})"
-    else:
-        result = f"results[{previous!r}].rename({(flow.sink.name or previous)!r}).to_dataset()"
+    called with the flow's parameters (and the ops' defaults), on the flow's source variable.
+
+    The script's code is pipeline's alone: the flow's values (its name, file, variable, steps'
+    names and parameters) go into it as a JSON text that the script parses, each line a Python
+    string literal written by ``repr``, so no value of a flow can become code."""
+    used = {s.op for s in flow.steps}
+    peers = {op: f for op, f in PEERS.items() if op in used}
     src = flow.source
-    engine = "" if not is_url(src.path) and store_format(src.path) == "netcdf" else 'engine="zarr", '
+    spec = {
+        "name": flow.name,
+        "file": flow._file,
+        "source": {
+            "variable": src.variable, "chunks": src.chunks or {},
+            "engine": None if not is_url(src.path) and store_format(src.path) == "netcdf" else "zarr",
+        },
+        "steps": [{"name": s.label, "op": s.op, "input": s.input,
+                   "params": ops_registry.get(s.op).params(**s.params).model_dump()} for s in flow.steps],
+        "sink": {"name": flow.sink.name, "variables": flow.sink.variables},
+    }
+    # one line per key, and per step
+    text = "{\n" + ",\n".join(
+        f" {json.dumps(k)}: " + ("[\n" + ",\n".join(f"  {json.dumps(step)}" for step in v) + "\n ]" if k == "steps" else json.dumps(v))
+        for k, v in spec.items()
+    ) + "\n}"
     write = 'analysis(open_source(path)).drop_encoding().to_zarr(output, mode="w")'
     if peer_scheduler == "distributed":
         main = f"    from dask.distributed import Client\n\n    with Client():  # a LocalCluster of this machine\n        {write}"
     else:
         main = f"    {write}  # dask's threads, one per core"
     return SCRIPT.format(
-        name=flow.name, file=flow._file, script_name=SCRIPT_NAME, variable=src.variable,
-        functions="\n\n".join(inspect.getsource(f) for f in peers), steps="\n".join(steps), result=result,
-        engine=engine, chunks=src.chunks or {}, main=main,
+        script_name=SCRIPT_NAME,
+        functions="\n\n".join(inspect.getsource(f) for f in peers.values()),
+        peers="{" + ", ".join(f"{op!r}: {f.__name__}" for op, f in peers.items()) + "}",
+        flow="\n".join(f"    {line!r}" for line in text.splitlines(keepends=True)),
+        main=main,
     )
 
 
@@ -528,6 +556,7 @@ def run(
     rtol: float = 1e-5,
     peer_scheduler: Literal["threads", "distributed"] = "threads",
     workdir: str | Path | None = None,
+    report: str | Path | None = None,
 ) -> BenchResult:
     """Time ``flow_path`` on pipeline's ``backends`` and on its xarray + dask peer; check the results.
 
@@ -536,6 +565,8 @@ def run(
     system's by default), removed at the end. A backend that is not here ("gpu" without a GPU)
     gets a row that says so. Bad input (the flow, the store) raises InputError before anything
     is timed; a run that fails is recorded in its row (``BenchResult.ok`` is then False).
+    ``report``, where the caller writes the results (``--json``), is checked before anything runs:
+    a writable place that is neither the flow file nor in the source.
     """
     if repeat < 1:
         raise InputError(f"repeat: expected at least 1 warm run, got {repeat}")
@@ -547,7 +578,9 @@ def run(
                          "(genomics) compares with sgkit: python benchmarks/genomics_sgkit.py STORE")
     if input is not None:
         flow = with_source(flow, input)
-    else:
+    if report is not None:
+        check_report_path(report, inputs=(flow.source.path,), flow_file=flow._file, option="--json")
+    if input is None:
         ensure_source(flow)
     source = build_flow(flow, "cpu").source  # the flow against the data: bad input fails here
     missing = missing_peers(flow)

@@ -66,19 +66,18 @@ def cmd_run(args) -> int:
     import zarr  # noqa: F401
 
     from .exec.cluster import open_cluster, profile_from_args
-    from .exec.report import check_report_path
-    from .flows import load_flow, run_flow, step_times, with_source
+    from .flows import check_report, load_flow, run_flow, step_times, with_source
 
     if args.import_seconds is not None:
         args.import_seconds += time.perf_counter() - t
     _freeze_imports()
 
-    if args.report:
-        check_report_path(args.report)  # before a cluster starts or anything is written
     _one_shot_pinning()
     flow = load_flow(args.flow)  # validate before any cluster starts
     if args.input is not None:
         flow = with_source(flow, args.input)
+    if args.report:
+        check_report(flow, args.report, args.output)  # before a cluster starts or anything is written
     profile = profile_from_args(args.cluster, args.scheduler, args.scheduler_file)
     progress = not args.no_progress and sys.stderr.isatty()
     with open_cluster(profile) as client:
@@ -284,16 +283,10 @@ def cmd_convert(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import run
-    from .errors import InputError
-    from .exec.report import check_report_path, write_report
+    from .exec.report import write_report
 
-    if args.json:
-        try:  # before anything runs
-            check_report_path(args.json)
-        except InputError as e:
-            raise InputError(str(e).replace("--report", "--json", 1)) from None
     result = run(args.flow, input=args.input, repeat=args.repeat, fresh_process=not args.no_fresh,
-                 peer_scheduler=args.peer_scheduler)
+                 peer_scheduler=args.peer_scheduler, report=args.json)
     print(result.table())
     if args.json:
         write_report(result.as_dict(), args.json)

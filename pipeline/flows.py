@@ -28,12 +28,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import xarray as xr
 import yaml
 from dask.utils import parse_bytes
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from . import backend as B
@@ -44,6 +46,7 @@ from .exec.report import (
     attribute, check_report_path, combined, gbps, path_fingerprint, sha256_bytes, task_timer, versions, who,
     write_report,
 )
+from .ops.registry import unknown as unknown_op
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +106,8 @@ class Source(_Strict):
         return self.variable if self.variable is not None else ", ".join(self.variables or ())
 
 
-NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # a step's or a result's name: a variable of the output
+FLOW_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
 
 
 class Step(_Strict):
@@ -123,11 +127,11 @@ class Sink(_Strict):
     name: str | None = Field(default=None, pattern=NAME)  # variable name of a single result
     # the steps whose results to write; in a flow of Dataset ops, the last step's variables to write
     # (default: those the steps added)
-    variables: list[str] | None = Field(default=None, min_length=1)
+    variables: list[Annotated[str, StringConstraints(pattern=NAME)]] | None = Field(default=None, min_length=1)
 
 
 class Flow(_Strict):
-    name: str
+    name: str = Field(pattern=FLOW_NAME)
     description: str = ""
     backend: Literal["auto", "cpu", "gpu"] | None = None
     source: Source
@@ -147,7 +151,8 @@ def _loc(parts) -> str:
     return out or "(top level)"
 
 
-def _messages(file: str, err: ValidationError, prefix: tuple = ()) -> list[str]:
+def _messages(file: str, err: ValidationError, prefix: tuple = (), model: type[BaseModel] | None = None) -> list[str]:
+    """One line per error of ``err``, raised by ``model`` (for an unknown key, the keys it has)."""
     lines = []
     for e in err.errors():
         loc = _loc((*prefix, *e["loc"]))
@@ -155,13 +160,44 @@ def _messages(file: str, err: ValidationError, prefix: tuple = ()) -> list[str]:
         if e["type"] == "source_variable":
             loc = _loc((*prefix, *e["loc"], "variable"))
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = "unknown key" + _did_you_mean(str(e["loc"][-1]), _keys(model, e["loc"][:-1]), "keys")
         elif e["type"] == "missing":
             msg = "required key is missing"
+        elif e["type"] == "string_pattern_mismatch":
+            msg = f"expected a name matching the pattern {e['ctx']['pattern']}, got {e['input']!r}"
         elif "input" in e and e["type"] not in ("value_error",):
             msg = f"{msg} (got {e['input']!r})"
         lines.append(f"{file}: {loc}: {msg}")
     return lines
+
+
+def _keys(model: type[BaseModel] | None, loc: tuple) -> list[str]:
+    """The keys of the mapping at ``loc`` in ``model`` (through its fields, lists and optional
+    values), or none where that is not a model."""
+    for part in loc:
+        if model is None:
+            return []
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        model = _model_in(field.annotation) if field is not None else None
+    return list(model.model_fields) if model is not None else []
+
+
+def _model_in(annotation) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for m in map(_model_in, get_args(annotation)) if m is not None), None)
+
+
+def _did_you_mean(given: str, known: list[str], what: str) -> str:
+    """``; did you mean 'x'?`` for the name closest to ``given``, else ``known`` listed (what: its noun)."""
+    import difflib
+
+    close = difflib.get_close_matches(given, known, n=1)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f" ({what}: {', '.join(known)})" if known else ""
 
 
 def parse_flow(data: Any, file: str = "<flow>") -> Flow:
@@ -171,7 +207,7 @@ def parse_flow(data: Any, file: str = "<flow>") -> Flow:
     try:
         flow = Flow(**data)
     except ValidationError as e:
-        raise FlowError("\n".join(_messages(file, e))) from None
+        raise FlowError("\n".join(_messages(file, e, model=Flow))) from None
     problems = []
     known = ["source"]
     for i, step in enumerate(flow.steps):
@@ -182,8 +218,8 @@ def parse_flow(data: Any, file: str = "<flow>") -> Flow:
         known.append(step.label)
         try:
             op = ops_registry.get(step.op)
-        except KeyError as e:
-            problems.append(f"{file}: steps[{i}].op: {e.args[0]}")
+        except KeyError:
+            problems.append(f"{file}: steps[{i}].op: {unknown_op(step.op, flow.source.dataset)}")
             continue
         if op.dataset != flow.source.dataset:
             problems.append(
@@ -195,7 +231,7 @@ def parse_flow(data: Any, file: str = "<flow>") -> Flow:
         try:
             op.params(**step.params)
         except ValidationError as e:
-            problems.extend(_messages(file, e, ("steps", i, "params")))
+            problems.extend(_messages(file, e, ("steps", i, "params"), op.params))
     for v in () if flow.source.dataset else flow.sink.variables or ():
         if v not in known[1:]:
             problems.append(f"{file}: sink.variables: {v!r} is not a step (steps: {', '.join(known[1:])})")
@@ -358,12 +394,7 @@ def check_data(flow: Flow) -> dict[str, int]:
     src, f = flow.source, flow._file
     if src.dataset:
         return _check_dataset(flow)
-    engine = "zarr" if Path(src.path).is_dir() or "://" in src.path else None
-    try:
-        ds = xr.open_dataset(src.path, engine=engine, chunks=None, decode_cf=True, mask_and_scale=True)
-    except (OSError, ValueError) as e:
-        raise FlowError(f"{f}: source.path: {src.path}: cannot be opened: {e}") from None
-    with ds:
+    with _open_metadata(flow) as ds:
         if src.variable not in ds.data_vars:
             raise FlowError(f"{f}: source.variable: {src.path}: no variable {src.variable!r} "
                             f"(variables: {', '.join(map(str, ds.data_vars))})")
@@ -380,21 +411,62 @@ def check_data(flow: Flow) -> dict[str, int]:
         except InputError as e:
             raise FlowError(f"{f}: steps[{i}] ({step.op}): {e}") from None
         results[step.label] = x
+    if flow.sink.variables:
+        check_one_grid(flow, {v: results[v] for v in flow.sink.variables})
     return dict(results["source"].sizes)
+
+
+def _open_metadata(flow: Flow) -> xr.Dataset:
+    """The source store's metadata, opened as a run opens the store (the same checks and messages)."""
+    from .sources import open_metadata
+
+    try:
+        return open_metadata(flow.source.path)
+    except InputError as e:
+        raise FlowError(f"{flow._file}: source.path: {e}") from None
+
+
+def check_one_grid(flow: Flow, results: dict) -> None:
+    """Refuse results on different grids for one store: xarray would align them on the union of
+    their coordinates (an outer join), padding each with NaN where another has values and turning
+    integers into floats. ``results``: the steps' results by sink variable (DataArrays, or the
+    Meta of their metadata checks; None where unknown); those that share a dimension must have
+    the same size and coordinates along it. FlowError naming the steps and the dimension."""
+    known = {v: r for v, r in results.items() if r is not None}
+    ops = {s.label: s.op for s in flow.steps}
+    for i, a in enumerate(known):
+        for b in list(known)[i + 1:]:
+            x, y = known[a], known[b]
+            for dim in (d for d in x.dims if d in y.dims):
+                ix, iy = x.indexes.get(dim), y.indexes.get(dim)
+                if x.sizes[dim] == y.sizes[dim] and (ix is None or iy is None or ix.equals(iy)):
+                    continue
+                raise FlowError(
+                    f"{flow._file}: sink.variables: {a!r} ({ops.get(a, a)}) and {b!r} ({ops.get(b, b)}) are on different "
+                    f"grids: along dimension {dim!r}, {a} has {_along(ix, x.sizes[dim])} and {b} has "
+                    f"{_along(iy, y.sizes[dim])}\n  one store holds results on one grid: write these in separate flows"
+                )
+
+
+def _along(index, size: int) -> str:
+    """A dimension's coordinates in a few words: how many, the first and the last."""
+    if index is None or not len(index):
+        return f"{size} value{'s' * (size != 1)}"
+
+    def one(v) -> str:
+        return str(v).removesuffix(" 00:00:00")
+
+    span = one(index[0]) if len(index) == 1 else f"{one(index[0])} to {one(index[-1])}"
+    return f"{size} coordinate{'s' * (size != 1)} ({span})"
 
 
 def _check_dataset(flow: Flow) -> dict[str, int]:
     """:func:`check_data` for a flow of Dataset ops: ``source.variables`` in the store, then each
     step's variables (:func:`check_dataset_steps`), from the store's metadata as the source opens it."""
     from .ops.genomics.variables import State
-    from .sources import open_metadata
 
     src, f = flow.source, flow._file
-    try:
-        ds = open_metadata(src.path)
-    except InputError as e:
-        raise FlowError(f"{f}: source.path: {e}") from None
-    with ds:
+    with _open_metadata(flow) as ds:
         for name in src.variables:
             if name not in ds.data_vars:
                 raise FlowError(f"{f}: source.variables: {src.path}: no variable {name!r} "
@@ -523,6 +595,7 @@ def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
     if src.dataset:
         result = _dataset_result(flow, x, results["source"])
     elif flow.sink.variables:
+        check_one_grid(flow, {v: results[v] for v in flow.sink.variables})
         result = xr.Dataset({v: results[v].rename(v) for v in flow.sink.variables})
     else:  # named after what it is (the last step), not after the source variable it came from
         name = flow.sink.name or flow.steps[-1].label
@@ -627,6 +700,13 @@ def check_sink(flow: Flow, output: str | Path | None = None) -> None:
     check_target(output or flow.sink.path, mode=flow.sink.mode, protect=(flow.source.path,))
 
 
+def check_report(flow: Flow, report: str | Path, output: str | Path | None = None, option: str = "--report") -> None:
+    """Refuse, before anything runs, a report that could not be written, or whose writing would
+    overwrite the flow file, a file of the source, or the output (``output``, else the sink)."""
+    check_report_path(report, inputs=(flow.source.path,), flow_file=flow._file, output=output or flow.sink.path,
+                      option=option)
+
+
 def run_flow(
     flow: Flow | str | Path,
     *,
@@ -644,20 +724,20 @@ def run_flow(
 
     ``source`` reads the source variable from that store instead of the flow's ``source.path``
     (for instance the copy ``pipeline convert`` writes); no demo is generated for it. Returns the
-    report (also written as JSON to ``report`` when given: checked before anything runs, written
-    whole, and written for a failed run too, with its error and exit status). ``command`` is the
+    report (also written as JSON to ``report`` when given: checked before anything runs by
+    :func:`check_report`, written whole, and written for a failed run too, with its error and exit status). ``command`` is the
     command line recorded in the report and the output's history (default: this process's).
     ``resume`` continues from the partial output a killed or interrupted run of the same flow on
     the same source left, computing only the missing chunks. ``import_seconds``, the time from the
     process's start to the command (the ``pipeline`` command gives it), goes into the report's
     ``startup`` section.
     """
-    if report:
-        check_report_path(report)
     if not isinstance(flow, Flow):
         flow = load_flow(flow)
     if source is not None:
         flow = with_source(flow, source)
+    if report:
+        check_report(flow, report, output)
     started = time.time()
     rep: dict = {
         "flow": flow.name, "flow_file": flow._file, "flow_sha256": flow._sha256, "flow_content": flow._content,

@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Iterable
 
 
 def layer_of(key) -> str:
@@ -193,19 +194,30 @@ def combined(digests: list[str]) -> str:
     return sha256_bytes("\n".join(digests).encode())
 
 
-def check_report_path(path: str | os.PathLike) -> Path:
-    """Refuse, before anything runs, a report path that could not be written at the end: a folder,
-    or a place whose nearest existing parent is not a writable folder."""
+def check_report_path(
+    path: str | os.PathLike,
+    *,
+    inputs: Iterable[str | os.PathLike] = (),
+    flow_file: str | os.PathLike | None = None,
+    output: str | os.PathLike | None = None,
+    option: str = "--report",
+) -> Path:
+    """Refuse, before anything runs, a report path that could not be written at the end (a folder,
+    or a place whose nearest existing parent is not a writable folder), or whose writing would
+    destroy what the run reads or writes: the flow file, a file in (or the whole of) an input, or
+    the output or a file in it. Paths are compared as real paths, symbolic links resolved.
+    ``option`` names the path in messages."""
     from ..errors import InputError
 
     p = Path(path)
     if p.is_dir():
-        raise InputError(f"--report {path}: is a folder; expected the path of a JSON file to write")
+        raise InputError(f"{option} {path}: is a folder; expected the path of a JSON file to write")
+    _check_report_place(path, inputs=inputs, flow_file=flow_file, output=output, option=option)
     parent = p.parent
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise InputError(f"--report {path}: {parent} is a file, not a folder; the report cannot be written there")
+        raise InputError(f"{option} {path}: {parent} is a file, not a folder; the report cannot be written there")
     try:
         if p.parent.exists():  # try it for real: permissions, read-only file systems
             with tempfile.TemporaryFile(dir=p.parent):
@@ -215,8 +227,28 @@ def check_report_path(path: str | os.PathLike) -> Path:
         if p.exists() and not os.access(p, os.W_OK):
             raise PermissionError(f"{p}: not writable")
     except OSError as e:
-        raise InputError(f"--report {path}: cannot be written ({e.strerror or e})") from None
+        raise InputError(f"{option} {path}: cannot be written ({e.strerror or e})") from None
     return p
+
+
+def _check_report_place(path, *, inputs, flow_file, output, option: str) -> None:
+    from ..errors import InputError
+
+    report = os.path.realpath(path)
+
+    def within(other) -> bool:
+        other = os.path.realpath(other)
+        return os.path.commonpath([report, other]) == other
+
+    if flow_file is not None and os.path.exists(flow_file) and report == os.path.realpath(flow_file):
+        raise InputError(f"{option} {path}: is the flow file {flow_file}; write the report elsewhere")
+    for source in inputs:
+        if "://" not in str(source) and within(source):
+            how = "is" if report == os.path.realpath(source) else "lies inside"
+            raise InputError(f"{option} {path}: {how} the input {source}; write the report elsewhere")
+    if output is not None and "://" not in str(output) and within(output):
+        how = "is" if report == os.path.realpath(output) else "lies inside"
+        raise InputError(f"{option} {path}: {how} the output {output}; write the report elsewhere")
 
 
 def write_report(report: dict, path: str | os.PathLike) -> Path:

@@ -160,7 +160,26 @@ def get(name: str) -> Op:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise KeyError(f"unknown op {name!r}; known ops: {', '.join(sorted(_REGISTRY))}") from None
+        raise KeyError(unknown(name)) from None
+
+
+def unknown(name: str, dataset: bool | None = None) -> str:
+    """The message for an op that is not registered: the closest op's name, then the ops in a few
+    wrapped lines, those of one variable and those of datasets (of one kind where ``dataset``
+    says which: the others are only counted)."""
+    import difflib
+    import textwrap
+
+    close = difflib.get_close_matches(name, _REGISTRY, n=1)
+    lines = [f"unknown op {name!r}" + (f"; did you mean {close[0]!r}?" if close else "")]
+    for kind, label in ((False, "ops of one variable (source.variable)"), (True, "ops of datasets (source.variables)")):
+        ops = [n for n in names() if _REGISTRY[n].dataset == kind]
+        if dataset is None or dataset == kind:
+            lines.append(textwrap.fill(", ".join(ops), 100, initial_indent=f"  {label}: ", subsequent_indent="    "))
+        else:
+            lines.append(f"  {label}: {len(ops)} more")
+    lines[-1] += "; `pipeline ops` describes each op and its parameters"
+    return "\n".join(lines)
 
 
 def names() -> list[str]:
