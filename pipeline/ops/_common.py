@@ -14,12 +14,19 @@ da = _deferred("dask.array")  # imported when the first graph is built
 
 
 def _as_dask(x: xr.DataArray) -> tuple[da.Array, bool]:
-    """``x``'s data as a Dask array, and whether it was in memory (the result is then computed)."""
+    """``x``'s data as a Dask array, and whether it was in memory (the result is then computed).
+
+    float16 data are computed in float32 (as NumPy's own reductions of float16 accumulate), and
+    the results are float32 (:func:`float_dtype`): the kernels are compiled for float32 and float64."""
     if not isinstance(x, xr.DataArray):
         raise InputError(f"expected an xarray.DataArray, got {type(x).__name__}")
     if isinstance(x.data, da.Array):
-        return x.data, False
-    return da.from_array(x.data, chunks=-1, meta=meta(backend_of(x.data), x.dtype, x.ndim)), True
+        data, eager = x.data, False
+    else:
+        data, eager = da.from_array(x.data, chunks=-1, meta=meta(backend_of(x.data), x.dtype, x.ndim)), True
+    if data.dtype == np.float16:
+        data = data.astype(np.float32)
+    return data, eager
 
 
 def _finish(template: xr.DataArray, data: da.Array, eager: bool, **kwargs) -> xr.DataArray:
@@ -41,6 +48,8 @@ def _is_int(v) -> bool:
 
 
 def float_dtype(dtype) -> np.dtype:
-    """Result type of a mean of ``dtype`` data: float32 stays float32, the rest become float64."""
+    """Result type of a mean of ``dtype`` data: float16 and float32 give float32, the rest float64."""
     dtype = np.dtype(dtype)
-    return dtype if dtype.kind == "f" and dtype.itemsize >= 4 else np.dtype(np.float64)
+    if dtype.kind == "f" and dtype.itemsize <= 4:
+        return np.dtype(np.float32)
+    return dtype if dtype.kind == "f" else np.dtype(np.float64)

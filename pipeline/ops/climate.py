@@ -22,7 +22,7 @@ from ._common import _as_dask, _check, _finish, _is_int, float_dtype  # noqa: F4
 from .metadata import Produces, cell_names, input_name
 from .params import Count, Dim, Dims, MinPeriods, Weights
 from .registry import register
-from .shapes import _is_latitude
+from .shapes import _is_latitude, latitude_radians
 
 da = _deferred("dask.array")  # imported when the first graph is built
 
@@ -106,8 +106,13 @@ def _weighted_cell_methods(x: xr.DataArray, p: dict) -> str:
 def _weights(x: xr.DataArray, weights) -> xr.DataArray | None:
     if weights is None:
         return None
-    if isinstance(weights, str):  # the op's checks have found the latitude or the coordinate named
-        return np.cos(np.deg2rad(_latitude(x).astype(np.float64))) if weights == "coslat" else x.coords[weights]
+    if isinstance(weights, str) and weights == "coslat":  # the op's checks have found the latitude
+        lat = _latitude(x)
+        radians = latitude_radians(x.name, lat.name, lat.attrs, to_numpy(lat.data))
+        # at a pole, cos gives a hair below zero where the latitude was rounded past it (float32)
+        return xr.DataArray(np.maximum(np.cos(radians), 0.0), dims=lat.dims)
+    if isinstance(weights, str):  # the coordinate the op's checks have found
+        return x.coords[weights]
     if isinstance(weights, xr.DataArray):
         return weights
     raise InputError(f"weights must be 'coslat', a coordinate name, a DataArray or None; got {type(weights).__name__}")

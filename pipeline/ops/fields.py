@@ -360,6 +360,7 @@ def saturation_vapor_pressure(
             f"saturation_vapor_pressure needs a temperature in K or degC; {x.name!r} has units {units!r}"
         )
     data, eager = _as_dask(x)
+    _check(saturation_vapor_pressure.op, x, method=method)
     backend = backend_of(data)
     out_dtype = float_dtype(x.dtype)
     result = data.map_blocks(

@@ -26,16 +26,11 @@ from ._common import _as_dask, _check, _finish, float_dtype
 from .metadata import Produces, group_name, input_name as _name, is_daily, on_daily, period, steps_units
 from .params import Dim, Frequency, Threshold
 from .registry import register
-from .shapes import threshold_in_units_of
+from .shapes import group_labels, threshold_in_units_of
 
 da = _deferred("dask.array")  # imported when the first graph is built
 
 Freq = Literal["month", "dayofyear"]
-
-
-def _group_labels(x: xr.DataArray, freq: str, dim: str) -> np.ndarray:
-    """The month or day of year of every step (the op's checks have found dates along ``dim``)."""
-    return np.asarray(getattr(x[dim].dt, freq).values, dtype=np.int64)
 
 
 def _bins(x: xr.DataArray, freq: str, dim: str) -> tuple[np.ndarray, pd.Index]:
@@ -79,14 +74,19 @@ def _new_time_dim(x, data, axis, name, labels, eager):
 # --- climatology and anomalies ----------------------------------------------------------------------
 
 
-def _climatology_data(op, x: xr.DataArray, freq: str, dim: str):
+def _climatology_data(op, x: xr.DataArray, freq: str, dim: str, missing_row: bool = False):
+    """The climatology of ``x``, a row per group; steps without a date (NaT, label -1) are in no
+    group, as in xarray's groupby. ``missing_row``: one more row, NaN, for those steps."""
     data, eager = _as_dask(x)
     _check(op, x, freq=freq, dim=dim)
     axis = x.get_axis_num(dim)
-    labels = _group_labels(x, freq, dim)
+    labels = group_labels(x.indexes[dim], freq)
+    groups = np.unique(labels[labels >= 0])
+    if missing_row and (labels < 0).any():  # a group no step has: its mean is NaN
+        groups = np.append(groups, groups[-1] + 1)
     kernel = op.kernel(agg.GROUP_MEAN.chunk, backend_of(data))
-    clim = agg.group_reduce(data, agg.GROUP_MEAN, labels, axis, np.float64, kernel=kernel)
-    return data, eager, axis, labels, clim
+    clim = agg.group_reduce(data, agg.GROUP_MEAN, labels, axis, np.float64, kernel=kernel, groups=groups)
+    return data, eager, axis, labels, groups, clim
 
 
 @register(
@@ -103,9 +103,9 @@ def climatology(x: xr.DataArray, freq: Freq = "month", dim: Dim = "time") -> xr.
     Each chunk is reduced over all the groups it holds by one kernel; partial sums and counts
     merge across chunks and GPUs as a tree.
     """
-    data, eager, axis, labels, clim = _climatology_data(climatology.op, x, freq, dim)
+    data, eager, axis, labels, groups, clim = _climatology_data(climatology.op, x, freq, dim)
     out_dtype = float_dtype(x.dtype)
-    return _new_time_dim(x, clim.astype(out_dtype), axis, freq, np.unique(labels), eager)
+    return _new_time_dim(x, clim.astype(out_dtype), axis, freq, groups, eager)
 
 
 @register(
@@ -117,10 +117,11 @@ def climatology(x: xr.DataArray, freq: Freq = "month", dim: Dim = "time") -> xr.
 def anomaly(x: xr.DataArray, freq: Freq = "month", dim: Dim = "time") -> xr.DataArray:
     """Departure from the climatology of each step's month or day of year, as x.groupby(...) - climatology.
 
-    ``dim`` is the dimension of dates to group (``"time"``).
+    ``dim`` is the dimension of dates to group (``"time"``). A step without a date (NaT) is in no
+    group: its anomaly is NaN, as xarray's groupby arithmetic gives.
     """
-    data, eager, axis, labels, clim = _climatology_data(anomaly.op, x, freq, dim)
-    position = np.searchsorted(np.unique(labels), labels)
+    data, eager, axis, labels, groups, clim = _climatology_data(anomaly.op, x, freq, dim, missing_row=True)
+    position = np.where(labels >= 0, np.searchsorted(groups, labels), len(groups) - 1)
     out_dtype = float_dtype(x.dtype)
     backend = backend_of(data)
     kernel = anomaly.op.kernel("subtract_groups", backend)

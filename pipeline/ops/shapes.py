@@ -14,6 +14,7 @@ its message live here alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -28,7 +29,8 @@ from .registry import Op
 @dataclass(frozen=True)
 class Meta:
     """What the checks know of a variable: ``coords`` maps each coordinate's name to its
-    attributes, ``indexes`` each dimension coordinate to its pandas index."""
+    attributes, ``indexes`` each dimension coordinate to its pandas index, ``values`` each
+    coordinate to a function that reads its values (as NumPy), for the checks that need them."""
 
     name: str | None
     dims: tuple[str, ...]
@@ -36,6 +38,7 @@ class Meta:
     coords: dict[str, dict] = field(default_factory=dict)
     indexes: dict[str, pd.Index] = field(default_factory=dict)
     attrs: dict[str, Any] = field(default_factory=dict)
+    values: dict[str, Callable[[], np.ndarray]] = field(default_factory=dict)
 
 
 def meta_of(ds, name: str | None = None) -> Meta:
@@ -47,7 +50,15 @@ def meta_of(ds, name: str | None = None) -> Meta:
         coords={str(k): dict(c.attrs) for k, c in v.coords.items()},
         indexes={str(k): v.indexes[k] for k in v.dims if k in v.indexes},
         attrs=dict(v.attrs),
+        values={str(k): partial(_host_values, c.variable) for k, c in v.coords.items()},
     )
+
+
+def _host_values(variable) -> np.ndarray:
+    """A coordinate's values on the host, read only when a check asks (a 2-D latitude may be large)."""
+    from ..backend import to_numpy
+
+    return np.asarray(to_numpy(variable.data))
 
 
 def _axis(x: Meta, dim: str) -> None:
@@ -77,6 +88,33 @@ def _dates(x: Meta, dim: str) -> pd.Index:
     return index
 
 
+def _listed(values, n: int = 4) -> str:
+    values = list(values)
+    return ", ".join(map(str, values[:n])) + (f" ... ({len(values)} in all)" if len(values) > n else "")
+
+
+def _dates_in_order(x: Meta, dim: str) -> pd.Index:
+    """The dates along ``dim``, which resampling bins as consecutive periods: refused where they are
+    missing (NaT) or out of order, as xarray's ``resample`` refuses them (binned by position, they
+    would put steps in the wrong periods)."""
+    index = _dates(x, dim)
+    missing = np.flatnonzero(pd.isna(index))
+    if missing.size:
+        raise InputError(
+            f"variable {x.name!r}: time coordinate {dim!r} has missing dates (NaT) at step{'s' * (missing.size > 1)} "
+            f"{_listed(missing)}; resampling, as xarray's resample, needs a date at every step: drop those steps first"
+        )
+    if not index.is_monotonic_increasing:
+        values = np.asarray(index)
+        i = int(np.flatnonzero(values[1:] < values[:-1])[0]) + 1
+        raise InputError(
+            f"variable {x.name!r}: time coordinate {dim!r} is not in increasing order (step {i}, {index[i]}, comes "
+            f"after {index[i - 1]}); resampling, as xarray's resample, needs dates in increasing order: "
+            f"sort them first (xarray: x.sortby({dim!r}))"
+        )
+    return index
+
+
 def _standardized_anomaly(x, dim):
     _axis(x, dim)
     return x
@@ -92,20 +130,56 @@ def _rolling_mean(x, dim, window, **_):
     return x
 
 
+# CF's units of latitude (CF conventions, section 4.1), and the units of angles UDUNITS reads
+DEGREES_NORTH = ("degrees_north", "degree_north", "degrees_N", "degree_N", "degreesN", "degreeN")
+DEGREES = (*DEGREES_NORTH, "degrees", "degree", "deg")
+RADIANS = ("radians", "radian", "rad")
+
+
 def _is_latitude(name: str, attrs: dict) -> bool:
-    return (name in ("lat", "latitude") or attrs.get("standard_name") == "latitude"
-            or attrs.get("units") in ("degrees_north", "degree_north"))
+    return name in ("lat", "latitude") or attrs.get("standard_name") == "latitude" or attrs.get("units") in DEGREES_NORTH
+
+
+def latitude_radians(variable, name: str, attrs: dict, values) -> np.ndarray:
+    """The latitudes ``values`` of coordinate ``name`` (with ``attrs``) of ``variable`` in radians,
+    as float64, from their CF units: degrees north (also where no units are given) or radians.
+    InputError naming the coordinate where the units are not those of a latitude or a value is
+    not one (not finite, or beyond the poles: cos(latitude) would weigh it below zero)."""
+    units = attrs.get("units")
+    if units is not None and units not in DEGREES + RADIANS:
+        raise InputError(
+            f"latitude coordinate {name!r} of {variable!r} has units {units!r}; weights='coslat' expects "
+            f"latitudes in degrees_north (or {', '.join(DEGREES[1:])}) or in radians"
+        )
+    values = np.asarray(values)
+    radians = units in RADIANS
+    # the pole in the coordinate's own type: a float32 pi/2 lies a hair above float64's
+    pole = np.asarray(np.pi / 2 if radians else 90.0, dtype=values.dtype if values.dtype.kind == "f" else np.float64)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(values) | (np.abs(values) > pole)
+    if bad.any():
+        bounds = "[-pi/2, pi/2] radians" if radians else f"[-90, 90] {units or 'degrees_north'}"
+        raise InputError(
+            f"latitude coordinate {name!r} of {variable!r} holds values that are not latitudes (finite, within "
+            f"{bounds}): {_listed(np.unique(values[bad]))}"
+        )
+    values = values.astype(np.float64)
+    return values if radians else np.deg2rad(values)
 
 
 def _weighted_mean(x, dims, weights):
     dims = (dims,) if isinstance(dims, str) else tuple(dims)
     for d in dims:
         _axis(x, d)
-    if isinstance(weights, str) and weights == "coslat" and not any(_is_latitude(k, a) for k, a in x.coords.items()):
-        raise InputError(
-            f"weights='coslat' needs a latitude coordinate on {x.name!r} "
-            "(named lat or latitude, or with standard_name 'latitude')"
-        )
+    if isinstance(weights, str) and weights == "coslat":
+        lat = next((k for k, a in x.coords.items() if _is_latitude(k, a)), None)
+        if lat is None:
+            raise InputError(
+                f"weights='coslat' needs a latitude coordinate on {x.name!r} "
+                "(named lat or latitude, or with standard_name 'latitude')"
+            )
+        if lat in x.values:
+            latitude_radians(x.name, lat, x.coords[lat], x.values[lat]())
     if isinstance(weights, str) and weights != "coslat" and weights not in x.coords:
         raise InputError(
             f"weights must be 'coslat', the name of a coordinate of {x.name!r}, a DataArray or None; got {weights!r}"
@@ -147,13 +221,22 @@ def _saturation_vapor_pressure(x, method):
     return x
 
 
+def group_labels(index: pd.Index, freq: str) -> np.ndarray:
+    """The month or day of year of every date of ``index``, and -1 for a missing date (NaT): in
+    no group, as in xarray's groupby."""
+    attr = "day_of_year" if freq == "dayofyear" and isinstance(index, pd.DatetimeIndex) else freq  # cftime: dayofyear
+    labels = np.asarray(getattr(index, attr), dtype=np.float64)  # NaN for NaT
+    return np.where(np.isnan(labels), -1, labels).astype(np.int64)
+
+
 def _groups(x: Meta, freq: str, dim: str) -> pd.Index:
     _axis(x, dim)
     if freq not in ("month", "dayofyear"):
         raise InputError(f"freq must be 'month' or 'dayofyear', got {freq!r}")
-    index = _dates(x, dim)
-    attr = "day_of_year" if freq == "dayofyear" and isinstance(index, pd.DatetimeIndex) else freq  # cftime: dayofyear
-    return pd.Index(np.unique(np.asarray(getattr(index, attr), dtype=np.int64)), name=freq)
+    labels = group_labels(_dates(x, dim), freq)
+    if (labels < 0).all():
+        raise InputError(f"variable {x.name!r}: time coordinate {dim!r} has no dates (every step is NaT)")
+    return pd.Index(np.unique(labels[labels >= 0]), name=freq)
 
 
 def _climatology(x, freq, dim):
@@ -185,7 +268,7 @@ def threshold_in_units_of(x, threshold: float | str) -> float:
 
 
 def _binned(x, freq, dim, threshold=None, **_):
-    index = _dates(x, dim)
+    index = _dates_in_order(x, dim)
     if threshold is not None:
         threshold_in_units_of(x, threshold)
     try:
@@ -222,6 +305,10 @@ def _units(op: Op, x: Meta, params: dict):
 def check(op: Op, x: Meta, params: dict) -> Meta | None:
     """The Meta of ``op``'s result on ``x``, after the op's data checks (InputError as the op
     raises it while building its graph); None where the op has no checks from metadata."""
+    empty = [d for d in x.dims if x.sizes[d] == 0]
+    if empty:  # every op reduces or maps along its dimensions: on none, it has nothing to give
+        sizes = ", ".join(f"{d}: {n}" for d, n in x.sizes.items())
+        raise InputError(f"variable {x.name!r} is empty: its dimension {empty[0]!r} has size 0 ({sizes})")
     rule = CHECKS.get(op.name)
     if rule is None:
         return None

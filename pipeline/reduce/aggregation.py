@@ -401,10 +401,12 @@ def _partials(x: da.Array, labels: np.ndarray, agg: Aggregation, axis: int, kern
 
 
 def group_reduce(x: da.Array, agg: Aggregation, labels: np.ndarray, axis: int, out_dtype, *,
-                 kernel: Callable, split_every=None) -> da.Array:
+                 kernel: Callable, split_every=None, groups: np.ndarray | None = None) -> da.Array:
     """Reduce ``x`` by ``labels`` (one per step along ``axis``, any order), blocks reduced by
-    ``kernel``; the result has one row per distinct label, sorted, along ``axis``."""
-    groups = np.unique(labels)
+    ``kernel``; the result has one row per distinct label, sorted, along ``axis``. ``groups``
+    (sorted) gives the rows instead: steps of labels not among them are left out, and a group
+    with no step gets the reduction of nothing (a mean: NaN)."""
+    groups = np.unique(labels) if groups is None else np.asarray(groups)
     parts = _partials(x, labels, agg, axis, kernel)
 
     def combine(p, axis=None, keepdims=True, computing_meta=False):
