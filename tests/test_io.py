@@ -89,7 +89,7 @@ def test_write_zarr_roundtrip_and_overwrite(tmp_path, backend):
     back = xr.open_zarr(out)["tas"]
     np.testing.assert_array_equal(back.values, x.values)
     # overwrite with a different result: the new store replaces the old, no leftovers
-    write_zarr(gpu_x * 2, tmp_path / "o.zarr", name="tas")
+    write_zarr(gpu_x * 2, tmp_path / "o.zarr", name="tas", mode="overwrite")
     np.testing.assert_array_equal(xr.open_zarr(out)["tas"].values, x.values * 2)
     assert sorted(os.listdir(tmp_path)) == ["o.zarr"]
     with pytest.raises(InputError, match="already exists"):
@@ -117,7 +117,7 @@ def test_failed_write_leaves_nothing_behind(tmp_path):
     # a failed rerun over an existing good store keeps the good store
     write_zarr(x, tmp_path / "o.zarr")
     with pytest.raises(RuntimeError, match="disk full"):
-        write_zarr(failing, tmp_path / "o.zarr")
+        write_zarr(failing, tmp_path / "o.zarr", mode="overwrite")
     assert os.listdir(tmp_path) == ["o.zarr"]
     np.testing.assert_array_equal(xr.open_zarr(tmp_path / "o.zarr")["tas"].values, x.values)
 

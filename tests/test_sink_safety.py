@@ -140,7 +140,7 @@ def test_overwrite_refuses_what_pipeline_did_not_write(tmp_path, source):
 def test_overwrite_replaces_a_store_pipeline_wrote(tmp_path):
     x = climate_array(chunks={"time": 10})
     first = write_zarr(x, tmp_path / "o.zarr")
-    second = write_zarr(x * 2, tmp_path / "o.zarr", name="tas")
+    second = write_zarr(x * 2, tmp_path / "o.zarr", name="tas", mode="overwrite")
     np.testing.assert_array_equal(xr.open_zarr(first)["tas"].values, x.values * 2)
     assert first.digests != second.digests and sorted(os.listdir(tmp_path)) == ["o.zarr"]
     with pytest.raises(InputError, match="already exists"):

@@ -18,16 +18,21 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
+import stat
+import tempfile
 import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import dask
 import numpy as np
@@ -42,6 +47,7 @@ from ..sources import is_url
 da = _deferred("dask.array")  # imported when the first graph is built
 
 MANIFEST = ".pipeline.json"
+STORE_LIBRARIES = ("zarr", "numcodecs", "numpy", "xarray", "dask")  # a partial store is resumed under the same versions
 DIGEST_RULE = (
     "sha256 of the concatenated sha256 digests of each stored chunk's values (each shard's, where "
     "sharded) as C-ordered little-endian bytes (variable-length strings: each value's UTF-8 bytes after "
@@ -61,6 +67,7 @@ class Written:
     digests: dict[str, str] = field(default_factory=dict)
     chunks_written: int = 0
     chunks_kept: int = 0
+    coords: dict[str, str] = field(default_factory=dict)
 
     def __fspath__(self) -> str:
         return os.fspath(self.path)
@@ -227,18 +234,105 @@ def read_manifest(path: str | os.PathLike) -> dict | None:
     return data if isinstance(data, dict) and "pipeline" in data else None
 
 
-def _write_manifest(path: Path, **fields) -> None:
+def versions() -> dict[str, str]:
+    """The versions of pipeline and of the libraries that make a store's bytes: a partial store
+    written under others is not resumed."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
     from .._version import __version__
 
-    data = {"pipeline": __version__, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **fields}
+    out = {"pipeline": __version__, "python": platform.python_version()}
+    for pkg in STORE_LIBRARIES:
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "none"
+    return out
+
+
+def _write_manifest(path: Path, **fields) -> None:
+    data = {"pipeline": versions()["pipeline"], "versions": versions(),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **fields}
     tmp = path / f"{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(data, indent=1))
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # a killed run's (this directory is pipeline's)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data, indent=1))
     os.replace(tmp, path / MANIFEST)
 
 
 def _siblings(final: Path) -> tuple[Path, Path]:
     """The partial store and the lock file of ``final``."""
     return final.parent / f".{final.name}.partial", final.parent / f".{final.name}.lock"
+
+
+def _entries(root: str, rel: str = ""):
+    """``(relative path, os.DirEntry)`` of everything under ``root``, symbolic links not followed."""
+    with os.scandir(os.path.join(root, rel) if rel else root) as it:
+        for e in it:
+            name = f"{rel}/{e.name}" if rel else e.name
+            yield name, e
+            if e.is_dir(follow_symlinks=False):
+                yield from _entries(root, name)
+
+
+def _files(store: Path) -> dict[str, int]:
+    """The regular files of a store pipeline has just written and their sizes: what its manifest
+    records, so that an overwrite later tells them from anything else."""
+    return {name: e.stat(follow_symlinks=False).st_size for name, e in _entries(str(store))
+            if e.is_file(follow_symlinks=False) and name not in (MANIFEST, f"{MANIFEST}.tmp")}
+
+
+def _foreign(store: Path, files: Mapping[str, int]) -> list[str]:
+    """What is in ``store`` and not in the manifest's ``files``: files it does not list (or lists
+    with another size), links, and folders that hold none of them; sorted."""
+    folders = {name.rsplit("/", i)[0] for name in files for i in range(1, name.count("/") + 1)}
+    out = []
+
+    def walk(rel: str) -> None:
+        with os.scandir(store / rel if rel else store) as it:
+            for e in sorted(it, key=lambda e: e.name):
+                name = f"{rel}/{e.name}" if rel else e.name
+                if e.is_symlink():
+                    out.append(f"{name} (a link)")
+                elif e.is_dir():
+                    if name in folders:
+                        walk(name)
+                    else:
+                        out.append(f"{name}/")
+                elif not (rel == "" and e.name == MANIFEST):
+                    if not e.is_file() or files.get(name) != e.stat(follow_symlinks=False).st_size:
+                        out.append(name if name not in files else f"{name} (changed)")
+
+    walk("")
+    return out
+
+
+def _not_ours(store: Path, kind: str) -> str | None:
+    """Why ``store`` (which exists) may not be replaced: it is not a complete store of ``kind``
+    that pipeline wrote, holding only what its manifest records. None when it may."""
+    if store.is_symlink():
+        return f"exists and is a symbolic link (to {os.readlink(store)}; no {MANIFEST} of its own)"
+    if not store.is_dir():
+        return f"exists and is a file (no {MANIFEST})"
+    manifest = read_manifest(store)
+    if manifest is None:
+        what = "a Zarr store pipeline did not write" if (store / "zarr.json").exists() or (store / ".zgroup").exists() else (
+            "a directory that is not a pipeline store")
+        return f"exists and is {what} (no {MANIFEST})"
+    files = manifest.get("files")
+    if not manifest.get("complete") or not isinstance(files, dict):
+        return (f"its {MANIFEST} does not record the files of a complete store pipeline wrote (a store of an older "
+                f"version, an unfinished one, or not pipeline's)")
+    if manifest.get("kind", "output") != kind:
+        return f"holds a {manifest.get('kind')} store, not a {kind} store; pipeline replaces only its own kind"
+    foreign = _foreign(store, files)
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        return f"holds what pipeline did not write: {', '.join(foreign[:3])}{more}"
+    return None
 
 
 def _overlap(target: str, other: str) -> str | None:
@@ -252,37 +346,126 @@ def _overlap(target: str, other: str) -> str | None:
     return None
 
 
+def _is_group(path: str) -> bool:
+    if os.path.exists(os.path.join(path, ".zgroup")):
+        return True
+    try:
+        with open(os.path.join(path, "zarr.json")) as f:
+            return json.load(f).get("node_type") == "group"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _input_paths(store: str) -> list[tuple[str, str]]:
+    """``(name, real path)`` of an input and of every group or array inside it that is a symbolic
+    link (a "virtual" store of links into others): what reading it reads. Groups are followed,
+    arrays' chunks are not walked."""
+    out = [(store, os.path.realpath(store))]
+    seen = set()
+
+    def walk(folder: str, name: str) -> None:
+        real = os.path.realpath(folder)
+        if real in seen:
+            return
+        seen.add(real)
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return
+        for e in entries:
+            if not e.is_dir():  # follows links: a link to a folder counts
+                continue
+            if e.is_symlink():
+                out.append((f"{name}/{e.name}", os.path.realpath(e.path)))
+            if _is_group(e.path):
+                walk(e.path, f"{name}/{e.name}")
+
+    if os.path.isdir(store):
+        walk(store, str(store))
+    return out
+
+
+def _check_writable(path: str | os.PathLike, label: str) -> None:
+    """Refuse an output that could not be written where it is asked for: under a file, or in a
+    folder that is not writable (tried for real, as permissions and read-only file systems say)."""
+    parent = Path(os.path.abspath(path)).parent
+    nearest = parent
+    while not os.path.lexists(nearest):
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        raise InputError(f"{path}: the {label} cannot be written there: {nearest} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=nearest):
+            pass
+    except OSError as e:
+        raise InputError(f"{path}: the {label} cannot be written there: {nearest} is not writable ({e.strerror or e})") from None
+
+
+def _open_lock(lock: Path, flags: int) -> int:
+    """A file descriptor of the lock file (created with ``os.O_CREAT`` in ``flags``), which must be a
+    regular file of its own: a link there would make pipeline write, or lock, what it points to."""
+    try:
+        fd = os.open(lock, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ENOENT and not flags & os.O_CREAT:
+            raise
+        what = "a symbolic link" if e.errno == errno.ELOOP else f"not usable as a lock file ({e.strerror})"
+        raise InputError(f"{lock}: pipeline's lock file for this output is {what}; remove it, or write the output elsewhere") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else "a hard link to another file"
+        raise InputError(f"{lock}: pipeline's lock file for this output is {what}; remove it, or write the output elsewhere")
+    return fd
+
+
 def _lock_holder(lock: Path) -> dict | None:
     """What the lock file says of a run that died holding it (its lock free), else None."""
     try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:
+        fd = _open_lock(lock, os.O_RDONLY)
+    except (OSError, InputError):
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return None  # held: a live run
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None  # held: a live run
+        return _record(fd)
     finally:
         os.close(fd)
+
+
+def _record(fd: int) -> dict | None:
+    """The JSON record a lock file holds; None when it is empty; InputError when it holds anything
+    else (not pipeline's: it is not overwritten)."""
+    text = os.pread(fd, 1 << 20, 0)
+    if not text:
+        return None
     try:
-        return json.loads(lock.read_text() or "{}")
-    except (OSError, ValueError):
-        return {}
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or "pid" not in data:
+        raise InputError(f"holds something other than pipeline's lock record")
+    return data
 
 
 def _stale_reservation(final: Path) -> bool:
     """True when ``final`` is the empty directory a ``mode="fail"`` run reserved and then died."""
     holder = _lock_holder(_siblings(final)[1])
-    return bool(holder and holder.get("reserved")) and final.is_dir() and not any(final.iterdir())
+    return (bool(holder and holder.get("reserved")) and final.is_dir() and not final.is_symlink()
+            and not any(final.iterdir()))
 
 
 def check_target(path: str | os.PathLike, *, mode: str, protect: Iterable[str | os.PathLike] = (), kind: str = "output") -> None:
     """Refuse, with an InputError that says why and what to do, a sink that would destroy data.
 
-    The sink may not be, contain, or lie inside any of ``protect`` (the inputs), in any mode.
-    With ``mode="fail"`` it may not exist; with ``mode="overwrite"`` an existing path is replaced
-    only when it is a store pipeline wrote (its manifest) of the same ``kind``, or an empty
-    directory.
+    The sink may not be, contain, or lie inside any of ``protect`` (the inputs), nor the real
+    path of any group or array in them that is a link elsewhere, in any mode. It must be
+    writable: not under a file, not in a read-only folder. With ``mode="fail"`` it may not exist;
+    with ``mode="overwrite"`` an existing path is replaced only when it is an empty directory or a
+    complete store pipeline wrote (of the same ``kind``) holding nothing but the files its
+    manifest records.
     """
     if mode not in ("overwrite", "fail"):
         raise InputError(f"mode must be 'overwrite' or 'fail', got {mode!r}")
@@ -292,85 +475,115 @@ def check_target(path: str | os.PathLike, *, mode: str, protect: Iterable[str | 
     for p in protect:
         if is_url(p):
             continue
-        how = _overlap(target, os.path.realpath(p))
-        if how:
-            raise InputError(f"{path}: the output {how} the input {p}; write the output somewhere else (--output)")
+        for name, real in _input_paths(os.fspath(p)):
+            how = _overlap(target, real)
+            if how:
+                link = "" if name == os.fspath(p) else f" (a link to {real})"
+                raise InputError(f"{path}: the output {how} the input {name}{link}; write the output somewhere else (--output)")
+    _check_writable(path, "output")
     final = Path(path)
+    lock = _siblings(final)[1]
+    if os.path.lexists(lock) and (lock.is_symlink() or not lock.is_file()):
+        what = "a symbolic link" if lock.is_symlink() else "not a regular file"
+        raise InputError(f"{lock}: pipeline's lock file for this output is {what}; remove it, or write the output elsewhere")
     if not os.path.lexists(final) or _stale_reservation(final):
         return
     if mode == "fail":
         raise InputError(f"{path}: already exists; remove it, write elsewhere, or overwrite it (mode 'overwrite', --overwrite)")
     if final.is_dir() and not final.is_symlink() and not any(final.iterdir()):
         return
-    manifest = read_manifest(final) if final.is_dir() and not final.is_symlink() else None
-    if manifest is None:
-        what = "a Zarr store pipeline did not write" if (final / "zarr.json").exists() or (final / ".zgroup").exists() else (
-            "a directory that is not a pipeline store" if final.is_dir() else "a file")
-        raise InputError(
-            f"{path}: exists and is {what} (no {MANIFEST}); pipeline replaces only stores it wrote.\n"
-            f"  remove it yourself if it may go, or write the output elsewhere"
-        )
-    if manifest.get("kind", "output") != kind:
-        raise InputError(
-            f"{path}: holds a {manifest.get('kind')} store, not a {kind} store; pipeline replaces only its own kind.\n"
-            f"  remove it yourself if it may go, or write elsewhere"
-        )
+    why = _not_ours(final, kind)
+    if why:
+        raise InputError(f"{path}: {why}; pipeline replaces only what it wrote.\n  remove it yourself if it may go, or write the output elsewhere")
+
+
+class _Lock:
+    """The lock of an output, held by this run. ``previous``: the record a run that died holding it
+    left (None if none). This run's record names what it creates beside the output before it
+    creates it, so that the next run removes that, and only that, if this one dies."""
+
+    def __init__(self, fd: int, final: Path, previous: dict | None):
+        self.fd, self.final, self.previous = fd, final, previous
+        self.state = {"pid": os.getpid(), "host": os.uname().nodename, "run": uuid.uuid4().hex, "created": []}
+        self.note()
+
+    def note(self, **kw) -> None:
+        self.state.update(kw)
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, json.dumps(self.state).encode(), 0)
+
+    def creates(self, path: Path) -> Path:
+        """Record that this run creates (or takes over) ``path``, a sibling of the output."""
+        if path.name not in self.state["created"]:
+            self.note(created=[*self.state["created"], path.name])
+        return path
+
+    def left(self) -> list[str]:
+        return [n for n in self.state["created"] if os.path.lexists(self.final.parent / n)]
 
 
 @contextlib.contextmanager
 def _locked(final: Path):
-    """Hold the exclusive lock of ``final`` for the block; yield what the last holder (a run that
-    died) left in the lock file, or None. Another run holding it: InputError naming its pid."""
+    """Hold the exclusive lock of ``final`` for the block; yield its :class:`_Lock`. Another run
+    holding it: InputError naming its pid. The lock file stays where this run leaves something
+    beside the output (a partial store kept for ``resume``), as the record of what it created."""
     lock = _siblings(final)[1]
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(lock, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
             holder = {}
-            with contextlib.suppress(OSError, ValueError):
-                holder = json.loads(lock.read_text() or "{}")
+            with contextlib.suppress(InputError):
+                holder = _record(fd) or {}
+            os.close(fd)
             raise InputError(
                 f"{final}: another run (pid {holder.get('pid', '?')} on {holder.get('host', '?')}) is writing this output; "
                 f"wait for it to finish or stop it"
             ) from None
         try:
-            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+            same = os.fstat(fd).st_ino == os.lstat(lock).st_ino
         except FileNotFoundError:
             same = False
         if same:
             break
         os.close(fd)  # the holder removed the file as we opened it: lock the new one
-    previous = None
-    with contextlib.suppress(ValueError):
-        previous = json.loads(os.pread(fd, 1 << 16, 0).decode() or "null")
-    state = {"pid": os.getpid(), "host": os.uname().nodename}
-    _note(fd, state)
     try:
-        yield previous, lambda **kw: _note(fd, {**state, **kw})
+        previous = _record(fd)
+    except InputError as e:
+        os.close(fd)
+        raise InputError(f"{lock}: pipeline's lock file for this output {e}; remove it, or write the output elsewhere") from None
+    held = _Lock(fd, final, previous)
+    try:
+        yield held
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock)
+        if not held.left():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock)
         os.close(fd)
 
 
-def _note(fd: int, state: dict) -> None:
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(state).encode(), 0)
-
-
-def _clear_leftovers(final: Path, previous: dict | None, keep_partial: bool) -> None:
-    """Remove what runs that died left (their lock is free, we hold it now): partial stores,
-    old stores moved aside, and the empty directory a ``mode="fail"`` run reserved."""
+def _clear_leftovers(final: Path, previous: dict | None, keep_partial: bool, kind: str) -> None:
+    """Remove what a run that died left (its lock is free, we hold it now): what its lock record
+    says it created (a partial store, a scratch folder, an old store moved aside: that one only
+    where it still holds nothing but what its manifest records), and the empty directory a
+    ``mode="fail"`` run reserved. Anything else is left alone; a partial store in the way that no
+    record accounts for is refused."""
     partial = _siblings(final)[0]
-    for p in final.parent.glob(f".{final.name}.partial-*"):
-        _remove(p, settle=0)
-    for p in final.parent.glob(f".{final.name}.old-*"):
-        _remove(p, settle=0)
-    if partial.exists() and not keep_partial:
-        _remove(partial, settle=0)
-    if previous and previous.get("reserved") and final.is_dir() and not any(final.iterdir()):
+    ours = re.compile(rf"\.{re.escape(final.name)}\.(partial|scratch|old-[0-9a-f]{{12}})")
+    created = (previous or {}).get("created")
+    for name in created if isinstance(created, list) else ():
+        p = final.parent / str(name)
+        if not ours.fullmatch(str(name)) or (keep_partial and p == partial) or p.is_symlink() or not p.is_dir():
+            continue
+        if ".old-" not in p.name or _not_ours(p, kind) is None:
+            _remove(p, settle=0)
+    if os.path.lexists(partial) and not keep_partial:
+        raise InputError(
+            f"{partial}: is in the way of this run's partial output, and no record says a run of pipeline left it; "
+            f"remove it yourself if it may go"
+        )
+    if previous and previous.get("reserved") and final.is_dir() and not final.is_symlink() and not any(final.iterdir()):
         final.rmdir()
 
 
@@ -386,14 +599,20 @@ def _resumable(partial: Path, fingerprint: str, ds: xr.Dataset) -> str | None:
     """Why the partial store cannot be resumed, or None when it can."""
     import zarr
 
+    if partial.is_symlink() or not partial.is_dir():
+        return "it is not a directory"
     manifest = read_manifest(partial)
     if manifest is None:
         return "it has no manifest"
     if manifest.get("fingerprint") != fingerprint:
         return "it was written from another flow or source (fingerprint differs)"
+    then, now = manifest.get("versions") or {}, versions()
+    changed = [f"{k} {then.get(k, 'unrecorded')}, now {v}" for k, v in now.items() if then.get(k) != v]
+    if changed:
+        return f"it was written by other versions ({'; '.join(changed)})"
     try:
         group = zarr.open_group(str(partial), mode="r")
-        for k, v in ds.data_vars.items():
+        for k, v in ds.variables.items():
             if tuple(group[k].shape) != tuple(v.shape):
                 return f"its variable {k!r} has another shape"
     except Exception as e:
@@ -405,7 +624,7 @@ def write_zarr(
     obj: xr.Dataset | xr.DataArray,
     path: str | os.PathLike,
     *,
-    mode: str = "overwrite",
+    mode: str = "fail",
     name: str | None = None,
     zarr_format: int = 3,
     encoding: Mapping | None = None,
@@ -415,23 +634,30 @@ def write_zarr(
     fingerprint: str | None = None,
     kind: str = "output",
     store_block=store_with_zarr,
+    check_inputs: Callable[[], None] | None = None,
 ) -> Written:
     """Write ``obj`` to a Zarr store at ``path``, all or nothing; return a :class:`Written`.
 
     The store is written to ``.NAME.partial`` beside ``path`` and renamed to ``path`` once every
     chunk is written; an exception or an interrupt removes the partial store (with ``resume``, it
-    is kept for the next run to complete). ``mode="overwrite"``
-    replaces an existing store pipeline wrote (of the same ``kind``) only once the new one is
-    complete; ``mode="fail"`` reserves ``path`` at the start (atomically) and refuses an existing
-    one. ``protect``: the inputs, which the output may not be, contain or lie inside.
+    is kept for the next run to complete). ``mode="fail"`` (the default, as xarray's ``to_zarr``)
+    reserves ``path`` at the start (atomically) and refuses an existing one; ``mode="overwrite"``
+    replaces an existing store pipeline wrote (of the same ``kind``, holding nothing but what it
+    wrote) only once the new one is complete. ``protect``: the inputs, which the output may not
+    be, contain or lie inside.
 
     ``resume=True`` continues from the partial store a killed run left, if it was written from
-    the same ``fingerprint`` (default: the dataset's dask token): chunks found there are read
-    back, checked and kept, and only the missing ones are computed. Each data variable's digest
-    is computed by the tasks that write it (:data:`DIGEST_RULE`) and stored in the manifest.
+    the same ``fingerprint`` (default: the dataset's dask token) by the same versions of pipeline
+    and its libraries: chunks found there are read back, checked and kept, and only the missing
+    ones are computed. Each variable's digest is computed by the tasks that write it
+    (:data:`DIGEST_RULE`) and stored in the manifest, with the files written and each array's
+    metadata.
 
     ``store_block(block, region, array_dir) -> digest`` stores each block in the partial store
     (default :func:`store_with_zarr`); a writer of its own chunk files passes its own.
+    ``check_inputs()`` is called once everything is written, just before the store is put in
+    place: if it raises (an input changed while the run read it), nothing is published and the
+    partial store is removed, with ``resume`` too.
     """
     check_target(path, mode=mode, protect=protect, kind=kind)
     final = Path(path)
@@ -440,50 +666,73 @@ def write_zarr(
     threads = compute_threads(obj)
     ds = to_host_dataset(obj, name)
     fingerprint = fingerprint or default_fingerprint(ds)
-    with _locked(final) as (previous, note):
-        why = _resumable(partial, fingerprint, ds) if resume and partial.exists() else None
+    with _locked(final) as lock:
+        why = _resumable(partial, fingerprint, ds) if resume and os.path.lexists(partial) else None
         if why:
             warnings.warn(f"{partial}: not resumed, starting over: {why}", stacklevel=2)
-        _clear_leftovers(final, previous, keep_partial=resume and why is None)
+        keep = resume and why is None and partial.is_dir()
+        _clear_leftovers(final, lock.previous, keep_partial=keep, kind=kind)
         # with resume, what a failed run wrote stays for the next run to complete
-        with _published(path, final, partial, note, mode=mode, protect=protect, kind=kind, keep_on_failure=resume):
-            written = _write(ds, partial, encoding, zarr_format, fingerprint, kind, progress, threads, fresh=not partial.exists(),
+        with _published(path, final, partial, lock, mode=mode, protect=protect, kind=kind, keep_on_failure=resume,
+                        check_inputs=check_inputs):
+            if not keep:
+                os.mkdir(lock.creates(partial))
+            written = _write(ds, partial, encoding, zarr_format, fingerprint, kind, progress, threads, fresh=not keep,
                              store_block=store_block)
     written.path = final
     return written
 
 
 @contextlib.contextmanager
-def staged(path: str | os.PathLike, *, mode: str = "fail", kind: str = "output", protect: Iterable[str | os.PathLike] = (), **manifest):
+def staged(path: str | os.PathLike, *, mode: str = "fail", kind: str = "output", protect: Iterable[str | os.PathLike] = (),
+           scratch: bool = False, check_inputs: Callable[[], None] | None = None, **manifest):
     """All or nothing for a store that another writer makes (bio2zarr, say): yields the hidden
     partial path beside ``path`` (``.NAME.partial``, not yet created), for the caller to write the
     whole store into; once the block ends without error, the manifest (``kind``, ``manifest``'s
-    fields) is written into it and it is renamed into place. An exception or an interrupt
-    removes the partial store. ``mode`` and ``protect`` as :func:`write_zarr`'s: an existing
-    ``path`` is replaced only where pipeline wrote it (``mode="overwrite"``), and a run holds the
-    lock of ``path`` while it writes."""
+    fields, the digests of the arrays read back, the files) is written into it, ``check_inputs()``
+    is called, and it is renamed into place. An exception or an interrupt removes the partial
+    store. ``mode`` and ``protect`` as :func:`write_zarr`'s: an existing ``path`` is replaced only
+    where pipeline wrote it (``mode="overwrite"``), and a run holds the lock of ``path`` while it
+    writes. ``scratch``: also create a folder for intermediate files beside ``path``
+    (``.NAME.scratch``), removed at the end; the block gets ``(partial, scratch)``."""
     check_target(path, mode=mode, protect=protect, kind=kind)
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = _siblings(final)[0]
-    with _locked(final) as (previous, note):
-        _clear_leftovers(final, previous, keep_partial=False)
-        with _published(path, final, partial, note, mode=mode, protect=protect, kind=kind):
-            yield partial
-            if not partial.is_dir():
+    with _locked(final) as lock:
+        _clear_leftovers(final, lock.previous, keep_partial=False, kind=kind)
+        lock.creates(partial)
+        with _published(path, final, partial, lock, mode=mode, protect=protect, kind=kind, check_inputs=check_inputs):
+            if not scratch:
+                yield partial
+            else:
+                folder = final.parent / f".{final.name}.scratch"
+                if os.path.lexists(folder):
+                    raise InputError(f"{folder}: is in the way of this run's scratch folder, and no record says a run of "
+                                     f"pipeline left it; remove it yourself if it may go")
+                os.mkdir(lock.creates(folder))
+                try:
+                    yield partial, folder
+                finally:
+                    shutil.rmtree(folder, ignore_errors=True)
+            if partial.is_symlink() or not partial.is_dir():
                 raise RuntimeError(f"{partial}: the store was not written")
-            _write_manifest(partial, kind=kind, complete=True, **manifest)
+            digests = _read_digests(partial)
+            _write_manifest(partial, kind=kind, complete=True, digest=DIGEST_RULE, digests=digests, coords={},
+                            arrays=_arrays(partial), files=_files(partial), **manifest)
 
 
 @contextlib.contextmanager
-def _published(path, final: Path, partial: Path, note, *, mode: str, protect, kind: str, keep_on_failure: bool = False):
-    """Under the lock of ``final`` (``note`` from :func:`_locked`): check the target again,
-    reserve ``final`` atomically where ``mode`` is "fail", run the block that writes ``partial``,
-    then rename it into place; on failure or interrupt, remove ``partial`` (unless
-    ``keep_on_failure``) and the reservation. The one way :func:`write_zarr` and :func:`staged`
-    put a store in place."""
+def _published(path, final: Path, partial: Path, lock: _Lock, *, mode: str, protect, kind: str,
+               keep_on_failure: bool = False, check_inputs: Callable[[], None] | None = None):
+    """Under the lock of ``final``: check the target again, reserve ``final`` atomically where
+    ``mode`` is "fail", run the block that writes ``partial``, call ``check_inputs``, then rename
+    it into place; on failure or interrupt, remove ``partial`` (unless ``keep_on_failure`` and
+    the failure is not ``check_inputs``'s) and the reservation. The one way :func:`write_zarr`
+    and :func:`staged` put a store in place."""
     check_target(path, mode=mode, protect=protect, kind=kind)  # again, under the lock
     reserved = False
+    keep = keep_on_failure
     try:
         if mode == "fail":
             try:
@@ -491,15 +740,24 @@ def _published(path, final: Path, partial: Path, note, *, mode: str, protect, ki
             except FileExistsError:
                 raise InputError(f"{path}: already exists (another run created it meanwhile)") from None
             reserved = True
-            note(reserved=True)
+            lock.note(reserved=True)
         yield
+        if check_inputs is not None:
+            keep = False  # written from inputs that changed: worth nothing, to a rerun either
+            check_inputs()
+            keep = keep_on_failure
         if reserved:
-            os.rename(partial, final)  # onto the empty reserved directory: atomic
+            try:
+                os.rename(partial, final)  # onto the empty reserved directory: atomic
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                    raise
+                raise InputError(f"{path}: something else was put there while this run wrote; nothing was replaced") from None
         else:
-            _replace(partial, final)
-        note()
+            _replace(partial, final, lock, kind)
+        lock.note(reserved=False)
     except BaseException:
-        if not keep_on_failure:
+        if not keep:
             _remove(partial)
         if reserved:
             with contextlib.suppress(OSError):
@@ -515,18 +773,18 @@ def _write(ds, partial: Path, encoding, zarr_format, fingerprint, kind, progress
     if fresh:
         with warnings.catch_warnings(), distributed_not_imported():
             warnings.filterwarnings("ignore", message=".*[Cc]onsolidated metadata.*")
-            # the metadata only: the blocks are written below
+            # the metadata, and the variables held in memory: the blocks are written below
             ds.to_zarr(partial, mode="w-", zarr_format=zarr_format, consolidated=True, encoding=enc, compute=False)
         _write_manifest(partial, kind=kind, fingerprint=fingerprint, complete=False)
     group = zarr.open_group(str(partial), mode="r")
     root = os.path.abspath(partial)
     todo, kept, digests, checks = [], {}, {}, []
-    for k, v in ds.data_vars.items():
+    for k, v in ds.variables.items():  # coordinates too: a reader reads them as well
         array_dir = os.path.join(root, str(k))
         unit = _unit(group[k])
         regions = _grid(v.shape, unit)
         if not isinstance(v.data, da.Array):
-            values = np.asarray(_encoded(v.variable, str(k), enc[k]).values)
+            values = np.asarray(_encoded(v, str(k), enc[k]).values)
             digests[k] = _combine(block_sha(values[r]) for r in regions)
             continue
         if not fresh:
@@ -539,7 +797,7 @@ def _write(ds, partial: Path, encoding, zarr_format, fingerprint, kind, progress
                 kept.setdefault(k, {})[i] = sha
     tasks, where = [], []
     for k, array_dir, unit, v in todo:
-        data = _aligned(_encoded(v.variable, str(k), enc[k]).data, unit)
+        data = _aligned(_encoded(v, str(k), enc[k]).data, unit)
         token = dask.base.tokenize(data, array_dir)
         shas = data.map_blocks(
             _write_block, array_dir=array_dir, store=store_block, dtype="<U64", chunks=tuple((1,) * n for n in data.numblocks),
@@ -556,9 +814,11 @@ def _write(ds, partial: Path, encoding, zarr_format, fingerprint, kind, progress
         per_var[k][i] = str(np.asarray(sha).ravel()[0])
     for k, shas in per_var.items():
         digests[k] = _combine(shas[i] for i in range(len(shas)))
-    written = Written(partial, {str(k): digests[k] for k in ds.data_vars}, len(tasks), sum(map(len, kept.values())))
+    written = Written(partial, {str(k): digests[k] for k in ds.data_vars}, len(tasks), sum(map(len, kept.values())),
+                      {str(k): digests[k] for k in ds.coords})
     _write_manifest(
         partial, kind=kind, fingerprint=fingerprint, complete=True, digest=DIGEST_RULE, digests=written.digests,
+        coords=written.coords, arrays=_arrays(partial), files=_files(partial),
         chunks={"written": written.chunks_written, "kept": written.chunks_kept},
     )
     return written
@@ -566,37 +826,113 @@ def _write(ds, partial: Path, encoding, zarr_format, fingerprint, kind, progress
 
 # --- verifying ------------------------------------------------------------------------------------
 
+# attributes that change the values a reader decodes (CF), recorded for each array with its dtype,
+# fill value, shape and dimensions; ``units`` only where it is a time's ("days since ...")
+DECODING = ("scale_factor", "add_offset", "_FillValue", "missing_value", "valid_min", "valid_max", "valid_range", "_Unsigned",
+            "dtype", "calendar")
 
-def verify(path: str | os.PathLike) -> dict[str, str]:
-    """Recompute each variable's digest from the stored chunks and compare it with the manifest;
-    return the digests. InputError naming the variable (and the chunk) when they differ or a
-    chunk fails its checksum, or when ``path`` is not a complete store pipeline wrote."""
+
+def _plain(value):
+    """A value of metadata as JSON keeps it, comparable with itself read back from a manifest."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in list(value)]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+
+
+def _describe(arr) -> dict:
+    """What of an array's metadata changes the values a reader reads from it."""
+    attrs = dict(arr.attrs)
+    out = {"dtype": str(arr.dtype), "fill_value": arr.fill_value, "shape": arr.shape,
+           "dimensions": getattr(arr.metadata, "dimension_names", None) or attrs.get("_ARRAY_DIMENSIONS")}
+    out |= {k: attrs[k] for k in DECODING if k in attrs}
+    if isinstance(attrs.get("units"), str) and " since " in attrs["units"]:
+        out["units"] = attrs["units"]
+    return _plain(out)
+
+
+def _arrays(store: Path, consolidated: bool = False) -> dict[str, dict] | None:
+    """Each array of ``store`` and :func:`_describe`'s account of it, as its own metadata says (or
+    its consolidated metadata, what most readers read: None where there is none)."""
     import zarr
 
-    manifest = read_manifest(path)
+    group = zarr.open_group(str(store), mode="r", use_consolidated=None if consolidated else False)
+    if consolidated and group.metadata.consolidated_metadata is None:
+        return None
+    return {name: _describe(node) for name, node in _members(group) if isinstance(node, zarr.Array)}
+
+
+def _members(group):
+    """Every node of a group, with its path (zarr warns of the manifest, which is none)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy")
+        return group.members(max_depth=None)
+
+
+def _read_digests(store: Path, names: Iterable[str] | None = None) -> dict[str, str]:
+    """The digest of each array of ``store`` (or of ``names``), its chunks read back in parallel."""
+    import zarr
+
+    root = os.path.abspath(store)
+    group = zarr.open_group(root, mode="r", use_consolidated=False)
+    if names is None:
+        names = sorted(name for name, node in _members(group) if isinstance(node, zarr.Array))
+    tasks = []
+    for k in names:
+        arr = group[k]
+        tasks.append([dask.delayed(_read_sha, pure=False)(os.path.join(root, k), r, k) for r in _grid(arr.shape, _unit(arr))])
+    return {k: _combine(shas) for k, shas in zip(names, compute(tasks) if tasks else [])}
+
+
+def verify(path: str | os.PathLike) -> dict[str, str]:
+    """Check a store against what its manifest says pipeline wrote, as a reader would read it:
+    the set of arrays, the metadata that changes decoded values (dtype, fill value, scale and
+    offset, missing values, a time's units and calendar; its own and the consolidated copy), and
+    the digest of every array, recomputed from the stored chunks (data variables and
+    coordinates). Return the data variables' digests. InputError naming each array and what
+    differs, a chunk that fails its checksum, or a path that is not a complete store pipeline wrote."""
+    store = Path(path)
+    if not os.path.lexists(store):
+        raise InputError(f"{path}: does not exist")
+    if not store.is_dir():
+        raise InputError(f"{path}: is a file, not a store")
+    manifest = read_manifest(store)
     if manifest is None:
         raise InputError(f"{path}: no {MANIFEST}: not a store pipeline wrote, nothing to verify against")
-    if not manifest.get("complete") or "digests" not in manifest:
-        raise InputError(f"{path}: the manifest records no digests (an incomplete store)")
-    root = os.path.abspath(path)
-    tasks, names = [], []
-    for k in manifest["digests"]:
-        array_dir = os.path.join(root, k)
-        try:
-            arr = zarr.open_array(array_dir, mode="r")
-        except Exception as e:
-            raise InputError(f"{path}: variable {k!r} is missing or unreadable: {e}") from None
-        tasks.append([dask.delayed(_read_sha, pure=False)(array_dir, r, k) for r in _grid(arr.shape, _unit(arr))])
-        names.append(k)
-    found = compute(tasks)
-    actual = {k: _combine(shas) for k, shas in zip(names, found)}
-    bad = [k for k in names if actual[k] != manifest["digests"][k]]
-    if bad:
-        raise InputError(
-            f"{path}: the values of {', '.join(map(repr, bad))} differ from those written "
-            f"(digest {actual[bad[0]]}, manifest {manifest['digests'][bad[0]]})"
-        )
-    return actual
+    digests, coords, arrays = manifest.get("digests"), manifest.get("coords"), manifest.get("arrays")
+    if not manifest.get("complete") or not isinstance(digests, dict) or not digests:
+        raise InputError(f"{path}: the manifest records no digests (an incomplete store, or an edited manifest): nothing to verify against")
+    if not isinstance(coords, dict) or not isinstance(arrays, dict) or set(arrays) != set(digests) | set(coords):
+        raise InputError(f"{path}: the manifest does not account for every array written (an older pipeline's store, "
+                         f"or an edited manifest): cannot verify what a reader reads")
+    expected = {**coords, **digests}
+    problems = []
+    on_disk = _arrays(store)
+    for view, found in (("", on_disk), (" (consolidated metadata)", _arrays(store, consolidated=True))):
+        if found is None:
+            continue
+        problems += [f"{k!r}: in the store{view} but pipeline did not write it" for k in sorted(set(found) - set(arrays))]
+        problems += [f"{k!r}: written by pipeline but missing from the store{view}" for k in sorted(set(arrays) - set(found))]
+        for k in sorted(set(arrays) & set(found)):
+            keys = sorted(set(arrays[k]) | set(found[k]))
+            diff = [f"{a} {found[k].get(a, '(none)')!r}, written {arrays[k].get(a, '(none)')!r}" for a in keys
+                    if found[k].get(a, "(none)") != arrays[k].get(a, "(none)")]
+            if diff:
+                problems.append(f"{k!r}{view}: " + "; ".join(diff))
+    present = [k for k in expected if k in on_disk]
+    actual = _read_digests(store, present)
+    problems += [f"{k!r}: the values differ from those written (digest {actual[k]}, manifest {expected[k]})"
+                 for k in present if actual[k] != expected[k]]
+    if problems:
+        raise InputError(f"{path}: differs from what pipeline wrote:\n  " + "\n  ".join(dict.fromkeys(problems)))
+    return {k: actual[k] for k in digests}
 
 
 def directory_bytes(path: str | os.PathLike) -> int:
@@ -625,12 +961,22 @@ def _remove(path: Path, settle: float = 3.0) -> None:
             quiet_since = time.monotonic()
 
 
-def _replace(new: Path, final: Path) -> None:
-    """Move a complete store into place; an old store is moved aside first, then deleted."""
+def _replace(new: Path, final: Path, lock: _Lock, kind: str) -> None:
+    """Move a complete store into place. An old store is moved aside first and checked again
+    there, where no one adds to it by its name: one that holds anything pipeline did not write
+    goes back in place, untouched, and nothing is replaced; else it is deleted."""
     old = None
-    if final.exists():
-        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:12]}"
-        os.replace(final, old)
+    if os.path.lexists(final):
+        old = lock.creates(final.parent / f".{final.name}.old-{uuid.uuid4().hex[:12]}")
+        os.rename(final, old)
+        why = None if old.is_dir() and not old.is_symlink() and not any(old.iterdir()) else _not_ours(old, kind)
+        if why:
+            try:
+                os.rename(old, final)
+            except OSError:
+                lock.note(created=[n for n in lock.state["created"] if n != old.name])  # not for the next run to remove
+                raise InputError(f"{final}: {why}; nothing was replaced, and the store is now at {old}") from None
+            raise InputError(f"{final}: {why}; nothing was replaced.\n  remove it yourself if it may go, or write the output elsewhere")
     os.replace(new, final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
