@@ -4,9 +4,9 @@ Each page's blocks run in a fresh working directory prepared as a user's checkou
 flows and profiles copied in), one after another, so that a block may use what an earlier block of
 its page wrote (``pipeline run flows/climate_anomaly.yaml`` writes ``data/demo.zarr``, which the
 Python block after it opens). ``python`` blocks run as scripts, ``bash``/``sh`` blocks as
-scripts that stop at the first failing command, the commands of ``console`` blocks (the lines
-after ``$ ``) likewise, and ``yaml`` blocks that are flows go through ``pipeline validate``; each
-must exit 0. ``text`` blocks, and ``yaml`` blocks that are not flows (cluster profiles, dask's
+scripts that stop at the first failing command (``-e``, and ``pipefail`` for bash), the commands
+of ``console`` blocks (the lines after ``$ ``) likewise, and ``yaml`` blocks that are flows go
+through ``pipeline validate``; each must exit 0. ``text`` blocks, and ``yaml`` blocks that are not flows (cluster profiles, dask's
 own settings), are shown, not run.
 
 A block that cannot run on a CPU-only machine without a cluster says so on the line before its
@@ -121,7 +121,7 @@ def run_block(block: Block, n: int, workdir: Path, scripts: Path) -> None:
     else:
         script = scripts / f"block{n}.sh"
         script.write_text(as_run(block))
-        cmd = ["bash" if block.lang != "sh" else "sh", "-e", str(script)]
+        cmd = ["sh", "-e", str(script)] if block.lang == "sh" else ["bash", "-e", "-o", "pipefail", str(script)]
     r = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (
         f"{block} exited {r.returncode}:\n{textwrap.indent(block.text, '    ')}\n"
