@@ -785,7 +785,8 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume, im
     built = build_flow(flow, target)
     t_build = time.perf_counter() - t_build
     sink_path = output or flow.sink.path
-    rep |= _audit(flow, arrays_read(built.source))
+    arrays = arrays_read(built.source)
+    rep |= _audit(flow, arrays)
     results = built.result.data_vars.values() if isinstance(built.result, xr.Dataset) else [built.result]
     mem_plan = None
     if client is None:  # a cluster's workers keep their own limits and spill
@@ -806,6 +807,7 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume, im
         written = write_zarr(
             out, sink_path, mode=flow.sink.mode, name=flow.sink.name, progress=progress,
             protect=(flow.source.path,), resume=resume, fingerprint=resume_token,
+            check_inputs=lambda: check_unchanged(flow, rep["inputs"], arrays),
         )
     by_part = {part: _timing(t) for part, t in attribute(times, built.parts).items()}
 
@@ -854,6 +856,20 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume, im
                     "steps": {s["name"]: {k: s[k] for k in ("task_seconds", "tasks", "fused_into") if k in s}
                               for s in steps}})
     return done
+
+
+def check_unchanged(flow: Flow, inputs: list[dict], arrays: list[str]) -> None:
+    """Refuse a result computed from inputs that changed while the run read them (``inputs``:
+    their fingerprints, taken before computing): zarr reads a chunk deleted meanwhile as fill
+    values, so such a result may look complete and hold missing or mixed data."""
+    for before in inputs:
+        now = path_fingerprint(before["path"], arrays)
+        if now["fingerprint"] != before["fingerprint"]:
+            raise InputError(
+                f"{flow._file}: source.path: {before['path']}: changed during the run (files rewritten, added or "
+                f"removed: {before['files']} files of {before['bytes']} bytes before, {now['files']} of {now['bytes']} "
+                "after); nothing was written: run again once the source no longer changes"
+            )
 
 
 def _stored_bytes(path: str, variable: str) -> int:

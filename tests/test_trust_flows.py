@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dask.callbacks import Callback
 import xarray as xr
 import yaml
 
@@ -235,3 +236,52 @@ def test_unknown_ops_and_keys_say_what_was_meant(tmp_path):
     unknown_op = err[err.index("pipeline: error: nothing.yaml"):err.index("pipeline: error: step.yaml")].splitlines()
     assert len(unknown_op) <= 5 and all(len(line) <= 120 for line in unknown_op), unknown_op
     assert "weighted_mean" in err and "hardy_weinberg_test" not in err  # a flow of one variable lists those ops
+
+
+# --- a source changed during the run fails it ---------------------------------------------------------------
+
+
+class _AfterFirstTask(Callback):
+    """Calls ``change`` once, when the run's first task has finished (the source is being read)."""
+
+    def __init__(self, change):
+        super().__init__()
+        self.change = change
+        self.done = False
+
+    def _posttask(self, key, result, dsk, state, id):
+        if not self.done:
+            self.done = True
+            self.change()
+
+
+@pytest.mark.parametrize("how", ["deleted", "rewritten"])
+def test_a_source_changed_during_the_run_fails_it_and_writes_nothing(tmp_path, monkeypatch, capsys, how):
+    from pipeline import cli as cli_module
+
+    monkeypatch.chdir(tmp_path)
+    climate_array(shape=(40, 4, 6), chunks={"time": 10}).to_dataset().to_zarr("src.zarr")
+    chunks = sorted(p for p in Path("src.zarr/tas").rglob("*") if p.is_file() and p.name != "zarr.json")
+    assert len(chunks) == 4
+
+    def change():
+        for chunk in chunks[1:]:
+            if how == "deleted":
+                chunk.unlink()
+            else:  # the same bytes written again, a second later
+                st = chunk.stat()
+                chunk.write_bytes(chunk.read_bytes())
+                os.utime(chunk, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+    write_flow(tmp_path / "f.yaml", [{"op": "climatology"}])
+    (tmp_path / "f.yaml").write_text((tmp_path / "f.yaml").read_text().replace("data/demo.zarr", "src.zarr"))
+    with _AfterFirstTask(change) as changed:
+        code = cli_module.main(["run", "f.yaml", "--report", "r.json", "--no-progress"])
+    assert changed.done
+    assert code == cli_module.EXIT_INPUT
+    err = capsys.readouterr().err
+    assert "f.yaml: source.path: src.zarr: changed during the run (files rewritten, added or removed: 12 files" in err
+    assert "nothing was written: run again once the source no longer changes" in err and "Traceback" not in err
+    assert not Path("out/t.zarr").exists() and not [p for p in Path("out").iterdir() if "partial" in p.name]
+    rep = json.loads(Path("r.json").read_text())
+    assert rep["status"] == "failed" and rep["exit_status"] == 2 and "changed during the run" in rep["error"]
