@@ -188,22 +188,20 @@ def check_same_backend(*arrays) -> Backend:
     return backends.pop() if backends else "cpu"
 
 
-def _bytes_or_fraction(value, total: int) -> int:
-    from dask.utils import parse_bytes
-
-    if value is None:
-        return total
-    if isinstance(value, str) and any(c.isalpha() for c in value):
-        return int(parse_bytes(value))  # "16GB", "1B": bytes
-    value = float(value)
-    return int(value * total) if value <= 1 else int(value)  # 0.8: a fraction; 2e9: bytes
+def _bytes_or_fraction(value, total: int, key: str | None = None) -> int:
+    """``value`` in bytes: a size ("16GB", a whole number above 1) or a fraction of ``total`` (from
+    0 to 1); None: ``total``. Anything else is an InputError naming the setting ``pipeline.<key>``."""
+    try:
+        return config.share(value, total)
+    except ValueError as e:
+        raise InputError(f"pipeline.{key}: {e}" if key else str(e)) from None
 
 
 def device_memory_limit() -> int:
     """Bytes of device memory pipeline may hold on the current GPU (``pipeline.gpu.memory-limit``:
     bytes such as "16GB", or a fraction of the GPU's memory)."""
     total = module("gpu").cuda.Device().mem_info[1]
-    return _bytes_or_fraction(config.get("gpu.memory-limit", None), total)
+    return _bytes_or_fraction(config.get("gpu.memory-limit", None), total, "gpu.memory-limit")
 
 
 def use_device_memory_limit() -> None:
@@ -252,4 +250,4 @@ def memory_budget(backend: Backend) -> int:
         return device_memory_limit()
     import psutil
 
-    return _bytes_or_fraction(config.get("cpu.memory-limit", None), psutil.virtual_memory().total)
+    return _bytes_or_fraction(config.get("cpu.memory-limit", None), psutil.virtual_memory().total, "cpu.memory-limit")

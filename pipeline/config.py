@@ -1,15 +1,20 @@
 """pipeline's settings live in dask's own config, under the key ``pipeline``.
 
 One mechanism for all settings: YAML files in dask's config paths and ``DASK_PIPELINE__*``
-environment variables, read by ``dask.config``. Defaults ship in ``pipeline.yaml``.
+environment variables, read by ``dask.config``. Defaults ship in ``pipeline.yaml``;
+:func:`check` refuses a key that is not one of them (a misspelt key would otherwise be ignored in
+silence) and a value that is not what its key takes, naming both.
 """
 
 from __future__ import annotations
 
+import math
 import os
 
 import dask.config
 import yaml
+
+from .errors import InputError
 
 _DEFAULTS = os.path.join(os.path.dirname(__file__), "pipeline.yaml")
 
@@ -22,3 +27,192 @@ dask.config.update_defaults(defaults)
 def get(key: str, default=None):
     """Read ``pipeline.<key>`` from dask's config."""
     return dask.config.get(f"pipeline.{key}", default=default)
+
+
+# --- values ---------------------------------------------------------------------------------------
+
+
+def _number(value) -> float | None:
+    """``value`` as a finite number (a number, or a string that reads as one), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return value
+    return None
+
+
+def nbytes(value) -> int:
+    """``value`` in bytes: a size such as "64MB" or "2GiB" (``dask.utils.parse_bytes``) or a whole
+    number; ValueError for anything else, a negative size included."""
+    from dask.utils import parse_bytes
+
+    number = _number(value)
+    if number is None and isinstance(value, str) and value.strip():
+        try:
+            number = parse_bytes(value)
+        except ValueError:
+            pass
+    if number is None or number < 0 or number != int(number):
+        raise ValueError(f"expected a size in bytes such as 64MB or 2GiB, got {value!r}")
+    return int(number)
+
+
+def share(value, total: int) -> int:
+    """``value`` in bytes: a size ("16GB", a whole number above 1) or a fraction of ``total`` (a
+    number from 0 to 1); None: all of ``total``. ValueError for anything else."""
+    if value is None:
+        return total
+    number = _number(value)
+    if number is not None and 0 <= number <= 1:
+        return int(number * total)
+    try:
+        return nbytes(value)
+    except ValueError:
+        raise ValueError(f"expected a size in bytes such as 16GB, or a fraction from 0 to 1, got {value!r}") from None
+
+
+def seconds(value) -> float:
+    """``value`` ("10s", "5m", a number of seconds) in seconds: ValueError unless a positive duration."""
+    from dask.utils import parse_timedelta
+
+    try:
+        s = parse_timedelta(value, default="seconds") if not isinstance(value, bool) else None
+    except (ValueError, TypeError, KeyError):
+        s = None
+    if s is None or not 0 < s < math.inf:
+        raise ValueError(f"expected a duration such as '10s' or '5m', got {value!r}")
+    return s
+
+
+# --- what each setting takes ----------------------------------------------------------------------
+
+
+def _parses(parse, value) -> bool:
+    try:
+        parse(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _size(value, zero: bool = False) -> bool:
+    return _parses(nbytes, value) and (zero or nbytes(value) > 0)
+
+
+def _budget(value, zero: bool = False) -> bool:
+    """A size, or a fraction of the memory it is taken from (above 0 unless ``zero``)."""
+    if not _parses(lambda v: share(v, 1), value) or value is None:
+        return False
+    number = _number(value)
+    return zero or (number > 0 if number is not None else nbytes(value) > 0)
+
+
+def _one_of(*options):
+    return (lambda v: isinstance(v, str) and v in options), f"one of {', '.join(options)}"
+
+
+def _or_null(rule):
+    return (lambda v: v is None or rule[0](v)), f"{rule[1]}, or null"
+
+
+_BOOL = (lambda v: isinstance(v, bool)), "true or false"
+_COUNT = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0), "a whole number above 0"
+_SIZE = _size, "a size in bytes above 0, such as 64MB or 2GiB"
+_LIMIT = _budget, "a size in bytes such as 16GB, or a fraction of the memory above 0 and up to 1"
+_SHARE = (lambda v: _budget(v, zero=True)), "a size in bytes such as 3GB, or a fraction of the memory from 0 to 1 (0: none)"
+
+LEVELS = ("debug", "info", "warning", "error")
+RULES = {  # each setting of pipeline.yaml: (whether a value is valid, what is expected, in words)
+    "backend": _one_of("auto", "cpu", "gpu"),
+    "cache-dir": _or_null(((lambda v: isinstance(v, str) and v.strip() != ""), "a directory")),
+    "demo.size": _SIZE,
+    "log.format": _one_of("text", "json"),
+    "log.level": ((lambda v: isinstance(v, str) and v.lower() in LEVELS), f"one of {', '.join(LEVELS)}"),
+    "cluster.locality": _BOOL,
+    "cluster.connect-timeout": ((lambda v: _parses(seconds, v)), "a duration such as 10s or 5m"),
+    "cpu.block-size": _or_null(_SIZE),
+    "cpu.memory-limit": _LIMIT,
+    "gpu.prebuilt-kernels": _BOOL,
+    "gpu.memory-limit": _LIMIT,
+    "gpu.host-spill": _SHARE,
+    "gpu.nvcomp": _BOOL,
+    "gpu.decode-rates.gpu-frame": _SIZE,
+    "gpu.decode-rates.gpu-batch": _SIZE,
+    "gpu.decode-rates.cpu-frame": _SIZE,
+    "gpu.block-size": _or_null(_SIZE),
+    "gpu.pinned-files": _SHARE,
+    "gpu.pin-files": _one_of("auto", "first-read", "reread"),
+    "gpu.pin-min-file": ((lambda v: _size(v, zero=True)), "a size in bytes such as 2MiB, or 0"),
+    "gpu.io-threads": _or_null(_COUNT),
+    "gpu.early-context": _BOOL,
+    "gpu.threads": _COUNT,
+}
+# the sections that hold settings: "cpu", "gpu", "gpu.decode-rates", ...
+SECTIONS = {k.rsplit(".", n)[0] for k in RULES for n in range(1, k.count(".") + 1)}
+
+
+def check() -> None:
+    """Raise InputError naming the first setting under ``pipeline`` that is not one (with the
+    nearest that is) or whose value is not what it takes (with what it takes), and where it was
+    set where dask's config tells: an environment variable or a YAML file. Each key may be
+    written with ``-`` or ``_``, as dask reads them."""
+    problem = _first_problem(dask.config.get("pipeline", None), ())
+    if problem:
+        raise InputError(problem)
+
+
+def _first_problem(value, path: tuple[str, ...]) -> str | None:
+    """The message of the first setting at or under ``path`` (the keys as dask holds them) that
+    is not one, or whose value is not valid; None where all are."""
+    key = ".".join(p.replace("_", "-") for p in path)
+    name = ".".join(("pipeline", *path))
+    if not path or key in SECTIONS:
+        if not isinstance(value, dict):
+            return f"{name}: expected a mapping of settings, got {value!r}{_source(path)}"
+        for k, v in value.items():
+            problem = _first_problem(v, (*path, str(k)))
+            if problem:
+                return problem
+        return None
+    if key not in RULES:
+        return f"{name}: no such setting{_source(path)}{_suggestion(key)}"
+    valid, expected = RULES[key]
+    if not valid(value):
+        return f"{name}: expected {expected}, got {value!r}{_source(path)}"
+    return None
+
+
+def _suggestion(key: str) -> str:
+    import difflib
+
+    near = difflib.get_close_matches(key, [*RULES, *SECTIONS], n=1, cutoff=0.6)
+    return f"; did you mean pipeline.{near[0]}?" if near else f"; the settings are listed in {_DEFAULTS}"
+
+
+def _source(path: tuple[str, ...]) -> str:
+    """Where dask's config found ``pipeline.<path>``, in words: an environment variable or a YAML
+    file of dask's config paths ("" where it was set in code, or is not found)."""
+    canonical = lambda parts: [p.lower().replace("_", "-") for p in parts]  # noqa: E731
+    wanted = canonical(("pipeline", *path))
+    for name in os.environ:
+        if name.startswith("DASK_") and canonical(name[5:].split("__")) == wanted:
+            return f" (environment variable {name})"
+    try:
+        files = list(dask.config.collect_yaml(dask.config.paths, return_paths=True))
+    except Exception:  # a file dask could not read: it says so itself
+        return ""
+    for file, data in reversed(files):  # the last file read wins
+        node = data
+        for part in wanted:
+            node = next((v for k, v in node.items() if canonical([str(k)]) == [part]), _MISSING) if isinstance(node, dict) else _MISSING
+        if node is not _MISSING:
+            return f" (in {file})"
+    return ""
+
+
+_MISSING = object()

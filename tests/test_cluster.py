@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from pipeline.exec.cluster import ClusterProfile, load_profile, open_cluster, profile_from_args
 from pipeline.errors import InputError
 
-REPO = Path(__file__).resolve().parent.parent
 
-
-@pytest.mark.parametrize("name", ["local-cpu", "local-gpu", "attach"])
+@pytest.mark.parametrize("name", ["local-cpu", "local-gpu", "attach", "slurm-gpu"])
 def test_shipped_profiles_are_valid(name):
-    profile = load_profile(str(REPO / "configs" / f"{name}.yaml"))
-    assert profile.kind in ("local", "local-cuda", "scheduler")
+    profile = load_profile(name)
+    assert profile.kind in ("local", "local-cuda", "scheduler", "slurm")
 
 
 def test_local_gpu_profile_spills_to_host_and_disk():
-    p = load_profile(str(REPO / "configs" / "local-gpu.yaml"))
-    assert p.kind == "local-cuda" and p.device_memory_limit and p.memory_limit and p.local_directory
+    p = load_profile("local-gpu")
+    # local_directory null: a directory of the run's own, in this user's private directory
+    assert p.kind == "local-cuda" and p.device_memory_limit and p.memory_limit and p.local_directory is None
 
 
 @pytest.mark.parametrize(
@@ -171,7 +168,7 @@ def test_protocol_auto_takes_ucx_for_gpu_workers_only_where_it_is_installed(monk
                             lambda name, *a: (object() if installed else None) if name == "distributed_ucxx" else real(name, *a))
         assert comms_protocol("auto") == ("ucx" if installed else "tcp")
         assert comms_protocol("auto", gpu=False) == "tcp"
-    assert load_profile(str(REPO / "configs" / "local-gpu.yaml")).protocol == "auto"
+    assert load_profile("local-gpu").protocol == "auto"
 
 
 def test_a_cluster_started_here_takes_the_profiles_worker_saturation():
@@ -180,7 +177,7 @@ def test_a_cluster_started_here_takes_the_profiles_worker_saturation():
     import dask
 
     for name in ("local-cpu", "local-gpu"):
-        assert load_profile(str(REPO / "configs" / f"{name}.yaml")).worker_saturation == 1.0
+        assert load_profile(name).worker_saturation == 1.0
     profile = ClusterProfile(kind="local", n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None, worker_saturation=1.0)
     with open_cluster(profile) as client:
         assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.WORKER_SATURATION) == 1.0

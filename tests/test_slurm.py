@@ -25,8 +25,6 @@ from pipeline.exec.cluster import ClusterProfile, load_profile, open_cluster, sl
 
 from .test_security import FLOW, cli, expected_anomaly
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def _job_script(profile: ClusterProfile) -> str:
     cluster = slurm_cluster(profile)
@@ -50,7 +48,7 @@ def _worker_option(command: str, option: str) -> str:
 
 def test_the_gpu_profile_asks_for_gpus_and_starts_dask_cuda_workers_with_their_limits(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the log directory is made where the profile says, relative to here
-    profile = load_profile(str(REPO / "configs" / "slurm-gpu.yaml"))
+    profile = load_profile("slurm-gpu")
     assert profile.kind == "slurm" and profile.gpus_per_job == 4
     script = _job_script(profile)
     assert _directive(script, "--gres") == "gpu:4"
@@ -65,7 +63,12 @@ def test_the_gpu_profile_asks_for_gpus_and_starts_dask_cuda_workers_with_their_l
     assert int(_worker_option(command, "--nthreads")) == 8
     assert abs(parse_bytes(_worker_option(command, "--memory-limit")) - parse_bytes("120GB")) < 0.01 * parse_bytes("120GB")
     assert _worker_option(command, "--device-memory-limit") == "0.8"
-    assert _worker_option(command, "--local-directory") == "/tmp/pipeline-spill"
+    # each job spills to a directory of its own that it makes on its node (mktemp -d: mode 0700, a
+    # name no other user can have made first) and removes when it ends
+    assert _worker_option(command, "--local-directory") == '"$PIPELINE_SPILL"'
+    assert 'PIPELINE_SPILL=$(mktemp -d "${TMPDIR:-/tmp}/pipeline-spill.XXXXXXXX") || exit 1\n' in script
+    assert """\ntrap 'rm -rf "$PIPELINE_SPILL"' EXIT\n""" in script
+    assert _worker_option(command, "--preload") == "pipeline.log"  # the workers log as the run does
     assert "--nanny" not in command and "--nworkers" not in command  # dask cuda worker has neither
 
 

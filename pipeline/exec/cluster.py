@@ -2,11 +2,14 @@
 started as batch jobs by dask-jobqueue (kind ``slurm``), or an existing scheduler (multi-node
 ``dask scheduler`` + ``dask cuda worker``), reached over TCP or TLS.
 
-Profiles are YAML files (``configs/*.yaml``), validated before anything starts, unknown keys
-rejected. :func:`open_cluster` is a context manager: clusters it starts are always closed, and a
-cluster it attached to is left running. Everything a local cluster opens (scheduler, workers,
-nannies, dashboard) listens on 127.0.0.1 only: a dashboard on every interface serves anyone who
-reaches the machine, and it runs code on the workers' behalf.
+Profiles are YAML files, shipped with the package (``pipeline/profiles/NAME.yaml``, named by
+``--cluster NAME``) or given by path, validated before anything starts, unknown keys rejected.
+:func:`open_cluster` is a context manager: clusters it starts are always closed, and a cluster it
+attached to is left running. Everything a local cluster opens (scheduler, workers, nannies,
+dashboard) listens on 127.0.0.1 only: a dashboard on every interface serves anyone who reaches the
+machine, and it runs code on the workers' behalf. Its workers spill to a directory of the run's
+own, inside one that only this user may enter, removed when the cluster closes; they keep compiled
+kernels where ``pipeline.cache-dir`` says, and log as this process does.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
+import stat
+import tempfile
 from pathlib import Path
 from typing import Iterator, Literal
 
@@ -23,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .. import config
 from ..errors import InputError
 
-PROFILE_DIRS = (Path("configs"), Path(__file__).resolve().parent.parent / "configs")
+PROFILES = Path(__file__).resolve().parent.parent / "profiles"  # the profiles shipped with the package
 LOOPBACK = "127.0.0.1"
 TLS_KEYS = ("tls_ca_file", "tls_client_cert", "tls_client_key")
 SLURM_KEYS = ("jobs", "cores", "memory", "gpus_per_job", "walltime", "queue", "account", "log_directory",
@@ -41,7 +47,9 @@ class ClusterProfile(BaseModel):
     n_workers: int | None = None
     threads_per_worker: int | None = None
     memory_limit: str | int | float | None = None  # host memory per worker ("auto", "16GB", fraction)
-    local_directory: str | None = None  # where workers spill to disk (also slurm: on the compute node)
+    # where workers spill to disk: a directory of each run's own (of each job's, on its compute node,
+    # for kind slurm) is made in it and removed at the end; null: in this user's private_directory()
+    local_directory: str | None = None
     processes: bool = True
     # local / local-cuda / slurm: the scheduler's dashboard; a bare port (":8787") binds to 127.0.0.1
     dashboard_address: str | None = f"{LOOPBACK}:0"
@@ -85,7 +93,7 @@ class ClusterProfile(BaseModel):
     @classmethod
     def _duration(cls, value):
         if value is not None:
-            _seconds(value)
+            config.seconds(value)
         return value
 
     @model_validator(mode="after")
@@ -142,27 +150,14 @@ class ClusterProfile(BaseModel):
             raise ValueError("job_extra_directives: gpus_per_job writes the --gres line; give it once")
 
 
-def _seconds(value) -> float:
-    """``value`` ("10s", "5m", a number of seconds) in seconds."""
-    from dask.utils import parse_timedelta
-
-    try:
-        seconds = parse_timedelta(value, default="seconds")
-    except (ValueError, TypeError, KeyError):
-        seconds = None
-    if seconds is None or seconds <= 0:
-        raise ValueError(f"expected a duration such as '10s' or '5m', got {value!r}")
-    return seconds
-
-
 def connect_timeout(profile: ClusterProfile) -> float:
     """Seconds to wait for a scheduler, or for a batch system's workers: the profile's ``timeout``,
     else ``pipeline.cluster.connect-timeout``: a run given a wrong address fails in seconds, with
     a message, rather than waiting a minute and ending in a traceback."""
     if profile.timeout is not None:
-        return _seconds(profile.timeout)  # checked with the profile
+        return config.seconds(profile.timeout)  # checked with the profile
     try:
-        return _seconds(config.get("cluster.connect-timeout"))
+        return config.seconds(config.get("cluster.connect-timeout"))
     except ValueError as e:
         raise InputError(f"pipeline.cluster.connect-timeout: {e}") from None
 
@@ -191,17 +186,24 @@ def _format_errors(source: str, err: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def profile_names() -> list[str]:
+    """The names of the profiles shipped with the package."""
+    return sorted(p.stem for p in PROFILES.glob("*.yaml"))
+
+
 def find_profile(name_or_path: str) -> Path:
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") and p.exists():
-        return p
-    candidates = [d / f"{name_or_path}.yaml" for d in PROFILE_DIRS]
-    for c in candidates:
-        if c.exists():
-            return c
-    raise InputError(
-        f"cluster profile {name_or_path!r} not found (looked for {', '.join(str(c) for c in candidates)})"
-    )
+    """The file of a profile: the path of a YAML file (a name ending .yaml or .yml, or holding a
+    ``/``), or else the name of one shipped with the package, wherever the command runs."""
+    path = Path(name_or_path).expanduser()
+    if path.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+        if path.is_file():
+            return path
+        raise InputError(f"{name_or_path}: cluster profile not found (no such file)")
+    shipped = PROFILES / f"{name_or_path}.yaml"
+    if shipped.is_file():
+        return shipped
+    raise InputError(f"cluster profile {name_or_path!r} not found: give one of {', '.join(profile_names())} "
+                     "(the profiles shipped with pipeline), or the path of a YAML file")
 
 
 def load_profile(name_or_path: str) -> ClusterProfile:
@@ -239,9 +241,12 @@ def profile_from_args(
 def open_cluster(profile: ClusterProfile) -> Iterator[object | None]:
     """Start or attach to the cluster of ``profile``; yield a ``distributed.Client`` (None for threads).
 
-    A cluster started here is closed on exit, also after an error or an interrupt: for kind
-    ``slurm`` that cancels its jobs.
+    pipeline's settings are checked first (:func:`pipeline.config.check`): the workers of a local
+    cluster inherit them. A cluster started here is closed on exit, also after an error or an
+    interrupt: for kind ``slurm`` that cancels its jobs; a local cluster's spill directory is
+    removed.
     """
+    config.check()
     if profile.kind == "threads":
         if profile.n_workers or profile.threads_per_worker:
             import dask
@@ -264,15 +269,84 @@ def open_cluster(profile: ClusterProfile) -> Iterator[object | None]:
     from distributed import Client
 
     saturation = {} if profile.worker_saturation is None else {"distributed.scheduler.worker-saturation": profile.worker_saturation}
-    with dask.config.set(saturation):  # read when the scheduler starts
-        cluster = _start_cluster(profile)
+    with _run_directory(profile) as run:
+        with dask.config.set({**saturation, "temporary-directory": run}):  # read as the scheduler starts
+            cluster = _start_cluster(profile, run)
+        try:
+            with Client(cluster) as client:
+                if profile.kind == "slurm":
+                    _wait_for_jobs(cluster, client, profile)
+                yield client
+        finally:
+            _close(cluster)
+
+
+# how long a worker of a local cluster has to close and exit: distributed's nannies kill one after
+# 4 s (and log "killed by signal 9"), which workers on a loaded machine exceed
+CLOSE_TIMEOUT = 30
+
+
+def _close(cluster) -> None:
+    """Close ``cluster``: a local one's nannies first, each given CLOSE_TIMEOUT to stop its worker."""
+    from distributed import Nanny
+
+    nannies = [w for w in getattr(cluster, "workers", {}).values() if isinstance(w, Nanny)]
+
+    async def close_nannies():
+        import asyncio
+
+        await asyncio.gather(*(n.close(timeout=CLOSE_TIMEOUT) for n in nannies))
+
     try:
-        with Client(cluster) as client:
-            if profile.kind == "slurm":
-                _wait_for_jobs(cluster, client, profile)
-            yield client
+        if nannies:
+            cluster.sync(close_nannies)
     finally:
         cluster.close()
+
+
+def private_directory() -> Path:
+    """This user's directory for spill files, ``pipeline-<uid>`` in the temporary directory
+    (``$TMPDIR``, else /tmp): made with mode 0700 or, where it exists, checked to be a directory
+    (not a link) of this user's that no one else may enter. Other users of a machine may read a
+    directory they can enter, and may make one where this user's is expected: an InputError names
+    the directory and what is wrong with it."""
+    path = Path(tempfile.gettempdir()) / f"pipeline-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        wrong = "it is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        wrong = "it is not a directory"
+    elif st.st_uid != os.getuid():
+        wrong = f"it belongs to another user (uid {st.st_uid}, not {os.getuid()})"
+    elif st.st_mode & 0o077:
+        wrong = f"other users may enter it (mode {stat.S_IMODE(st.st_mode):o}, expected 700)"
+    else:
+        return path
+    raise InputError(f"{path}: refusing to spill there: {wrong}\n"
+                     "  remove it, or name a directory of your own as the cluster profile's local_directory")
+
+
+@contextlib.contextmanager
+def _run_directory(profile: ClusterProfile) -> Iterator[str]:
+    """A directory of this run's own for the scratch files of the scheduler started here and of a
+    local cluster's workers (their spill files), made (mode 0700) in the profile's
+    ``local_directory`` (a local cluster's) or else in :func:`private_directory`, and removed with
+    everything in it at the end."""
+    import shutil
+
+    local = profile.local_directory if profile.kind in ("local", "local-cuda") else None
+    parent = Path(local).expanduser() if local else private_directory()
+    try:
+        parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        run = tempfile.mkdtemp(prefix="run-", dir=parent)
+    except OSError as e:
+        raise InputError(f"local_directory: {parent}: cannot make a directory there ({e.strerror or e})") from None
+    try:
+        yield run
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
 
 
 def attach(profile: ClusterProfile):
@@ -342,7 +416,27 @@ def _loopback(dashboard_address: str | None) -> str | None:
     return dashboard_address
 
 
-def _start_cluster(profile: ClusterProfile):
+def _worker_env() -> dict[str, str]:
+    """The environment of the workers' processes: dask's ``distributed.nanny.environ``, and where
+    Numba and CuPy keep compiled kernels (``pipeline.cache-dir``, unless NUMBA_CACHE_DIR or
+    CUPY_CACHE_DIR are set), which they read at their import, before pipeline's (dask-cuda imports
+    CuPy); dask-cuda replaces the environment a nanny is given, not this setting."""
+    import dask
+
+    from ..backend import cache_env
+
+    cache_env()
+    caches = {var: os.environ[var] for var in ("NUMBA_CACHE_DIR", "CUPY_CACHE_DIR")}
+    return {**dask.config.get("distributed.nanny.environ", {}), **caches}
+
+
+def _start_cluster(profile: ClusterProfile, local_directory: str | None = None):
+    """The cluster of a profile of kind local, local-cuda or slurm, its local workers spilling to
+    ``local_directory``."""
+    import dask
+
+    from .. import log
+
     if profile.kind == "slurm":
         return slurm_cluster(profile)
     kwargs = {
@@ -351,34 +445,41 @@ def _start_cluster(profile: ClusterProfile):
             n_workers=profile.n_workers,
             threads_per_worker=profile.threads_per_worker,
             memory_limit=profile.memory_limit,
-            local_directory=os.path.expanduser(profile.local_directory) if profile.local_directory else None,
+            local_directory=local_directory,
             protocol=comms_protocol(profile.protocol, gpu=profile.kind == "local-cuda"),
         ).items()
         if v is not None
     }
     # the scheduler, workers and nannies listen on host (threads of one process talk in memory,
     # inproc://, which has none); the dashboard on its own address (None: none)
-    if profile.kind == "local-cuda" or profile.processes or "protocol" in kwargs:
+    if profile.kind == "local-cuda" or profile.processes:
+        kwargs["host"] = LOOPBACK
+        # workers in processes of their own log as this one does (they inherit the pipeline.log
+        # settings) and keep kernels where it does
+        kwargs["preload"] = ["pipeline.log"]
+    elif "protocol" in kwargs:
         kwargs["host"] = LOOPBACK
     kwargs["dashboard_address"] = _loopback(profile.dashboard_address)
-    if profile.kind == "local":
-        from distributed import LocalCluster
+    kwargs["silence_logs"] = log.library_level(config.get("log.level", "info"))  # the workers' lines before their preload
+    with dask.config.set({"distributed.nanny.environ": _worker_env()}):  # read as each nanny starts
+        if profile.kind == "local":
+            from distributed import LocalCluster
 
-        return LocalCluster(processes=profile.processes, **kwargs)
-    try:
-        from dask_cuda import LocalCUDACluster
-    except ImportError as e:
-        raise InputError("cluster kind 'local-cuda' needs dask-cuda: install the 'gpu' extra") from e
-    devices = profile.CUDA_VISIBLE_DEVICES
-    if isinstance(devices, list):
-        devices = ",".join(map(str, devices))
-    kwargs.pop("n_workers", None)  # one worker per visible GPU
-    return LocalCUDACluster(
-        CUDA_VISIBLE_DEVICES=devices,
-        device_memory_limit=profile.device_memory_limit,
-        rmm_pool_size=profile.rmm_pool_size,
-        **kwargs,
-    )
+            return LocalCluster(processes=profile.processes, **kwargs)
+        try:
+            from dask_cuda import LocalCUDACluster
+        except ImportError as e:
+            raise InputError("cluster kind 'local-cuda' needs dask-cuda: install the 'gpu' extra") from e
+        devices = profile.CUDA_VISIBLE_DEVICES
+        if isinstance(devices, list):
+            devices = ",".join(map(str, devices))
+        kwargs.pop("n_workers", None)  # one worker per visible GPU
+        return LocalCUDACluster(
+            CUDA_VISIBLE_DEVICES=devices,
+            device_memory_limit=profile.device_memory_limit,
+            rmm_pool_size=profile.rmm_pool_size,
+            **kwargs,
+        )
 
 
 def slurm_cluster(profile: ClusterProfile):
@@ -388,18 +489,24 @@ def slurm_cluster(profile: ClusterProfile):
     With ``gpus_per_job`` each job asks for that many GPUs (``--gres=gpu:N``) and starts ``dask
     cuda worker``, one worker a GPU (dask-jobqueue's ``processes``, whose worker names are
     dask-cuda's), each with its share of the job's cores and memory and the profile's device
-    limits; without, one ``dask worker`` a job with all its cores."""
+    limits; without, one ``dask worker`` a job with all its cores.
+
+    The job script makes the workers' spill directory on its node (:func:`_job_spill`), and hands
+    them this process's log settings, which their preload (``pipeline.log``) applies."""
     try:
         from dask_jobqueue import SLURMCluster
     except ImportError as e:
         raise InputError("cluster kind 'slurm' needs dask-jobqueue: install the 'jobqueue' extra") from e
     gpus = profile.gpus_per_job
-    worker_args = []
+    worker_args = ["--preload", "pipeline.log"]
     if gpus:
         for flag, value in (("--device-memory-limit", profile.device_memory_limit), ("--rmm-pool-size", profile.rmm_pool_size)):
             if value is not None:
                 worker_args += [flag, str(value)]
     expand = lambda d: os.path.expanduser(d) if d else None  # noqa: E731
+    logs = {"DASK_PIPELINE__LOG__FORMAT": config.get("log.format", "text"), "DASK_PIPELINE__LOG__LEVEL": config.get("log.level", "info")}
+    prologue = [*profile.job_script_prologue, *_job_spill(expand(profile.local_directory)),
+                "export " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in logs.items())]
     kwargs = dict(
         cores=profile.cores,
         memory=profile.memory,
@@ -407,11 +514,11 @@ def slurm_cluster(profile: ClusterProfile):
         worker_command="dask cuda worker" if gpus else "distributed.cli.dask_worker",
         worker_extra_args=worker_args,
         job_extra_directives=([f"--gres=gpu:{gpus}"] if gpus else []) + profile.job_extra_directives,
-        job_script_prologue=profile.job_script_prologue,
+        job_script_prologue=prologue,
         walltime=profile.walltime,
         queue=profile.queue,
         account=profile.account,
-        local_directory=expand(profile.local_directory),
+        local_directory='"$PIPELINE_SPILL"',
         log_directory=expand(profile.log_directory),
         python=profile.python,
         interface=profile.interface,
@@ -421,6 +528,18 @@ def slurm_cluster(profile: ClusterProfile):
         scheduler_options={"dashboard_address": _loopback(profile.dashboard_address)},
     )
     return SLURMCluster(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def _job_spill(local_directory: str | None) -> list[str]:
+    """The job script's lines that make its workers' spill directory, ``$PIPELINE_SPILL``, on its
+    compute node: a directory of the job's own (``mktemp -d``: mode 0700, a name no one else can
+    have made first) in ``local_directory`` (else the node's $TMPDIR, else /tmp), removed when the
+    job's script ends."""
+    if local_directory:
+        make = f"mkdir -p {shlex.quote(local_directory)} && PIPELINE_SPILL=$(mktemp -d {shlex.quote(os.path.join(local_directory, 'pipeline-spill.XXXXXXXX'))})"
+    else:
+        make = 'PIPELINE_SPILL=$(mktemp -d "${TMPDIR:-/tmp}/pipeline-spill.XXXXXXXX")'
+    return [f"{make} || exit 1", """trap 'rm -rf "$PIPELINE_SPILL"' EXIT"""]
 
 
 def _wait_for_jobs(cluster, client, profile: ClusterProfile) -> None:

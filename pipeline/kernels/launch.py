@@ -472,9 +472,12 @@ def cpu_loop(fn):
     """``fn``, a loop defined at a module's top level, compiled for the CPU by Numba once per
     process: releasing the GIL, with NumPy's float semantics (a division by zero gives inf or NaN,
     as the array formulas and the GPU do, rather than raising), and cached on disk, so that a new
-    process loads it instead of compiling it again."""
+    process loads it instead of compiling it again: where ``pipeline.cache-dir`` says
+    (:func:`use_cache_dir`, before Numba picks the cache's folder), not beside the package's source,
+    in a distributed worker's process too."""
     import numba
 
+    use_cache_dir()
     return numba.njit(nogil=True, cache=True, error_model="numpy")(fn)
 
 
