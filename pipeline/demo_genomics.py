@@ -348,9 +348,6 @@ def import_vcf(
     (columnar) copy is written beside the output, in a hidden directory removed at the end.
     A missing, unreadable or invalid file raises InputError naming it.
     """
-    import shutil
-    import tempfile
-
     vcf = Path(vcf)
     if not vcf.exists():
         raise InputError(f"{vcf}: no such file")
@@ -367,19 +364,18 @@ def import_vcf(
     import bio2zarr.vcf
 
     final = Path(path)
-    with staged(final, mode="overwrite" if overwrite else "fail", kind="vcf-import", source=str(vcf.resolve())) as partial:
-        for old in final.parent.glob(f".{final.name}.icf-*"):  # of a run that was killed (this one holds the lock)
-            shutil.rmtree(old, ignore_errors=True)
-        with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{final.name}.icf-") as tmp:
-            icf = Path(tmp) / "icf"
-            try:
-                bio2zarr.vcf.explode(icf, [vcf], worker_processes=workers, show_progress=progress)
-                bio2zarr.vcf.encode(
-                    icf, partial, variants_chunk_size=variant_chunk, samples_chunk_size=sample_chunk,
-                    zarr_format=zarr_format, worker_processes=workers, show_progress=progress,
-                )
-            except (ValueError, OSError, KeyError, IndexError) as e:
-                raise InputError(f"{vcf}: could not be converted to VCF Zarr ({type(e).__name__}: {e})") from e
+    # the intermediate copy goes to the sink's scratch folder, which a later run removes if this one is killed
+    with staged(final, mode="overwrite" if overwrite else "fail", kind="vcf-import", scratch=True,
+                source=str(vcf.resolve())) as (partial, scratch):
+        icf = scratch / "icf"
+        try:
+            bio2zarr.vcf.explode(icf, [vcf], worker_processes=workers, show_progress=progress)
+            bio2zarr.vcf.encode(
+                icf, partial, variants_chunk_size=variant_chunk, samples_chunk_size=sample_chunk,
+                zarr_format=zarr_format, worker_processes=workers, show_progress=progress,
+            )
+        except (ValueError, OSError, KeyError, IndexError) as e:
+            raise InputError(f"{vcf}: could not be converted to VCF Zarr ({type(e).__name__}: {e})") from e
         _consolidate(partial)
     return final
 

@@ -599,8 +599,6 @@ def _resumable(partial: Path, fingerprint: str, ds: xr.Dataset) -> str | None:
     """Why the partial store cannot be resumed, or None when it can."""
     import zarr
 
-    if partial.is_symlink() or not partial.is_dir():
-        return "it is not a directory"
     manifest = read_manifest(partial)
     if manifest is None:
         return "it has no manifest"
@@ -667,10 +665,10 @@ def write_zarr(
     ds = to_host_dataset(obj, name)
     fingerprint = fingerprint or default_fingerprint(ds)
     with _locked(final) as lock:
-        why = _resumable(partial, fingerprint, ds) if resume and os.path.lexists(partial) else None
+        why = _resumable(partial, fingerprint, ds) if resume and partial.is_dir() and not partial.is_symlink() else None
         if why:
             warnings.warn(f"{partial}: not resumed, starting over: {why}", stacklevel=2)
-        keep = resume and why is None and partial.is_dir()
+        keep = resume and why is None and partial.is_dir() and not partial.is_symlink()
         _clear_leftovers(final, lock.previous, keep_partial=keep, kind=kind)
         # with resume, what a failed run wrote stays for the next run to complete
         with _published(path, final, partial, lock, mode=mode, protect=protect, kind=kind, keep_on_failure=resume,
@@ -913,25 +911,28 @@ def verify(path: str | os.PathLike) -> dict[str, str]:
         raise InputError(f"{path}: the manifest does not account for every array written (an older pipeline's store, "
                          f"or an edited manifest): cannot verify what a reader reads")
     expected = {**coords, **digests}
-    problems = []
+    problems = {}  # each problem once: as the arrays' own metadata shows it, else as the consolidated copy does
     on_disk = _arrays(store)
-    for view, found in (("", on_disk), (" (consolidated metadata)", _arrays(store, consolidated=True))):
+    for view, found in (("", on_disk), (" in the consolidated metadata", _arrays(store, consolidated=True))):
         if found is None:
             continue
-        problems += [f"{k!r}: in the store{view} but pipeline did not write it" for k in sorted(set(found) - set(arrays))]
-        problems += [f"{k!r}: written by pipeline but missing from the store{view}" for k in sorted(set(arrays) - set(found))]
+        for k in sorted(set(found) - set(arrays)):
+            problems.setdefault((k, "added"), f"{k!r}: in the store{view}, but pipeline did not write it")
+        for k in sorted(set(arrays) - set(found)):
+            problems.setdefault((k, "missing"), f"{k!r}: written by pipeline, but missing{view}")
         for k in sorted(set(arrays) & set(found)):
             keys = sorted(set(arrays[k]) | set(found[k]))
             diff = [f"{a} {found[k].get(a, '(none)')!r}, written {arrays[k].get(a, '(none)')!r}" for a in keys
                     if found[k].get(a, "(none)") != arrays[k].get(a, "(none)")]
             if diff:
-                problems.append(f"{k!r}{view}: " + "; ".join(diff))
+                problems.setdefault((k, *diff), f"{k!r}: {'; '.join(diff)}{view}")
     present = [k for k in expected if k in on_disk]
     actual = _read_digests(store, present)
-    problems += [f"{k!r}: the values differ from those written (digest {actual[k]}, manifest {expected[k]})"
-                 for k in present if actual[k] != expected[k]]
+    for k in present:
+        if actual[k] != expected[k]:
+            problems[k, "values"] = f"{k!r}: the values differ from those written (digest {actual[k]}, manifest {expected[k]})"
     if problems:
-        raise InputError(f"{path}: differs from what pipeline wrote:\n  " + "\n  ".join(dict.fromkeys(problems)))
+        raise InputError(f"{path}: differs from what pipeline wrote:\n  " + "\n  ".join(problems.values()))
     return {k: actual[k] for k in digests}
 
 
