@@ -248,11 +248,6 @@ def peer_script(flow: Flow, peer_scheduler: Literal["threads", "distributed"] = 
                    "params": ops_registry.get(s.op).params(**s.params).model_dump()} for s in flow.steps],
         "sink": {"name": flow.sink.name, "variables": flow.sink.variables},
     }
-    # one line per key, and per step
-    text = "{\n" + ",\n".join(
-        f" {json.dumps(k)}: " + ("[\n" + ",\n".join(f"  {json.dumps(step)}" for step in v) + "\n ]" if k == "steps" else json.dumps(v))
-        for k, v in spec.items()
-    ) + "\n}"
     write = 'analysis(open_source(path)).drop_encoding().to_zarr(output, mode="w")'
     if peer_scheduler == "distributed":
         main = f"    from dask.distributed import Client\n\n    with Client():  # a LocalCluster of this machine\n        {write}"
@@ -262,9 +257,18 @@ def peer_script(flow: Flow, peer_scheduler: Literal["threads", "distributed"] = 
         script_name=SCRIPT_NAME,
         functions="\n\n".join(inspect.getsource(f) for f in peers.values()),
         peers="{" + ", ".join(f"{op!r}: {f.__name__}" for op, f in peers.items()) + "}",
-        flow="\n".join(f"    {line!r}" for line in text.splitlines(keepends=True)),
+        flow="\n".join(f"    {line!r}" for line in _json_lines(spec)),
         main=main,
     )
+
+
+def _json_lines(spec: dict) -> list[str]:
+    """``spec`` as JSON text for a reader: a line per key, and per step."""
+    def value(k, v):
+        return "[\n" + ",\n".join(f"  {json.dumps(x)}" for x in v) + "\n ]" if k == "steps" else json.dumps(v)
+
+    text = "{\n" + ",\n".join(f" {json.dumps(k)}: {value(k, v)}" for k, v in spec.items()) + "\n}"
+    return text.splitlines(keepends=True)
 
 
 def _script_namespace(script: str, path: Path) -> dict:

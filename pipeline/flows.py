@@ -700,11 +700,10 @@ def check_sink(flow: Flow, output: str | Path | None = None) -> None:
     check_target(output or flow.sink.path, mode=flow.sink.mode, protect=(flow.source.path,))
 
 
-def check_report(flow: Flow, report: str | Path, output: str | Path | None = None, option: str = "--report") -> None:
+def check_report(flow: Flow, report: str | Path, output: str | Path | None = None) -> None:
     """Refuse, before anything runs, a report that could not be written, or whose writing would
     overwrite the flow file, a file of the source, or the output (``output``, else the sink)."""
-    check_report_path(report, inputs=(flow.source.path,), flow_file=flow._file, output=output or flow.sink.path,
-                      option=option)
+    check_report_path(report, inputs=(flow.source.path,), flow_file=flow._file, output=output or flow.sink.path)
 
 
 def run_flow(
@@ -725,8 +724,9 @@ def run_flow(
     ``source`` reads the source variable from that store instead of the flow's ``source.path``
     (for instance the copy ``pipeline convert`` writes); no demo is generated for it. Returns the
     report (also written as JSON to ``report`` when given: checked before anything runs by
-    :func:`check_report`, written whole, and written for a failed run too, with its error and exit status). ``command`` is the
-    command line recorded in the report and the output's history (default: this process's).
+    :func:`check_report`, written whole, and written for a failed run too, with its error and
+    exit status). ``command`` is the command line recorded in the report and the output's history
+    (default: this process's).
     ``resume`` continues from the partial output a killed or interrupted run of the same flow on
     the same source left, computing only the missing chunks. ``import_seconds``, the time from the
     process's start to the command (the ``pipeline`` command gives it), goes into the report's
