@@ -16,7 +16,9 @@ from typing import Annotated
 
 import numpy as np
 import xarray as xr
-from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, TypeAdapter, ValidationError, ValidationInfo
+from pydantic import (
+    AfterValidator, BeforeValidator, Field, PlainSerializer, PlainValidator, TypeAdapter, ValidationError, ValidationInfo,
+)
 from pydantic_core import PydanticCustomError
 
 
@@ -84,7 +86,13 @@ def _one_or_list(item, what: str):
     return PlainValidator(check)
 
 
-Dims = Annotated[str | list[str], _one_or_list(Dim, "a dimension name or a non-empty list of distinct ones")]
+Dims = Annotated[
+    str | list[str],
+    _one_or_list(Dim, "a dimension name or a non-empty list of distinct ones"),
+    # a default given as a tuple (weighted_mean's ("lat", "lon")) dumps as a list, without
+    # pydantic's warning that it is not one
+    PlainSerializer(lambda v: v if isinstance(v, str) else list(v)),
+]
 """One dimension name, or a non-empty list of distinct ones."""
 
 Quantiles = Annotated[float | list[float], _one_or_list(Fraction, "a quantile in [0, 1] or a non-empty list of distinct ones")]

@@ -199,6 +199,14 @@ def _coarsen_mean(x, factors):
 
 def _detrend(x, dim, deg):
     _axis(x, dim)
+    index = x.indexes.get(dim)
+    missing = np.flatnonzero(pd.isna(index)) if index is not None else ()
+    if len(missing):  # the trend is fitted against the coordinate: a step without one has no place
+        raise InputError(
+            f"variable {x.name!r}: coordinate {dim!r} has missing values at step{'s' * (len(missing) > 1)} "
+            f"{_listed(missing)}; detrend fits its trend against that coordinate (xarray's polyfit fails there too): "
+            "drop those steps first"
+        )
     if x.sizes[dim] <= deg:
         raise InputError(
             f"deg: a polynomial of degree {deg} needs at least {deg + 1} steps along dimension {dim!r}; "
