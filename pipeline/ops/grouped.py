@@ -6,6 +6,9 @@ Groups come from the dates of the dimension ``dim`` (``"time"`` by default) on t
 ``"YS"``); the data never leave their backend. Each block is reduced over all its groups by one
 kernel (:mod:`pipeline.kernels.groups`) and the partials are merged across blocks and workers
 (:func:`pipeline.reduce.aggregation.group_reduce` and ``binned_reduce``).
+
+As in xarray, groups by month or day of year take the dates in any order and leave a missing date
+(NaT) out of every group, while resampling into periods refuses dates out of order or missing.
 """
 
 from __future__ import annotations

@@ -3,10 +3,12 @@ attributes alone: ``pipeline validate`` checks a flow against a store's metadata
 a graph, so without importing dask.array.
 
 xarray imports dask.array (where it is installed) as soon as it wraps a NumPy array, so the checks
-hold no xarray object: a :class:`Meta` holds a variable's dimensions and sizes, the indexes of its
-dimension coordinates (pandas, as xarray opened them, nothing read), the names and attributes of
-its coordinates and its own attributes. :func:`check` runs an op's checks on its input's Meta
-and returns its result's Meta, so the steps of a flow are checked in a chain as its graph would be
+hold no xarray object of their own: a :class:`Meta` holds a variable's dimensions and sizes, the
+indexes of its dimension coordinates (pandas, as xarray opened them, nothing read), the names and
+attributes of its coordinates, its own attributes, and a reader of each coordinate's values (the
+variable xarray opened, read only by a check that needs it: the latitudes of coslat weights).
+:func:`check` runs an op's checks on its input's Meta (every op refuses an empty dimension) and
+returns its result's Meta, so the steps of a flow are checked in a chain as its graph would be
 built; the ops run the same checks on their input as they build their graphs, so each check and
 its message live here alone.
 """
