@@ -3,15 +3,21 @@
 A store is written to a hidden sibling directory, ``.NAME.partial``, and renamed into place only
 when complete, so a failed or interrupted run never leaves a store that looks finished. While it
 writes, a run holds an exclusive lock (``flock``) on the sibling file ``.NAME.lock``: a second
-run to the same output fails at once, and a partial store whose lock is free was left by a run
-that died (SIGKILL releases the lock too), so the next run removes it, or resumes from it.
+run to the same output fails at once. The lock file is opened without following links and must
+be a regular file of its own. It records what the run creates beside the output before creating
+it (the partial store, an old store moved aside, a scratch folder); a run that dies (SIGKILL
+releases the lock too) leaves that record, and the next run removes what it names, or resumes
+the partial store, and nothing else: a folder merely named like a leftover is left alone.
 
 Every store pipeline writes carries a manifest, ``.pipeline.json`` in its root (zarr readers
-ignore it): the version of pipeline, the kind of store, when it was made, the fingerprint of what
-was written, and a sha256 digest of each data variable. ``mode="overwrite"`` replaces only a
-store with such a manifest; a sink that is, holds, or lies inside an input is refused in every
-mode. Chunks are written with Zarr v3's ``crc32c`` codec after the compressor, so that any zarr
-reader detects a corrupted chunk instead of returning its garbage.
+ignore it): the versions of pipeline and its libraries, the kind of store, when it was made, the
+fingerprint of what was written, every file written and its size, each array's metadata that
+changes decoded values, and a sha256 digest of each array. ``mode="overwrite"`` replaces only a
+complete store of the same kind whose files are all in its manifest: a file or an array a user
+added is refused, untouched. A sink that is, holds, or lies inside an input, or an array an
+input links to, is refused in every mode. Chunks are written with Zarr v3's ``crc32c`` codec
+after the compressor, so that any zarr reader detects a corrupted chunk instead of returning its
+garbage.
 """
 
 from __future__ import annotations
@@ -252,7 +258,8 @@ def versions() -> dict[str, str]:
 
 
 def _write_manifest(path: Path, **fields) -> None:
-    data = {"pipeline": versions()["pipeline"], "versions": versions(),
+    now = versions()
+    data = {"pipeline": now["pipeline"], "versions": now,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **fields}
     tmp = path / f"{MANIFEST}.tmp"
     with contextlib.suppress(FileNotFoundError):
@@ -446,7 +453,7 @@ def _record(fd: int) -> dict | None:
     except ValueError:
         data = None
     if not isinstance(data, dict) or "pid" not in data:
-        raise InputError(f"holds something other than pipeline's lock record")
+        raise InputError("holds something other than pipeline's lock record")
     return data
 
 
@@ -673,8 +680,9 @@ def write_zarr(
         # with resume, what a failed run wrote stays for the next run to complete
         with _published(path, final, partial, lock, mode=mode, protect=protect, kind=kind, keep_on_failure=resume,
                         check_inputs=check_inputs):
+            lock.creates(partial)
             if not keep:
-                os.mkdir(lock.creates(partial))
+                os.mkdir(partial)  # fails where anything is there, a link included: nothing is written through one
             written = _write(ds, partial, encoding, zarr_format, fingerprint, kind, progress, threads, fresh=not keep,
                              store_block=store_block)
     written.path = final
