@@ -208,7 +208,7 @@ def ensure_store(workdir: Path, shape: tuple[int, int, int], time_chunk: int, se
     size = nt * ny * nx * BYTES_PER_POINT
     ds = demo_dataset(size, seed=seed, resolution=180 / (ny - 1), time_chunk=time_chunk)[["tas"]]
     assert ds["tas"].shape == shape, ds["tas"].shape
-    pipeline.write_zarr(ds, path)
+    pipeline.write_zarr(ds, path, mode="overwrite")
     return path, True
 
 
