@@ -189,7 +189,7 @@ def check_same_backend(*arrays) -> Backend:
 
 
 def _bytes_or_fraction(value, total: int, key: str | None = None) -> int:
-    """``value`` in bytes: a size ("16GB", a whole number above 1) or a fraction of ``total`` (from
+    """``value`` in bytes: a size ("16GB", a number above 1) or a fraction of ``total`` (from
     0 to 1); None: ``total``. Anything else is an InputError naming the setting ``pipeline.<key>``."""
     try:
         return config.share(value, total)

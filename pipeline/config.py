@@ -47,8 +47,8 @@ def _number(value) -> float | None:
 
 
 def nbytes(value) -> int:
-    """``value`` in bytes: a size such as "64MB" or "2GiB" (``dask.utils.parse_bytes``) or a whole
-    number; ValueError for anything else, a negative size included."""
+    """``value`` in bytes: a size such as "64MB" or "2GiB" (``dask.utils.parse_bytes``) or a number
+    (rounded down, as parse_bytes does); ValueError for anything else, a negative size included."""
     from dask.utils import parse_bytes
 
     number = _number(value)
@@ -57,14 +57,14 @@ def nbytes(value) -> int:
             number = parse_bytes(value)
         except ValueError:
             pass
-    if number is None or number < 0 or number != int(number):
+    if number is None or number < 0:
         raise ValueError(f"expected a size in bytes such as 64MB or 2GiB, got {value!r}")
     return int(number)
 
 
 def share(value, total: int) -> int:
-    """``value`` in bytes: a size ("16GB", a whole number above 1) or a fraction of ``total`` (a
-    number from 0 to 1); None: all of ``total``. ValueError for anything else."""
+    """``value`` in bytes: a size ("16GB", a number above 1) or a fraction of ``total`` (a number
+    from 0 to 1); None: all of ``total``. ValueError for anything else."""
     if value is None:
         return total
     number = _number(value)

@@ -64,13 +64,13 @@ def test_an_unknown_setting_is_refused_naming_it_and_the_nearest_one(key, named,
 
 @pytest.mark.parametrize("key,value", [
     ("cpu.memory-limit", "abc"), ("cpu.memory-limit", "nan"), ("cpu.memory-limit", "inf"), ("cpu.memory-limit", float("nan")),
-    ("cpu.memory-limit", 0), ("cpu.memory-limit", -0.5), ("cpu.memory-limit", 1.5), ("cpu.memory-limit", "-5MB"),
+    ("cpu.memory-limit", 0), ("cpu.memory-limit", -0.5), ("cpu.memory-limit", -3e9), ("cpu.memory-limit", "-5MB"),
     ("cpu.memory-limit", ""), ("cpu.memory-limit", True), ("cpu.memory-limit", None), ("gpu.memory-limit", "0B"),
     ("cpu.block-size", -5), ("cpu.block-size", "huge"), ("gpu.block-size", 0), ("demo.size", "0"),
     ("gpu.threads", 0), ("gpu.threads", 2.5), ("gpu.threads", True), ("gpu.io-threads", -1),
     ("backend", "GPU"), ("backend", None), ("gpu.nvcomp", "yes"), ("cluster.locality", 1), ("gpu.pin-files", "always"),
     ("cluster.connect-timeout", "soon"), ("cluster.connect-timeout", 0), ("cluster.connect-timeout", float("inf")),
-    ("gpu.host-spill", 2.5), ("gpu.pinned-files", "lots"), ("gpu.pin-min-file", -1),
+    ("gpu.host-spill", -1), ("gpu.pinned-files", "lots"), ("gpu.pin-min-file", -1),
     ("gpu.decode-rates.gpu-frame", 0), ("cache-dir", ""), ("log.format", "xml"), ("log.level", "loud"),
     ("gpu", 4), ("gpu.decode-rates", "fast"),
 ])
@@ -84,7 +84,7 @@ def test_an_invalid_value_is_refused_naming_the_key_the_value_and_what_is_expect
 
 @pytest.mark.parametrize("key,value", [
     ("cpu.memory_limit", "16GB"), ("cpu.memory-limit", 0.3), ("cpu.memory-limit", 1), ("cpu.memory-limit", 2e9),
-    ("cpu.memory-limit", "0.25"), ("gpu.memory-limit", "40 GiB"), ("cpu.block-size", None), ("cpu.block-size", 128 * 2**20),
+    ("cpu.memory-limit", "0.25"), ("cpu.memory-limit", 2.5e9 + 0.5), ("gpu.memory-limit", "40 GiB"), ("cpu.block-size", None), ("cpu.block-size", 128 * 2**20),
     ("gpu.block-size", "4GiB"), ("gpu.host-spill", 0), ("gpu.pinned-files", "0B"), ("gpu.pin-min-file", 0),
     ("gpu.io_threads", None), ("gpu.io-threads", 4), ("backend", "cpu"), ("gpu.nvcomp", False),
     ("cluster.connect-timeout", 5), ("cluster.connect-timeout", "2m"), ("cache-dir", "~/kernels"),
