@@ -194,25 +194,36 @@ def _suggestion(key: str) -> str:
     return f"; did you mean pipeline.{near[0]}?" if near else f"; the settings are listed in {_DEFAULTS}"
 
 
+def _canonical(parts) -> list[str]:
+    return [str(p).lower().replace("_", "-") for p in parts]
+
+
 def _source(path: tuple[str, ...]) -> str:
     """Where dask's config found ``pipeline.<path>``, in words: an environment variable or a YAML
     file of dask's config paths ("" where it was set in code, or is not found)."""
-    canonical = lambda parts: [p.lower().replace("_", "-") for p in parts]  # noqa: E731
-    wanted = canonical(("pipeline", *path))
+    wanted = _canonical(("pipeline", *path))
     for name in os.environ:
-        if name.startswith("DASK_") and canonical(name[5:].split("__")) == wanted:
+        if name.startswith("DASK_") and _canonical(name[5:].split("__")) == wanted:
             return f" (environment variable {name})"
     try:
         files = list(dask.config.collect_yaml(dask.config.paths, return_paths=True))
     except Exception:  # a file dask could not read: it says so itself
         return ""
     for file, data in reversed(files):  # the last file read wins
-        node = data
-        for part in wanted:
-            node = next((v for k, v in node.items() if canonical([str(k)]) == [part]), _MISSING) if isinstance(node, dict) else _MISSING
-        if node is not _MISSING:
+        if _holds(data, wanted):
             return f" (in {file})"
     return ""
+
+
+def _holds(data, parts: list[str]) -> bool:
+    """Whether the mapping ``data`` holds the key ``parts`` (canonical), at any depth."""
+    for part in parts:
+        if not isinstance(data, dict):
+            return False
+        data = next((v for k, v in data.items() if _canonical([k]) == [part]), _MISSING)
+        if data is _MISSING:
+            return False
+    return True
 
 
 _MISSING = object()

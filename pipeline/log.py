@@ -100,7 +100,7 @@ def configure(fmt: str | None = None, level: str | int | None = None, stream=Non
     level = level or config.get("log.level", "info")
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    level = level.upper() if isinstance(level, str) else level
+    level = logging.getLevelName(level) if isinstance(level, int) else level.upper()  # "WARNING"
     root = logging.getLogger()
     if _handler is not None:
         root.removeHandler(_handler)
@@ -117,7 +117,7 @@ def configure(fmt: str | None = None, level: str | int | None = None, stream=Non
                 library.removeHandler(h)
         library.propagate = True
     logging.captureWarnings(True)
-    dask.config.set({"pipeline.log.format": fmt, "pipeline.log.level": logging.getLevelName(level).lower() if isinstance(level, int) else level.lower()})
+    dask.config.set({"pipeline.log.format": fmt, "pipeline.log.level": level.lower()})
 
 
 def dask_setup(worker) -> None:
