@@ -317,7 +317,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("flow", help="flow file (YAML)")
     r.add_argument("--backend", choices=["auto", "cpu", "gpu"], default=None, help="default: the flow's, else auto")
     where = r.add_mutually_exclusive_group()
-    where.add_argument("--cluster", help="cluster profile: a name in configs/ (local-cpu, local-gpu) or a YAML path")
+    where.add_argument("--cluster", help="cluster profile: the name of one shipped with pipeline (local-cpu, local-gpu, slurm-gpu, attach) or a YAML path")
     where.add_argument("--scheduler", help="address of a running dask scheduler")
     where.add_argument("--scheduler-file", help="scheduler file of a running dask scheduler")
     r.add_argument("--input", help="read the source from this store instead of the flow's source.path "
@@ -470,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
+        from . import config
+
+        config.check()  # a misspelt or invalid setting: exit 2 before anything runs
         return args.func(args)
     except (InputError, BackendError) as e:
         _err(str(e), exit_status=EXIT_INPUT)

@@ -183,7 +183,7 @@ def _first_problem(value, path: tuple[str, ...]) -> str | None:
         return f"{name}: no such setting{_source(path)}{_suggestion(key)}"
     valid, expected = RULES[key]
     if not valid(value):
-        return f"{name}: expected {expected}, got {value!r}{_source(path)}"
+        return f"pipeline.{key}: expected {expected}, got {value!r}{_source(path)}"  # as pipeline.yaml spells it
     return None
 
 

@@ -732,6 +732,9 @@ def run_flow(
     process's start to the command (the ``pipeline`` command gives it), goes into the report's
     ``startup`` section.
     """
+    from . import config
+
+    config.check()  # a misspelt or invalid setting is refused before anything runs
     if not isinstance(flow, Flow):
         flow = load_flow(flow)
     if source is not None:

@@ -122,7 +122,8 @@ def test_bad_pinning_settings_exit_2_and_write_nothing(tmp_path, setting, value)
 def test_bad_backend_setting_exits_2_and_writes_nothing(tmp_path):
     r = cli("run", FLOW, cwd=tmp_path, env={"DASK_PIPELINE__BACKEND": "tpu"})
     assert r.returncode == 2
-    assert r.stderr.strip() == "pipeline: error: backend must be one of auto, cpu, gpu, got 'tpu'"
+    assert r.stderr.strip() == ("pipeline: error: pipeline.backend: expected one of auto, cpu, gpu, got 'tpu' "
+                                "(environment variable DASK_PIPELINE__BACKEND)")
     assert list(tmp_path.iterdir()) == []  # not even the demo source
 
 
