@@ -293,8 +293,8 @@ def peak_rss() -> int:
 
 
 def machine_info() -> dict:
-    versions = {}
-    for name in ("pipeline", "numpy", "xarray", "dask", "distributed", "dask-cuda", "zarr", "numcodecs", "numba"):
+    versions = {"pipeline": pipeline.__version__}  # installed as array-pipeline
+    for name in ("numpy", "xarray", "dask", "distributed", "dask-cuda", "zarr", "numcodecs", "numba"):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

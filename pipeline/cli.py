@@ -349,7 +349,7 @@ def parser() -> argparse.ArgumentParser:
                        parents=[common], description="Write a synthetic dataset, deterministic from --seed: a "
                        "CF-style climate dataset as Zarr (--kind climate, the default), or genotypes simulated by "
                        "msprime and written by bio2zarr as VCF Zarr, with missing calls, cohorts, traits and "
-                       "covariates (--kind genomics; needs pip install 'pipeline[genomics]').")
+                       "covariates (--kind genomics; needs python -m pip install -e ".[genomics]").")
     d.add_argument("path", nargs="?", default=None, help="default: data/demo.zarr (climate), data/genomics.vcz (genomics)")
     d.add_argument("--kind", choices=("climate", "genomics"), default="climate", help="default: climate")
     d.add_argument("--seed", type=int, default=0)
@@ -368,8 +368,8 @@ def parser() -> argparse.ArgumentParser:
 
     iv = sub.add_parser("import-vcf", help="convert a VCF file to VCF Zarr (bio2zarr)", parents=[common],
                         description="Convert a VCF or BCF file (plain or bgzipped; several contigs need a .tbi or "
-                        ".csi index beside it) to a VCF Zarr store with bio2zarr, all or nothing. Needs pip install "
-                        "'pipeline[genomics]'.")
+                        ".csi index beside it) to a VCF Zarr store with bio2zarr, all or nothing. Needs the genomics extra "
+                        "(python -m pip install -e \".[genomics]\" in a checkout).")
     iv.add_argument("vcf", help="the VCF (or BCF) file")
     iv.add_argument("path", help="the new VCF Zarr store")
     iv.add_argument("--variant-chunk", type=int, default=None, help="variants per chunk (default bio2zarr's, 1000)")

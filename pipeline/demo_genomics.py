@@ -34,8 +34,8 @@ All or nothing: everything is written in a hidden sibling directory that is rena
 when complete (:func:`pipeline.sinks.zarr.staged`); a failure or an interrupt removes it, and
 nothing pipeline did not write is ever replaced.
 
-msprime and bio2zarr (and cyvcf2, for VCF files) are optional (``pip install
-'pipeline[genomics]'``), imported only here, inside the functions; without them these functions
+msprime and bio2zarr (and cyvcf2, for VCF files) are optional (the ``genomics`` extra:
+``python -m pip install -e ".[genomics]"`` in a checkout), imported only here, inside the functions; without them these functions
 raise an :class:`~pipeline.errors.InputError` saying what to install (the command exits with 2).
 """
 
@@ -65,7 +65,7 @@ TRAITS = 2
 COVARIATES = ("age", "sex", "normal")
 VARIANT_CHUNK = 1_000  # bio2zarr's defaults
 SAMPLE_CHUNK = 10_000
-INSTALL = "pip install 'pipeline[genomics]'"
+INSTALL = "python -m pip install msprime 'bio2zarr[tskit,vcf]' (in a checkout: python -m pip install -e \".[genomics]\")"
 
 
 def _require(*names: str) -> None:

@@ -20,9 +20,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pipeline"
 FOUNDATION = {"errors", "config", "state", "log", "_version", "deferred"}
 ALLOWED = {
     "errors": set(),
-    "config": set(),
+    "config": {"errors"},  # a bad setting is an InputError
     "state": set(),
-    "log": set(),
+    "log": {"config", "errors"},  # the log's format and level are settings
     "_version": set(),
     "deferred": set(),
     "backend": {"errors", "config", "state", "deferred"},
