@@ -349,7 +349,7 @@ def parser() -> argparse.ArgumentParser:
                        parents=[common], description="Write a synthetic dataset, deterministic from --seed: a "
                        "CF-style climate dataset as Zarr (--kind climate, the default), or genotypes simulated by "
                        "msprime and written by bio2zarr as VCF Zarr, with missing calls, cohorts, traits and "
-                       "covariates (--kind genomics; needs python -m pip install -e ".[genomics]").")
+                       "covariates (--kind genomics; needs python -m pip install -e \".[genomics]\" in a checkout).")
     d.add_argument("path", nargs="?", default=None, help="default: data/demo.zarr (climate), data/genomics.vcz (genomics)")
     d.add_argument("--kind", choices=("climate", "genomics"), default="climate", help="default: climate")
     d.add_argument("--seed", type=int, default=0)
