@@ -461,6 +461,21 @@ def test_import_vcf_errors(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["bad.vcf", "two.vcf"]  # nothing left behind
 
 
+
+def test_import_vcf_refuses_a_link_at_its_lock_path(tmp_path, capsys):
+    """The lock beside the output is opened without following links: a link there to a user's file
+    is refused (exit 2) and the file keeps its bytes; nothing is written."""
+    vcf = tmp_path / "one.vcf"
+    vcf.write_text(HEADER + "\n".join(RECORDS["chr1"]) + "\n")
+    precious = tmp_path / "precious.txt"
+    precious.write_text("do not touch")
+    (tmp_path / ".one.vcz.lock").symlink_to(precious)
+    assert cli.main(["import-vcf", str(vcf), str(tmp_path / "one.vcz")]) == cli.EXIT_INPUT
+    err = capsys.readouterr().err
+    assert ".one.vcz.lock" in err and "symbolic link" in err, err
+    assert precious.read_text() == "do not touch"
+    assert sorted(os.listdir(tmp_path)) == [".one.vcz.lock", "one.vcf", "precious.txt"]
+
 # --- on the GPU -------------------------------------------------------------------------------------------
 
 
