@@ -9,6 +9,8 @@ error for a chunk that could not be read.
 import itertools
 import math
 
+import numpy as np
+
 
 class PipelineError(Exception):
     """Base of every error pipeline raises on purpose."""
@@ -16,6 +18,16 @@ class PipelineError(Exception):
 
 class InputError(PipelineError, ValueError):
     """Bad input: a flow, a parameter, a file, a variable or a dimension that is not as expected."""
+
+
+class NotImplementedInputError(InputError, NotImplementedError):
+    """Input of a kind sgkit raises ``NotImplementedError`` for (a ploidy or a number of alleles it
+    does not handle): also a ``NotImplementedError``, so code written for sgkit catches it."""
+
+
+class LinAlgInputError(InputError, np.linalg.LinAlgError):
+    """Data sgkit's linear algebra fails on with ``numpy.linalg.LinAlgError`` (a matrix without
+    full rank): also a ``LinAlgError``, so code written for sgkit catches it."""
 
 
 class FlowError(InputError):
@@ -69,4 +81,5 @@ def _failing_chunk(arr, region: tuple[slice, ...]) -> str | None:
     return None
 
 
-__all__ = ["BackendError", "chunk_error", "DecodeError", "FlowError", "InputError", "KernelNotFound", "PipelineError", "UnsupportedLayout"]
+__all__ = ["BackendError", "chunk_error", "DecodeError", "FlowError", "InputError", "KernelNotFound", "LinAlgInputError",
+           "NotImplementedInputError", "PipelineError", "UnsupportedLayout"]

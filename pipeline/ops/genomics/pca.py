@@ -8,7 +8,11 @@ projection is ``X V`` (``U S``), the components ``V``, the explained variance ``
 samples, its ratio to the total variance of ``X``, and the loadings ``V sqrt(variance)``. Data
 with missing values are refused (an :class:`~pipeline.errors.InputError` naming the variable,
 raised when the result is computed: the op computes nothing when called), as are variants with no
-variation (their scale is 0; sgkit fails there with "SVD did not converge").
+variation (their scale is 0; sgkit fails there with ``LinAlgError: SVD did not converge``, and so
+the error here is a :class:`~pipeline.errors.LinAlgInputError`, a ``LinAlgError`` too).
+
+As sgkit 0.10, ``scaler`` may be a scikit-learn estimator, which sgkit takes and does not apply
+(its pipeline always scales as Patterson's): the results are Patterson's, with a warning here.
 
 How the SVD is computed, so that it gives sgkit's results within rounding and scales to 200,000
 variants x 25,000 samples (10 GB of int8 genotypes) on one GPU in bounded memory:
@@ -53,7 +57,9 @@ sgkit's (dask's ``svd_flip``: each component's loadings sum to a non-negative nu
 
 from __future__ import annotations
 
-from typing import Literal
+import sys
+import warnings
+from typing import Any, Literal
 
 import numpy as np
 import xarray as xr
@@ -61,7 +67,7 @@ from dask.base import tokenize
 
 from ... import backend as B
 from ...deferred import module as _deferred
-from ...errors import InputError
+from ...errors import InputError, LinAlgInputError
 from ...exec import spill
 from ..registry import register
 from ._dataset import _transposed, as_dask, backend_of_dataset, even_chunks
@@ -120,10 +126,10 @@ def pca(
     n_components: int = 10,
     *,
     ploidy: int | None = None,
-    scaler: str | None = "patterson",
+    scaler: Any = "patterson",
     algorithm: Literal["tsqr", "randomized"] | None = "tsqr",
     n_iter: int = 0,
-    random_state: int | None = 0,
+    random_state: Any = 0,
     variable: str = ALT,
     check_missing: bool = True,
     merge: bool = True,
@@ -135,10 +141,13 @@ def pca(
     (:func:`count_call_alternate_alleles`) and merged into the result as sgkit does. Counts must
     be complete (no negative or NaN value; ``check_missing=False`` leaves the check out, as
     sgkit's, and missing values then spoil the result) and vary across samples for every variant.
-    ``ploidy`` defaults to the ``ploidy`` dimension's length. ``scaler``: "patterson" only (sgkit's
-    estimator objects are not taken). ``algorithm``: "tsqr" (exact) or "randomized" (sgkit's
-    ``svd_compressed`` with ``n_iter`` power iterations and seed ``random_state``); see the module
-    docstring for how each is computed. Unlike sgkit's tsqr, the counts may be chunked along the
+    ``ploidy`` defaults to the ``ploidy`` dimension's length. ``scaler``: "patterson" (or None), or
+    a scikit-learn estimator, taken as sgkit 0.10 takes it: not applied, the counts scaled as
+    Patterson's all the same (with a warning). ``algorithm``: "tsqr" (exact) or "randomized" (sgkit's
+    ``svd_compressed`` with ``n_iter`` power iterations, its random matrix drawn as dask draws it
+    from ``random_state``: an int, None, a NumPy or Dask Generator, or a Dask RandomState; a NumPy
+    RandomState is refused, as dask refuses it); see the module docstring for how each is
+    computed. Unlike sgkit's tsqr, the counts may be chunked along the
     samples too.
 
     Returns ``sample_pca_projection`` (samples, components), ``sample_pca_component`` (variants,
@@ -157,9 +166,7 @@ def pca(
         ploidy = int(ds.sizes["ploidy"])
     if not isinstance(ploidy, (int, np.integer)) or ploidy < 1:
         raise InputError(f"{name}: `ploidy` must be a positive integer, got {ploidy!r}")
-    scaler = scaler or "patterson"
-    if scaler != "patterson":
-        raise InputError(f"{name}: only the 'patterson' scaler is supported, not {scaler!r}")
+    _check_scaler(scaler, name)
     algorithm = algorithm or "tsqr"
     if algorithm not in ("tsqr", "randomized"):
         raise InputError(f"{name}: `algorithm` must be 'tsqr' or 'randomized', not {algorithm!r}")
@@ -196,7 +203,7 @@ def pca(
         u, s, components = _tsqr(x, stats, check, k, scaled, op, backend)
         projection = u * s
     else:
-        u, s, components = _randomized(x, check, k, n_iter, random_state, out_dtype, scaled)
+        u, s, components = _randomized(x, check, k, n_iter, _rng(random_state, name), out_dtype, scaled)
         projection = _xt_product(scaled(components), components)  # sgkit's transform: X @ components_.T
     explained = (u * s).var(axis=0)
     ratio = explained / stats["total_variance"]
@@ -210,6 +217,40 @@ def pca(
     }
     new = xr.Dataset({n: (dims, B.to_backend(a.astype(out_dtype), backend)) for n, (dims, a) in outputs.items()})
     return _merge(ds, new, merge)
+
+
+def _check_scaler(scaler, name: str) -> None:
+    """sgkit 0.10's ``pca_est``: a string must be "patterson" (None or "" stand for it); an
+    estimator is taken and not applied, its pipeline being Patterson's scaler whatever is passed."""
+    if scaler is None or isinstance(scaler, str):
+        if (scaler or "patterson") != "patterson":
+            raise InputError(f"{name}: only the 'patterson' scaler is supported, not {scaler!r}")
+        return
+    # an estimator's class imported scikit-learn's base: where it is not loaded, this is none
+    base = sys.modules.get("sklearn.base")
+    if base is None or not isinstance(scaler, base.BaseEstimator):
+        raise InputError(f"{name}: `scaler` must be 'patterson' or a scikit-learn estimator, got {type(scaler).__name__}")
+    if type(scaler).__name__ != "PattersonScaler":
+        warnings.warn(f"{name}: the scaler {scaler!r} is not applied: the counts are scaled as Patterson's "
+                      "(PattersonScaler), as sgkit 0.10 scales them whatever estimator it is given", UserWarning,
+                      stacklevel=4)
+
+
+def _rng(random_state, name: str):
+    """What dask's ``svd_compressed`` draws its random matrix from for seed ``random_state``: a
+    Dask RandomState as it is, anything else through dask's ``default_rng`` (an int, None, a
+    Generator); what that refuses is an InputError."""
+    if isinstance(random_state, da.random.RandomState):
+        return random_state
+    if isinstance(random_state, np.random.RandomState):
+        raise InputError(f"{name}: `random_state` cannot be a numpy.random.RandomState (dask's randomized SVD does not "
+                         "draw from one, and sgkit fails on it): give an int, a numpy.random.Generator, or a "
+                         "dask.array.random.RandomState")
+    try:
+        return da.random.default_rng(random_state)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{name}: `random_state` must be an int, None, a Generator or a dask.array.random.RandomState, "
+                         f"got {type(random_state).__name__} ({e})") from None
 
 
 def _patterson(x, ploidy: int, kernel, backend) -> dict:
@@ -248,8 +289,8 @@ def _checked(block, n_missing, n_flat, *, variable: str, check_missing: bool):
             f"pca: variable {variable!r} has {int(n_missing)} missing values (negative or NaN); PCA needs complete "
             "data: impute them or filter those variants out first"
         )
-    if int(n_flat) > 0:
-        raise InputError(
+    if int(n_flat) > 0:  # where sgkit's SVD fails: LinAlgError
+        raise LinAlgInputError(
             f"pca: variable {variable!r} has {int(n_flat)} variants with no variation across samples (Patterson's "
             "scale sqrt(p (1 - p)) is 0, p = mean count / ploidy): filter them out first"
         )
@@ -358,16 +399,17 @@ def _eigenpairs(gram, n_missing, n_flat, *, kernel, k: int, variable: str, check
     return kernel(gram, k)
 
 
-def _randomized(x, check, k: int, n_iter: int, random_state, out_dtype, scaled):
+def _randomized(x, check, k: int, n_iter: int, rng, out_dtype, scaled):
     """dask's ``svd_compressed(X, k, n_power_iter=n_iter, seed=random_state)`` on the scaled data
-    (samples x variants), in float64, step for step, with dask's random matrix: ``U`` (samples,
+    (samples x variants), in float64, step for step, with dask's random matrix drawn from ``rng``
+    (:func:`_rng`): ``U`` (samples,
     k), ``S`` (k,), components ``V`` (variants, k), signs by ``svd_flip``."""
     m, n = x.shape  # variants, samples
     c = min(max(MIN_SUBSPACE, k + OVERSAMPLES), min(m, n))
     # the random matrix as dask draws it for data of the output's float type (float32 values
     # when the data are float32), chunked as the data's variants
     omega_type = np.float32 if out_dtype == np.float32 else np.float64
-    omega = da.random.default_rng(random_state).standard_normal(size=(m, c), chunks=(x.chunks[0], (c,)))
+    omega = rng.standard_normal(size=(m, c), chunks=(x.chunks[0], (c,)))
     omega = omega.astype(omega_type).astype(ACC)
     h = _xt_product(scaled(), omega)  # (samples, c)
     h = h.map_blocks(_checked, check["n_missing"], check["n_flat"], variable=check["variable"],

@@ -5,8 +5,9 @@ Every statistic starts from the allele counts of each cohort at each variant
 (``cohort_allele_count``, variants x cohorts x alleles), counted in one pass over the int8
 genotype calls: a task counts one block of (variants, samples) for all cohorts at once, and the
 counts of the blocks of samples add up (a Dask sum), so no (variants, samples, alleles) array of
-per-call counts is ever made (sgkit makes one, ``call_allele_count``, and keeps it in its result;
-where the dataset already holds it, it is summed by cohort instead, as sgkit does).
+per-call counts is made for them (sgkit counts from one, ``call_allele_count``, and keeps it in
+its result: merged results hold it here too, as a graph of its own that costs nothing unless it
+is computed; where the dataset already holds it, it is summed by cohort instead, as sgkit does).
 
 The statistics are per variant, or, where the dataset has windows (:mod:`.window`), summed over
 each window: per-variant terms are computed block by block, and each block adds its part of
@@ -44,6 +45,7 @@ from ...errors import InputError
 from ...reduce.windows import window_sums
 from ..registry import register
 from ._dataset import as_dask, merge as _merge, variable
+from .stats import count_call_alleles
 from .window import has_windows
 
 da = _deferred("dask.array")  # imported when the first graph is built
@@ -83,6 +85,14 @@ def _whole(x, axes) -> "da.Array":
 
 
 # --- allele counts ----------------------------------------------------------------------------------
+
+
+def _with_call_counts(ds: xr.Dataset, call_genotype: str = "call_genotype") -> xr.Dataset:
+    """``ds`` with sgkit's ``call_allele_count`` where it lacks it: sgkit counts the cohorts' and
+    the variants' alleles from it, defining it first and merging into that dataset, so its merged
+    results hold it. Here it is a graph of its own (the counts are read from the genotypes), which
+    costs nothing unless it is computed."""
+    return ds if "call_allele_count" in ds else count_call_alleles(ds, call_genotype=call_genotype)
 
 
 def _count_block(block, cohort, *, kernel, n_cohorts: int, n_alleles: int):
@@ -161,6 +171,8 @@ def count_cohort_alleles(
             raise InputError(f"{name}: the dataset has no variable {call_allele_count!r}")
         backend = backend_of(variable(ds, call_genotype, op=name))
         counts = _genotype_counts(ds, cohort, n_cohorts, op.kernel("cohort_allele_count", backend), name, call_genotype)
+        if merge:
+            ds = _with_call_counts(ds, call_genotype)
     return _merge(ds, _new("cohort_allele_count", ("variants", "cohorts", "alleles"), counts), merge)
 
 
@@ -171,7 +183,7 @@ def _count_variant_alleles(ds: xr.Dataset, kernel_of) -> xr.Dataset:
     g = variable(ds, "call_genotype", ("variants", "samples", "ploidy"), "i", op="Tajimas_D")
     cohort = np.zeros(g.sizes["samples"], dtype=np.int64)
     counts = _genotype_counts(ds, cohort, 1, kernel_of("cohort_allele_count", backend_of(g)), "Tajimas_D")
-    return _merge(ds, _new("variant_allele_count", ("variants", "alleles"), counts[:, 0]), True)
+    return _merge(_with_call_counts(ds), _new("variant_allele_count", ("variants", "alleles"), counts[:, 0]), True)
 
 
 def _cohort_and_variant_counts(ds: xr.Dataset, kernel_of) -> xr.Dataset:
@@ -184,7 +196,7 @@ def _cohort_and_variant_counts(ds: xr.Dataset, kernel_of) -> xr.Dataset:
     counts = _genotype_counts(ds, extended, n_cohorts + 1, kernel_of("cohort_allele_count", backend_of(g)), "Tajimas_D")
     new = xr.merge([_new("cohort_allele_count", ("variants", "cohorts", "alleles"), counts[:, :n_cohorts]),
                     _new("variant_allele_count", ("variants", "alleles"), counts.sum(axis=1, dtype=COUNT))])
-    return _merge(ds, new, True)
+    return _merge(_with_call_counts(ds), new, True)
 
 
 # --- statistics -----------------------------------------------------------------------------------
