@@ -139,10 +139,12 @@ def open_dataset(
         # dimensions left out take one block per shard, not xarray's choice (the inner chunks)
         chunks = {**stored, **chunks}
     by_xarray = cf.xarray_masks(raw)  # the variables xarray decodes itself (times, booleans as integers)
-    masks = by_xarray if decode_cf and not fmt.stored_values else False
+    masks = vcf_masks(raw) if fmt.stored_values else by_xarray if decode_cf else False
     # xarray decodes what pipeline leaves to it (times, booleans, and the masks of ``masks``) on the
     # store already open: its decode_cf takes mask_and_scale per variable, as open_dataset does
     ds = _decode(raw, path, name, masks, concat_characters=not fmt.stored_values)
+    if fmt.stored_values:
+        ds = _strings_as_objects(ds)
     if variables is not None:
         variables = list(variables)
         missing = [v for v in variables if v not in ds.data_vars]
@@ -159,7 +161,8 @@ def open_dataset(
         if fmt.stored_values:
             unpack = False
             on_device = var.dtype.kind in "biuf"  # numbers and booleans; strings stay on the host
-            read_direct = on_device and not by_xarray.get(str(var_name), False)  # values as the chunks hold them
+            # values as the chunks hold them
+            read_direct = on_device and not (by_xarray.get(str(var_name)) or masks.get(str(var_name)))
         else:
             unpack = decode_cf and not (masks or {}).get(str(var_name), False)
             on_device, read_direct = cf.is_numeric(var.dtype), unpack
@@ -188,7 +191,47 @@ def open_metadata(path: str | os.PathLike, *, decode_cf: bool = True) -> xr.Data
     name = "zarr3" if is_url(path) else store_format(path)
     fmt = FORMATS[name]
     raw = _open(fmt, path, name if not is_url(path) else "url", name, decode_cf=False)
-    return _decode(raw, path, name, decode_cf and not fmt.stored_values, concat_characters=not fmt.stored_values)
+    if fmt.stored_values:
+        return _strings_as_objects(_decode(raw, path, name, vcf_masks(raw), concat_characters=False))
+    return _decode(raw, path, name, decode_cf)
+
+
+def vcf_masks(raw: xr.Dataset) -> dict[str, bool]:
+    """xarray's ``mask_and_scale`` for each variable of a VCF Zarr store (:mod:`.vcf`) opened
+    undecoded: on where the variable has a fill value other than the spec's sentinels (-1 and -2
+    in integers; NaN in floats, whose masking would only rewrite the NaN payloads), so that its
+    type is the one ``xarray.open_zarr``, and so sgkit's ``load_dataset``, give it: bio2zarr's
+    Zarr v2 ``contig_length`` (int64, fill value 0) is float64, its strings with the fill value
+    ``""`` are objects with NaN for ``""``. Zarr v3 fill values are not CF fill values to xarray."""
+    masks = {}
+    for key, var in raw.variables.items():
+        _, fills = cf._fill_values(var.dtype, var.attrs)
+        sentinels = vcf.SENTINELS if var.dtype.kind in "iu" else set()
+        masks[str(key)] = bool(fills - sentinels) or any(k in var.attrs for k in ("scale_factor", "add_offset"))
+    return masks
+
+
+def _strings_as_objects(ds: xr.Dataset) -> xr.Dataset:
+    """Variable-length strings (NumPy's ``StringDType``, as zarr 3 reads them) as object arrays,
+    lazily: the type sgkit's ``load_dataset`` gives them (zarr 2's), in which ``.astype(str)``
+    works, and xarray's type of such strings, which it writes as they are."""
+    from xarray.coding.common import lazy_elemwise_func
+
+    out = ds.copy()
+    for key, var in ds.variables.items():
+        if var.dtype.kind in "OT":  # objects: strings xarray masked (zarr 3 reads them as StringDType)
+            data = lazy_elemwise_func(var._data, _as_objects, _VLEN_STR)
+            out[key] = xr.Variable(var.dims, data, var.attrs, var.encoding)
+    return out
+
+
+# xarray's type of variable-length strings (an object type that says it holds str): xarray writes
+# them as such, where a plain object array would be loaded to find a type to store
+_VLEN_STR = xr.coding.strings.create_vlen_dtype(str)
+
+
+def _as_objects(values: np.ndarray) -> np.ndarray:
+    return values.astype(_VLEN_STR)
 
 
 def _as_stored(data, attrs: dict, encoding: dict, name: str):

@@ -44,6 +44,8 @@ NAME = "vcf-zarr"
 VERSION_ATTR = "vcf_zarr_version"
 # arrays that make a Zarr group a VCF Zarr store, where its attributes do not say so
 SPEC_ARRAYS = (("call_genotype",), ("variant_position", "sample_id"))
+# the spec's missing and fill values of integer fields: data, never masked as CF fill values
+SENTINELS = {-1, -2}
 
 
 def detect(path: Path) -> str | None:
@@ -88,4 +90,4 @@ def open_store(path, fmt: str, chunks, **decoding):
     return _zarr.open_store(path, _zarr.detect(Path(path)) or "zarr3", chunks, **decoding)
 
 
-__all__ = ["NAME", "SPEC_ARRAYS", "VERSION_ATTR", "detect", "open_store", "root_attributes"]
+__all__ = ["NAME", "SENTINELS", "SPEC_ARRAYS", "VERSION_ATTR", "detect", "open_store", "root_attributes"]
