@@ -338,7 +338,10 @@ DECLARED: dict[str, Declared] = {
             Read("{call_genotype}", (V, S, P), "i", when=absent("{call_allele_count}")),
             Dim(A, when=absent("{call_allele_count}")),
         ),
-        adds=(Add("cohort_allele_count", (V, "cohorts", A), "u"),),
+        # merged, with call_allele_count where counted from the genotypes, as sgkit defines it first
+        adds=(Add("cohort_allele_count", (V, "cohorts", A), "u"),
+              Add("call_allele_count", (V, S, A), "u", when=lambda p, ds: p.get("merge", True) is not False
+                  and absent("{call_allele_count}")(p, ds))),
     ),
     "diversity": Declared(
         needs=(Ensure("{cohort_allele_count}", "count_cohort_alleles"), Read("{cohort_allele_count}", (V, "cohorts", A), "iu")),
@@ -354,6 +357,8 @@ DECLARED: dict[str, Declared] = {
     ),
     "Tajimas_D": Declared(
         needs=(
+            # sgkit counts the variants' alleles from call_allele_count, which it defines first
+            Ensure("call_allele_count", "count_call_alleles", when=absent("{variant_allele_count}")),
             Ensure("{variant_allele_count}", "count_variant_alleles", {"using": "call_genotype"}),
             Ensure("{stat_diversity}", "diversity"),
             Read("{variant_allele_count}", (V, A), "iu"),
