@@ -8,13 +8,58 @@ from .ops.genomics import *  # noqa: F401,F403
 from .ops.genomics import __all__ as _ops
 
 
-def load_dataset(store, *, backend: str | None = None, chunks=None, variables=None):
+def load_dataset(store, storage_options=None, *, backend: str | None = None, chunks=None, variables=None,
+                 **kwargs):
     """sgkit's ``load_dataset``: a VCF Zarr store (bio2zarr's or sgkit's, Zarr v2 or v3) as a
-    Dataset of Dask arrays on ``backend``, read as sgkit reads it (:func:`pipeline.open_dataset`,
-    :mod:`pipeline.sources.vcf`)."""
+    Dataset of Dask arrays on ``backend``, each variable of the type sgkit gives it.
+
+    ``store``, ``storage_options`` and ``kwargs`` are sgkit's: a local path is read by
+    :func:`pipeline.open_dataset` (:mod:`pipeline.sources.vcf`; on the GPU, through pipeline's
+    reader), ``consolidated`` changing nothing there but how the metadata is found. Any other store
+    (a zarr Store object, an fsspec mapping, a URL, ``storage_options``, or other arguments of
+    ``xarray.open_zarr``) is opened as sgkit opens it, by ``xarray.open_zarr(store,
+    storage_options=..., concat_characters=False, **kwargs)`` with its ``*_mask`` variables made
+    boolean, and its numbers then moved to ``backend``. ``backend``, ``chunks`` and ``variables``
+    are pipeline's (:func:`pipeline.open_dataset`). Strings stay on the host as object arrays."""
+    import os
+
     from .sources import open_dataset
 
-    return open_dataset(store, backend=backend, chunks=chunks, variables=variables)
+    local = isinstance(store, (str, os.PathLike)) and "://" not in str(store)
+    if local and not storage_options and set(kwargs) <= {"consolidated"}:
+        return open_dataset(store, backend=backend, chunks=chunks, variables=variables)
+    return _open_zarr(store, storage_options, backend, chunks, variables, kwargs)
+
+
+def _open_zarr(store, storage_options, backend, chunks, variables, kwargs):
+    """sgkit's reading of a store pipeline's own reader does not take (:func:`load_dataset`)."""
+    import xarray as xr
+
+    from . import backend as B
+    from .errors import InputError
+    from .sources import _strings_as_objects
+
+    if chunks is not None:
+        kwargs["chunks"] = chunks
+    try:
+        ds = xr.open_zarr(store, storage_options=storage_options, concat_characters=False, **kwargs)
+    except (ValueError, KeyError, OSError) as e:
+        raise InputError(f"{store}: could not be opened as VCF Zarr: {e}") from e
+    if variables is not None:
+        missing = [v for v in variables if v not in ds.data_vars]
+        if missing:
+            raise InputError(f"{store}: no variable {', '.join(map(repr, missing))} "
+                             f"(variables: {', '.join(map(str, ds.data_vars))})")
+        ds = ds[list(variables)]
+    for name in ds.data_vars:
+        if str(name).endswith("_mask"):  # as sgkit does (xarray's issue 4386)
+            ds[name] = ds[name].astype(bool)
+    ds = _strings_as_objects(ds)
+    target = B.resolve(backend)
+    for name, var in ds.data_vars.items():
+        if var.dtype.kind in "biuf" and var.chunks is not None:
+            ds[name] = var.copy(data=B.to_backend(var.data, target))
+    return ds
 
 
 __all__ = [*_ops, "load_dataset"]
