@@ -15,17 +15,18 @@ What differs from a CF store (:mod:`.zarr`), and why:
   fill (mixed ploidy, padding) in integer fields, the NaN payloads 0x7F800001 (missing) and
   0x7F800002 (fill) in floats. CF masking would turn the int8 genotypes of a store whose Zarr
   ``fill_value`` (or ``_FillValue`` attribute) is -1 or -2 into float32 with NaN for both, losing
-  the difference, and bio2zarr's Zarr v2 ``contig_length`` (int64, fill value 0) into float64.
-  So nothing is masked or scaled; the CF attributes, where there are any, move to the encoding
-  untouched, as xarray moves them when it decodes.
+  the difference. So the sentinels are never masked; a variable with another CF fill value is
+  masked as ``xarray.open_zarr`` (and so sgkit's ``load_dataset``) masks it, taking its type:
+  bio2zarr's Zarr v2 ``contig_length`` (int64, fill value 0) is float64, as sgkit reads it.
 - **Characters are not joined.** sgkit opens stores with ``concat_characters=False``: xarray's
   default joins the last dimension of a one-character array, which turns the ``|S1``
   ``variant_allele`` (variants, alleles) of sgkit's stores into one string per variant.
 - **Booleans** stored as bool (bio2zarr) or as int8 with a ``dtype: bool`` attribute (xarray,
   and so sgkit's stores) are read as bool; a ``*_mask`` variable of another type becomes bool,
   as sgkit's ``load_dataset`` makes it.
-- **Strings stay on the host**, as zarr reads them (NumPy's ``StringDType`` for variable-length
-  strings, fixed-width ``U``/``S`` as stored), and are never moved to the device.
+- **Strings stay on the host**, never moved to the device: variable-length strings as object
+  arrays, as sgkit (zarr 2) reads them, not zarr 3's ``StringDType`` (which ``.astype(str)``
+  refuses); fixed-width ``U``/``S`` as stored.
 
 Numbers and booleans are Dask arrays on the backend, one block per stored chunk (the stored
 chunks of variants x samples; on the GPU several variant chunks a block, as every store's are);
