@@ -135,6 +135,20 @@ def test_error_classes_are_both():
         raise NotImplementedInputError("x")
 
 
+@pytest.mark.parametrize("error", [NotImplementedError, InputError])
+def test_what_sgkit_has_not_implemented_is_both_errors(error):
+    """sgkit raises NotImplementedError for the HWE test of more than two alleles or another ploidy
+    (hwe.py) and for a distance metric it lacks (distance/api.py): an ``except`` of either class
+    catches pipeline's, and the CLI still exits 2 (an InputError)."""
+    multi = dataset("multi")
+    with pytest.raises(error, match="biallelic"):
+        sg.hardy_weinberg_test(multi)
+    with pytest.raises(error, match="diploid"):
+        sg.hardy_weinberg_test(multi, ploidy=3, alleles=2)
+    with pytest.raises(error, match="metric"):
+        sg.pairwise_distance(da.ones((4, 3), chunks=2), metric="chebyshev")
+
+
 # --- GPU -------------------------------------------------------------------------------------------
 
 

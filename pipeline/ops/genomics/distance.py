@@ -38,7 +38,7 @@ import xarray as xr
 
 from ... import backend as B
 from ...deferred import module as _deferred
-from ...errors import InputError
+from ...errors import InputError, NotImplementedInputError
 from ..registry import register
 from ._dataset import as_dask, even_chunks, upper_mirrored
 from ._dataset import merge as _merge
@@ -86,7 +86,7 @@ def pairwise_distance(x, metric: str = "euclidean", split_every: int | None = No
 
 def _distance(x, metric: str, split_every: int | None, name: str):
     if metric not in METRICS:
-        raise InputError(f"{name}: `metric` must be one of {', '.join(METRICS)}, got {metric!r}")
+        raise NotImplementedInputError(f"{name}: `metric` must be one of {', '.join(METRICS)}, got {metric!r}")  # sgkit: NotImplementedError
     if x.dtype.kind not in "biuf":
         raise InputError(f"{name}: expected numbers, got values of type {x.dtype}")
     backend = B.backend_of(x)

@@ -47,7 +47,7 @@ import xarray as xr
 
 from ...backend import backend_of, meta, to_backend
 from ...deferred import module as _deferred
-from ...errors import InputError
+from ...errors import InputError, NotImplementedInputError
 from ..registry import register
 from ._dataset import as_dask, backend_of_dataset, variable
 from ._dataset import merge as _merge
@@ -413,12 +413,12 @@ def hardy_weinberg_test(
     if not ploidy:
         raise InputError(f"{op}: ploidy must be given where the dataset has no 'ploidy' dimension")
     if ploidy != 2:
-        raise InputError(f"{op}: the HWE test is implemented for diploid genotypes only, not ploidy {ploidy}")
+        raise NotImplementedInputError(f"{op}: the HWE test is implemented for diploid genotypes only, not ploidy {ploidy}")
     alleles = alleles or ds.sizes.get("alleles")
     if not alleles:
         raise InputError(f"{op}: alleles must be given where the dataset has no 'alleles' dimension")
     if alleles != 2:
-        raise InputError(f"{op}: the HWE test is implemented for biallelic genotypes only, not {alleles} alleles")
+        raise NotImplementedInputError(f"{op}: the HWE test is implemented for biallelic genotypes only, not {alleles} alleles")
     name = genotype_count or "variant_genotype_count"
     backend = host = None
     if _absent(ds, name, "variant_genotype_count", op):
