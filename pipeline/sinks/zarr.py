@@ -48,12 +48,12 @@ from .. import backend as B
 from ..deferred import module as _deferred
 from ..errors import InputError, chunk_error
 from ..exec.compute import compute, compute_threads, distributed_not_imported
+from ..exec.report import versions  # recorded in every manifest: a partial store is resumed under the same ones
 from ..sources import is_url
 
 da = _deferred("dask.array")  # imported when the first graph is built
 
 MANIFEST = ".pipeline.json"
-STORE_LIBRARIES = ("zarr", "numcodecs", "numpy", "xarray", "dask")  # a partial store is resumed under the same versions
 DIGEST_RULE = (
     "sha256 of the concatenated sha256 digests of each stored chunk's values (each shard's, where "
     "sharded) as C-ordered little-endian bytes (variable-length strings: each value's UTF-8 bytes after "
@@ -238,23 +238,6 @@ def read_manifest(path: str | os.PathLike) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and "pipeline" in data else None
-
-
-def versions() -> dict[str, str]:
-    """The versions of pipeline and of the libraries that make a store's bytes: a partial store
-    written under others is not resumed."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    from .._version import __version__
-
-    out = {"pipeline": __version__, "python": platform.python_version()}
-    for pkg in STORE_LIBRARIES:
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = "none"
-    return out
 
 
 def _write_manifest(path: Path, **fields) -> None:
@@ -612,7 +595,8 @@ def _resumable(partial: Path, fingerprint: str, ds: xr.Dataset) -> str | None:
     if manifest.get("fingerprint") != fingerprint:
         return "it was written from another flow or source (fingerprint differs)"
     then, now = manifest.get("versions") or {}, versions()
-    changed = [f"{k} {then.get(k, 'unrecorded')}, now {v}" for k, v in now.items() if then.get(k) != v]
+    changed = [f"{k} {then.get(k, 'unrecorded')}, now {now.get(k, 'not installed')}"
+               for k in sorted(then.keys() | now.keys()) if then.get(k) != now.get(k)]
     if changed:
         return f"it was written by other versions ({'; '.join(changed)})"
     try:
