@@ -36,6 +36,7 @@ class Op:
     kernels: dict[str, tuple[str, ...]] = field(default_factory=dict)  # backend -> names of its kernels
     produces: Produces | None = None  # the attributes of its results
     dataset: bool = False  # takes and returns an xarray.Dataset (the genomics ops, as sgkit's), not a DataArray
+    check: Callable | None = None  # (Meta, **params) -> Meta: the op's checks from metadata (pipeline.ops.shapes)
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -126,6 +127,7 @@ def register(
     produces: Produces | None = None,
     description: str | None = None,
     dataset: bool = False,
+    check: Callable | None = None,
 ):
     """Decorator: register an op under its function's name.
 
@@ -133,6 +135,8 @@ def register(
     every backend, or per backend where they differ (``{"cpu": (...), "gpu": (...)}``).
     ``produces`` says what its result is (its CF attributes). ``dataset``: the op takes an
     ``xarray.Dataset`` and returns one, as sgkit's functions do (:mod:`pipeline.ops.genomics`).
+    ``check`` gives the Meta of its result from its input's, raising InputError as the op would
+    (for ``pipeline validate``; ops without one may have theirs in :data:`pipeline.ops.shapes.CHECKS`).
     """
     from .. import kernels as _kernels
 
@@ -146,7 +150,7 @@ def register(
         doc = inspect.getdoc(func) or ""
         desc = description or doc.split("\n\n")[0].replace("\n", " ")
         public = _annotated(func, produces) if produces is not None else func
-        op = Op(func.__name__, public, desc, _params_model(func), dict(kernels), produces, dataset)
+        op = Op(func.__name__, public, desc, _params_model(func), dict(kernels), produces, dataset, check)
         if op.name in _REGISTRY:
             raise ValueError(f"op {op.name!r} is registered twice")
         _REGISTRY[op.name] = op

@@ -319,7 +319,7 @@ def check(op: Op, x: Meta, params: dict) -> Meta | None:
     if empty:  # every op reduces or maps along its dimensions: on none, it has nothing to give
         sizes = ", ".join(f"{d}: {n}" for d, n in x.sizes.items())
         raise InputError(f"variable {x.name!r} is empty: its dimension {empty[0]!r} has size 0 ({sizes})")
-    rule = CHECKS.get(op.name)
+    rule = CHECKS.get(op.name) or op.check
     if rule is None:
         return None
     out = rule(x, **params)

@@ -18,7 +18,10 @@ from __future__ import annotations
 from importlib import import_module
 
 # the modules that register the genomics ops; each defines its public functions in __all__
-MODULES = ("stats", "window", "popgen", "pca", "distance", "ld", "gwas", "qc")
+MODULES = (
+    "stats", "window", "popgen", "pca", "distance", "ld", "gwas", "qc",
+    "datasets", "conversion", "frequencies", "relatedness", "pedigree", "association",
+)
 
 __all__: list[str] = []
 for _name in MODULES:
