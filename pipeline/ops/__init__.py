@@ -8,7 +8,7 @@ registered op is an attribute of this package.
 True
 """
 
-from . import climate, fields, genomics, grouped  # noqa: F401  (importing registers the ops)
+from . import climate, fields, generic, genomics, grouped  # noqa: F401  (importing registers the ops)
 from .registry import Op, all_ops, get, names, register
 
 
