@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from .ops.genomics import *  # noqa: F401,F403
 from .ops.genomics import __all__ as _ops
+from .ops.genomics import specs as variables
+from .ops.genomics.specs import *  # noqa: F401,F403  (sgkit's DIM_* names)
 
 
 def load_dataset(store, storage_options=None, *, backend: str | None = None, chunks=None, variables=None,
@@ -62,4 +64,4 @@ def _open_zarr(store, storage_options, backend, chunks, variables, kwargs):
     return ds
 
 
-__all__ = [*_ops, "load_dataset"]
+__all__ = [*_ops, *variables.__all__, "load_dataset", "variables"]

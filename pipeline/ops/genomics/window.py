@@ -1,5 +1,5 @@
-"""Windows along the variants: sgkit's ``window_by_variant``, ``window_by_position`` and
-``window_by_genome``.
+"""Windows along the variants: sgkit's ``window_by_variant``, ``window_by_position``,
+``window_by_interval`` and ``window_by_genome``.
 
 A window is a range ``[window_start, window_stop)`` of variant indexes; windows never span
 contigs (``window_contig``, the contig's index). The statistics of :mod:`.popgen` then sum their
@@ -157,6 +157,71 @@ def window_by_position(
     return _windows(ds, bounds, windows_of, merge)
 
 
+def window_by_interval(
+    ds: xr.Dataset,
+    *,
+    variant_contig: str = "variant_contig",
+    variant_position: str = "variant_position",
+    interval_contig_name: str = "interval_contig_name",
+    interval_start: str = "interval_start",
+    interval_stop: str = "interval_stop",
+    merge: bool = True,
+) -> xr.Dataset:
+    """One window for each interval ``[interval_start, interval_stop)`` of positions on the contig
+    named ``interval_contig_name`` (names of ``contig_id``, else of the ``contigs`` attribute):
+    the variants whose position lies in it. Intervals are taken contig by contig in the order of
+    the dataset's contigs, and in their own order within a contig; an interval holding no variant
+    gives no window, as sgkit. Positions must not decrease within a contig.
+
+    Returns ``window_contig``, ``window_start`` and ``window_stop`` (windows), int64, merged into
+    ``ds`` (``merge=True``) or alone.
+    """
+    op = "window_by_interval"
+    bounds = _contig_bounds(ds, variant_contig, op)
+    positions = _values(ds, variant_position, op)
+    names = variable(ds, interval_contig_name, op=op)
+    if names.ndim != 1 or names.dtype.kind not in "SUO":
+        raise InputError(f"{op}: variable {interval_contig_name!r} must be one dimension of contig names (strings), "
+                         f"got {names.ndim} dimensions of {names.dtype}")
+    starts, stops = (variable(ds, n, names.dims, "i", op=op) for n in (interval_start, interval_stop))
+    names = np.array(_texts(np.asarray(to_numpy(names.data))), dtype=object)
+    starts, stops = (np.asarray(to_numpy(x.data)).astype(np.int64) for x in (starts, stops))
+    contigs = _contig_names(ds, op)
+    unknown = sorted(set(names) - set(contigs))
+    if unknown:
+        raise InputError(f"{op}: variable {interval_contig_name!r} names contigs the dataset does not have: "
+                         f"{', '.join(unknown[:5])} (its contigs: {', '.join(contigs[:10])})")
+    for i in range(len(bounds) - 1):
+        if np.any(np.diff(positions[bounds[i] : bounds[i + 1]]) < 0):
+            raise InputError(f"{op}: variable {variant_position!r} decreases within contig {i}")
+    order = iter(contigs)
+
+    def windows_of(start: int, stop: int):
+        on = names == next(order)
+        pos = positions[start:stop]
+        s = np.searchsorted(pos, starts[on]) + start
+        e = np.searchsorted(pos, stops[on]) + start
+        return s[s != e], e[s != e]
+
+    return _windows(ds, bounds, windows_of, merge)
+
+
+def _contig_names(ds: xr.Dataset, op: str) -> list[str]:
+    """The contigs' names, in the order of their indexes: ``contig_id``, else the ``contigs``
+    attribute (as sgkit's ``get_contigs``)."""
+    if "contig_id" in ds:
+        values = np.asarray(to_numpy(ds["contig_id"].data))
+    elif "contigs" in ds.attrs:
+        values = np.asarray(ds.attrs["contigs"])
+    else:
+        raise InputError(f"{op}: the dataset names no contigs (no contig_id variable or contigs attribute)")
+    return _texts(values)
+
+
+def _texts(values: np.ndarray) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in values.tolist()]
+
+
 @register(kernels=(), dataset=True)
 def window_by_genome(ds: xr.Dataset, *, merge: bool = True) -> xr.Dataset:
     """One window of every variant, for statistics of the whole genome: ``window_start`` and
@@ -177,4 +242,4 @@ def has_windows(ds: xr.Dataset) -> bool:
     return "window_start" in ds and "window_stop" in ds
 
 
-__all__ = ["window_by_genome", "window_by_position", "window_by_variant"]
+__all__ = ["window_by_genome", "window_by_interval", "window_by_position", "window_by_variant"]
