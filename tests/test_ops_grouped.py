@@ -145,8 +145,8 @@ def test_thresholds_with_units():
 
 def test_bad_time_axis_and_freq():
     x = daily(nt=40)
-    with pytest.raises(InputError, match="freq must be 'month' or 'dayofyear'"):
-        pipeline.ops.climatology(x, freq="season")
+    with pytest.raises(InputError, match="freq must be 'month', 'dayofyear' or 'season'"):
+        pipeline.ops.climatology(x, freq="year")
     with pytest.raises(InputError, match="not a pandas frequency"):
         pipeline.ops.resample_mean(x, freq="fortnightly")
     with pytest.raises(InputError, match="must hold dates"):

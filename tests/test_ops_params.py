@@ -45,7 +45,7 @@ BAD = [
     ("max_spell_length", {"threshold": "hot"}, "threshold", "'25 degC'"),
     ("max_spell_length", {"threshold": 300, "resample_before_rl": "no"}, "resample_before_rl", "valid boolean"),
     ("resample_mean", {"freq": "-1D"}, "freq", "positive frequency"),
-    ("climatology", {"freq": "year"}, "freq", "'month' or 'dayofyear'"),
+    ("climatology", {"freq": "year"}, "freq", "'month', 'dayofyear' or 'season'"),
     ("anomaly", {"dim": ""}, "dim", "name of a dimension"),
     ("weighted_mean", {"dims": []}, "dims", "non-empty list"),
     ("weighted_mean", {"dims": ["lat", "lat"]}, "dims", "distinct"),

@@ -9,6 +9,7 @@ from ..backend import backend_of, meta
 from ..deferred import module as _deferred
 from ..errors import InputError
 from . import shapes
+from .axes import resolve_dims
 
 da = _deferred("dask.array")  # imported when the first graph is built
 
@@ -34,6 +35,12 @@ def _finish(template: xr.DataArray, data: da.Array, eager: bool, **kwargs) -> xr
     when the op's input was in memory."""
     out = xr.DataArray(data, **kwargs) if kwargs else template.copy(data=data)
     return out.compute() if eager else out
+
+
+def _axis_of(x: xr.DataArray, dim):
+    """``dim``, or where it is a default axis name that ``x`` lacks, the dimension that is that
+    axis by its CF attributes (:func:`pipeline.ops.axes.resolve`); a list of names, each so."""
+    return resolve_dims(x, dim, "dims" if not isinstance(dim, str) else "dim")
 
 
 def _check(op, x: xr.DataArray, **params) -> None:

@@ -18,7 +18,7 @@ from ..errors import InputError
 from ..exec import spill
 from ..reduce import aggregation as agg
 from ..reduce.overlap import map_halo
-from ._common import _as_dask, _check, _finish, _is_int, float_dtype  # noqa: F401  (float_dtype: for callers of this module)
+from ._common import _as_dask, _axis_of, _check, _finish, _is_int, float_dtype  # noqa: F401  (float_dtype: for callers of this module)
 from .metadata import Produces, cell_names, input_name
 from .params import Count, Dim, Dims, MinPeriods, Weights
 from .registry import register
@@ -46,6 +46,7 @@ def standardized_anomaly(x: xr.DataArray, dim: Dim = "time") -> xr.DataArray:
     """
     op = standardized_anomaly.op
     data, eager = _as_dask(x)
+    dim = _axis_of(x, dim)
     _check(op, x, dim=dim)
     axis = x.get_axis_num(dim)
     backend = backend_of(data)
@@ -136,6 +137,7 @@ def weighted_mean(
     if isinstance(dims, str):
         dims = (dims,)
     data, eager = _as_dask(x)
+    dims = _axis_of(x, tuple(dims))
     _check(weighted_mean.op, x, dims=dims, weights=weights)
     axes = tuple(x.get_axis_num(d) for d in dims)
     w = _weights(x, weights)
@@ -201,6 +203,7 @@ def rolling_mean(
     if not _is_int(min_periods) or not 1 <= min_periods <= window:
         raise InputError(f"min_periods must be an integer between 1 and window={window}, got {min_periods!r}")
     data, eager = _as_dask(x)
+    dim = _axis_of(x, dim)
     _check(rolling_mean.op, x, dim=dim, window=window)
     axis = x.get_axis_num(dim)
     before, after = (window // 2, window - 1 - window // 2) if center else (window - 1, 0)

@@ -20,7 +20,7 @@ from ..errors import InputError
 from ..exec import spill
 from ..reduce import aggregation as agg
 from ..reduce.declare import declare, declared
-from ._common import _as_dask, _check, _finish, _is_int, float_dtype
+from ._common import _as_dask, _axis_of, _check, _finish, _is_int, float_dtype
 from .metadata import Produces, cell_names, input_name as _name
 from .params import Count, Degree, Dim, Quantiles
 from .registry import register
@@ -87,15 +87,23 @@ def _trend_coordinate(x: xr.DataArray, dim: str) -> np.ndarray:
     """The coordinate along ``dim`` as float64, mapped affinely onto [-1, 1].
 
     The fitted values do not change under an affine change of the abscissa, and on [-1, 1] the
-    normal equations stay well conditioned (on nanoseconds since 1970 they would not be).
+    normal equations stay well conditioned (on nanoseconds since 1970 they would not be). Dates
+    of cftime calendars count the days of their own calendar, as xarray's polyfit counts them.
     """
+    from xarray.core.common import _contains_cftime_datetimes
+    from xarray.core.duck_array_ops import datetime_to_numeric
+
     v = to_numpy(x[dim].data)
     if v.dtype.kind in "mM":
         v = (v - v.min()) / np.timedelta64(1, "s")
+    elif v.dtype.kind == "O" and _contains_cftime_datetimes(v):
+        # as xarray's polyfit numbers cftime dates (computation._ensure_numeric): time since a
+        # date, through xarray's own conversion; the date it counts from changes no fitted value
+        v = datetime_to_numeric(v, offset=min(v), datetime_unit="s")
     elif v.dtype.kind in "iuf":
         v = v.astype(np.float64)
     else:
-        raise InputError(f"detrend needs a numeric or datetime64 coordinate along {dim!r}, got dtype {v.dtype}")
+        raise InputError(f"detrend needs a numeric, datetime64 or cftime coordinate along {dim!r}, got dtype {v.dtype}")
     lo, hi = v.min(), v.max()
     half = (hi - lo) / 2 if hi > lo else 1.0
     return (v - (lo + hi) / 2) / half
@@ -122,6 +130,7 @@ def detrend(x: xr.DataArray, dim: Dim = "time", deg: Degree = 1) -> xr.DataArray
         raise InputError(f"deg must be a non-negative integer, got {deg!r}")
     deg = int(deg)
     data, eager = _as_dask(x)
+    dim = _axis_of(x, dim)
     _check(detrend.op, x, dim=dim, deg=deg)
     axis = x.get_axis_num(dim)
     backend = backend_of(data)
@@ -281,6 +290,7 @@ def quantile(x: xr.DataArray, q: Quantiles, dim: Dim = "time") -> xr.DataArray:
     if not qs or not all(0.0 <= v <= 1.0 for v in qs):
         raise InputError(f"quantiles q must lie in [0, 1], got {q!r}")
     data, eager = _as_dask(x)
+    dim = _axis_of(x, dim)
     _check(quantile.op, x, q=q, dim=dim)
     axis = x.get_axis_num(dim)
     budget = memory_budget(backend_of(data))

@@ -2,8 +2,9 @@
 counts and spells.
 
 Groups come from the dates of the dimension ``dim`` (``"time"`` by default) on the host
-(``time.month``, ``time.dayofyear``, or the bins of a pandas frequency such as ``"1D"``, ``"MS"``,
-``"YS"``); the data never leave their backend. Each block is reduced over all its groups by one
+(``time.month``, ``time.dayofyear``, ``time.season``, or the bins of a pandas frequency such as
+``"1D"``, ``"MS"``, ``"YS"``, as xarray bins them on every calendar, cftime's included); the data
+never leave their backend. Each block is reduced over all its groups by one
 kernel (:mod:`pipeline.kernels.groups`) and the partials are merged across blocks and workers
 (:func:`pipeline.reduce.aggregation.group_reduce` and ``binned_reduce``).
 
@@ -25,23 +26,21 @@ from ..deferred import module as _deferred
 from ..exec import spill
 from ..kernels.launch import from_2d, to_2d
 from ..reduce import aggregation as agg
-from ._common import _as_dask, _check, _finish, float_dtype
+from ._common import _as_dask, _axis_of, _check, _finish, float_dtype
 from .metadata import Produces, group_name, input_name as _name, is_daily, on_daily, period, steps_units
 from .params import Dim, Frequency, Threshold
 from .registry import register
-from .shapes import group_labels, threshold_in_units_of
+from .shapes import group_labels, group_values, meta_of, resample_bins, threshold_in_units_of
 
 da = _deferred("dask.array")  # imported when the first graph is built
 
-Freq = Literal["month", "dayofyear"]
+Freq = Literal["month", "dayofyear", "season"]
 
 
 def _bins(x: xr.DataArray, freq: str, dim: str) -> tuple[np.ndarray, pd.Index]:
     """Bin number of every step and the label of every bin (empty bins included), as xarray's
-    ``resample({dim: freq})`` makes them (the op's checks have found dates and a frequency)."""
-    index = x[dim].to_index()
-    grouped = pd.Series(np.arange(index.size), index=index).groupby(pd.Grouper(freq=freq))
-    return grouped.ngroup().to_numpy(np.int64), grouped.size().index
+    ``resample({dim: freq})`` makes them, on any calendar (the op's checks have found dates)."""
+    return resample_bins(meta_of(x), freq, dim)
 
 
 # --- thresholds with units --------------------------------------------------------------------------
@@ -81,6 +80,7 @@ def _climatology_data(op, x: xr.DataArray, freq: str, dim: str, missing_row: boo
     """The climatology of ``x``, a row per group; steps without a date (NaT, label -1) are in no
     group, as in xarray's groupby. ``missing_row``: one more row, NaN, for those steps."""
     data, eager = _as_dask(x)
+    dim = _axis_of(x, dim)
     _check(op, x, freq=freq, dim=dim)
     axis = x.get_axis_num(dim)
     labels = group_labels(x.indexes[dim], freq)
@@ -100,15 +100,16 @@ def _climatology_data(op, x: xr.DataArray, freq: str, dim: str, missing_row: boo
     ),
 )
 def climatology(x: xr.DataArray, freq: Freq = "month", dim: Dim = "time") -> xr.DataArray:
-    """Mean for each month or day of year over all years, NaN-skipping, as x.groupby(f"time.{freq}").mean().
+    """Mean for each month, day of year or season over all years, NaN-skipping, as x.groupby(f"time.{freq}").mean().
 
     ``dim`` is the dimension of dates to group (``"time"``); it becomes a dimension named ``freq``.
+    Seasons are xarray's (DJF, MAM, JJA, SON), in the order of its groupby: DJF, JJA, MAM, SON.
     Each chunk is reduced over all the groups it holds by one kernel; partial sums and counts
     merge across chunks and GPUs as a tree.
     """
     data, eager, axis, labels, groups, clim = _climatology_data(climatology.op, x, freq, dim)
     out_dtype = float_dtype(x.dtype)
-    return _new_time_dim(x, clim.astype(out_dtype), axis, freq, groups, eager)
+    return _new_time_dim(x, clim.astype(out_dtype), axis, freq, group_values(freq, groups), eager)
 
 
 @register(
@@ -118,7 +119,7 @@ def climatology(x: xr.DataArray, freq: Freq = "month", dim: Dim = "time") -> xr.
     ),
 )
 def anomaly(x: xr.DataArray, freq: Freq = "month", dim: Dim = "time") -> xr.DataArray:
-    """Departure from the climatology of each step's month or day of year, as x.groupby(...) - climatology.
+    """Departure from the climatology of each step's month, day of year or season, as x.groupby(...) - climatology.
 
     ``dim`` is the dimension of dates to group (``"time"``). A step without a date (NaT) is in no
     group: its anomaly is NaN, as xarray's groupby arithmetic gives.
@@ -149,6 +150,7 @@ def _subtract_block(block, position, clim, kernel, axis, out_dtype):
 
 def _binned(op, x: xr.DataArray, red: agg.Aggregation, freq: str, dim: str, out_dtype) -> xr.DataArray:
     data, eager = _as_dask(x)
+    dim = _axis_of(x, dim)
     _check(op, x, freq=freq, dim=dim)
     axis = x.get_axis_num(dim)
     bins, labels = _bins(x, freq, dim)

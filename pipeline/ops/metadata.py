@@ -42,6 +42,7 @@ class Produces:
 
     def attrs(self, x: xr.DataArray, params: dict[str, Any]) -> dict[str, Any]:
         """The result's attributes, from the input ``x`` and the op's ``params``."""
+        params = _axes_found(x, params)
         out = {}
         standard_name = x.attrs.get("standard_name") if self.standard_name is SAME else _text(self.standard_name, x, params)
         if standard_name:
@@ -56,6 +57,17 @@ class Produces:
         if self.extra is not None:
             out.update(self.extra(x, params))
         return out
+
+
+def _axes_found(x: xr.DataArray, params: dict) -> dict:
+    """``params`` with the default axis names in ``dim``/``dims`` that ``x`` lacks replaced by the
+    dimensions the op found for them (:func:`pipeline.ops.axes.resolve`), so that a result of
+    ERA5's data says "valid_time: mean", as its op computed it."""
+    from .axes import resolve_dims
+
+    if not isinstance(x, xr.DataArray):
+        return params
+    return {k: resolve_dims(x, v, k) if k in ("dim", "dims") and v is not None else v for k, v in params.items()}
 
 
 def _text(field: Text | None, x: xr.DataArray, params: dict) -> str | None:
@@ -100,8 +112,8 @@ def period(freq: str) -> str:
 
 
 def group_name(freq: str) -> str:
-    """The groups of a climatology: "monthly" or "day-of-year"."""
-    return {"month": "monthly", "dayofyear": "day-of-year"}.get(freq, freq)
+    """The groups of a climatology: "monthly", "day-of-year" or "seasonal"."""
+    return {"month": "monthly", "dayofyear": "day-of-year", "season": "seasonal"}.get(freq, freq)
 
 
 def cell_names(dims) -> str:

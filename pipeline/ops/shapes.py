@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
+from .axes import resolve, resolve_dims
 from .metadata import SAME
 from .params import TO_KELVIN, check_threshold, parse_quantity
 from .registry import Op
@@ -118,11 +119,12 @@ def _dates_in_order(x: Meta, dim: str) -> pd.Index:
 
 
 def _standardized_anomaly(x, dim):
-    _axis(x, dim)
+    _axis(x, resolve(x, dim))
     return x
 
 
 def _rolling_mean(x, dim, window, **_):
+    dim = resolve(x, dim)
     _axis(x, dim)
     if window > x.sizes[dim]:
         raise InputError(
@@ -170,6 +172,7 @@ def latitude_radians(variable, name: str, attrs: dict, values) -> np.ndarray:
 
 
 def _weighted_mean(x, dims, weights):
+    dims = resolve_dims(x, dims)
     dims = (dims,) if isinstance(dims, str) else tuple(dims)
     for d in dims:
         _axis(x, d)
@@ -200,6 +203,7 @@ def _coarsen_mean(x, factors):
 
 
 def _detrend(x, dim, deg):
+    dim = resolve(x, dim)
     _axis(x, dim)
     index = x.indexes.get(dim)
     missing = np.flatnonzero(pd.isna(index)) if index is not None else ()
@@ -218,6 +222,7 @@ def _detrend(x, dim, deg):
 
 
 def _quantile(x, q, dim):
+    dim = resolve(x, dim)
     _axis(x, dim)
     out = _without(x, (dim,))
     if np.ndim(q) == 0:
@@ -231,30 +236,44 @@ def _saturation_vapor_pressure(x, method):
     return x
 
 
+SEASONS = np.array(["DJF", "JJA", "MAM", "SON"])
+"""xarray's ``time.season`` groups, in the order of its groupby (sorted by name)."""
+_SEASON_OF_MONTH = np.array([0, 0, 2, 2, 2, 1, 1, 1, 3, 3, 3, 0])  # January..December -> SEASONS
+
+
 def group_labels(index: pd.Index, freq: str) -> np.ndarray:
-    """The month or day of year of every date of ``index``, and -1 for a missing date (NaT): in
-    no group, as in xarray's groupby."""
-    attr = "day_of_year" if freq == "dayofyear" and isinstance(index, pd.DatetimeIndex) else freq  # cftime: dayofyear
+    """The month, day of year or season (its place in :data:`SEASONS`) of every date of
+    ``index``, on any calendar, and -1 for a missing date (NaT): in no group, as in xarray's groupby."""
+    attr = "month" if freq == "season" else freq
+    attr = "day_of_year" if attr == "dayofyear" and isinstance(index, pd.DatetimeIndex) else attr  # cftime: dayofyear
     labels = np.asarray(getattr(index, attr), dtype=np.float64)  # NaN for NaT
-    return np.where(np.isnan(labels), -1, labels).astype(np.int64)
+    labels = np.where(np.isnan(labels), -1, labels).astype(np.int64)
+    return np.where(labels < 0, -1, _SEASON_OF_MONTH[labels - 1]) if freq == "season" else labels
+
+
+def group_values(freq: str, groups: np.ndarray) -> np.ndarray:
+    """The coordinate of the groups ``groups`` (labels of :func:`group_labels`): the labels
+    themselves, or the seasons' names."""
+    return SEASONS[groups] if freq == "season" else groups
 
 
 def _groups(x: Meta, freq: str, dim: str) -> pd.Index:
     _axis(x, dim)
-    if freq not in ("month", "dayofyear"):
-        raise InputError(f"freq must be 'month' or 'dayofyear', got {freq!r}")
+    if freq not in ("month", "dayofyear", "season"):
+        raise InputError(f"freq must be 'month', 'dayofyear' or 'season', got {freq!r}")
     labels = group_labels(_dates(x, dim), freq)
     if (labels < 0).all():
         raise InputError(f"variable {x.name!r}: time coordinate {dim!r} has no dates (every step is NaT)")
-    return pd.Index(np.unique(labels[labels >= 0]), name=freq)
+    return pd.Index(group_values(freq, np.unique(labels[labels >= 0])), name=freq)
 
 
 def _climatology(x, freq, dim):
+    dim = resolve(x, dim)
     return _new_dim(x, dim, freq, _groups(x, freq, dim))
 
 
 def _anomaly(x, freq, dim):
-    _groups(x, freq, dim)
+    _groups(x, freq, resolve(x, dim))
     return x
 
 
@@ -277,15 +296,35 @@ def threshold_in_units_of(x, threshold: float | str) -> float:
     return (kelvin - offset) / scale
 
 
-def _binned(x, freq, dim, threshold=None, **_):
+def resample_bins(x, freq: str, dim: str) -> tuple[np.ndarray, pd.Index]:
+    """The period of every date along ``dim`` of ``x`` (a Meta) and the label of every period
+    (empty ones included), as xarray's ``resample({dim: freq})`` makes them, on any calendar:
+    xarray's own binning (a pandas Grouper on dates, its CFTimeGrouper on cftime dates).
+    InputError where ``freq`` is no frequency for these dates (cftime has no business days)."""
+    from xarray.groupers import TimeResampler
+
     index = _dates_in_order(x, dim)
+    resampler = TimeResampler(freq)
+    try:
+        # what TimeResampler.factorize does, on the index alone: factorize needs a DataArray,
+        # which would import dask.array into `pipeline validate`
+        resampler._init_properties(index)
+        first, codes = resampler.first_items()
+    except Exception as e:  # pandas' and xarray's parsers raise ValueError, KeyError, IndexError...
+        calendar = getattr(index, "calendar", "standard")
+        raise InputError(
+            f"freq {freq!r} is not a pandas frequency for dimension {dim!r} of {x.name!r} "
+            f"(dates of the {calendar} calendar): {e}"
+        ) from None
+    return np.asarray(codes, dtype=np.int64), first.index.rename(dim)
+
+
+def _binned(x, freq, dim, threshold=None, **_):
+    dim = resolve(x, dim)
+    _dates_in_order(x, dim)
     if threshold is not None:
         threshold_in_units_of(x, threshold)
-    try:
-        bins = pd.Series(np.arange(index.size), index=index).groupby(pd.Grouper(freq=freq)).size().index
-    except (ValueError, TypeError) as e:
-        raise InputError(f"freq {freq!r} is not a pandas frequency for dimension {dim!r} of {x.name!r}: {e}") from None
-    return _new_dim(x, dim, dim, bins)
+    return _new_dim(x, dim, dim, resample_bins(x, freq, dim)[1])
 
 
 CHECKS: dict[str, Callable[..., Meta]] = {
