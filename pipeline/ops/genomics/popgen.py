@@ -34,14 +34,15 @@ Where sgkit is surprising, these ops do as it does:
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+import itertools
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 import xarray as xr
 
-from ...backend import backend_of, meta as backend_meta, to_backend, to_numpy
+from ...backend import backend_of, meta as backend_meta, to_backend, to_numpy, xp_of
 from ...deferred import module as _deferred
-from ...errors import InputError
+from ...errors import InputError, NotImplementedInputError
 from ...reduce.windows import window_sums
 from ..registry import register
 from ._dataset import as_dask, merge as _merge, variable
@@ -58,6 +59,12 @@ COMMENTS = {  # sgkit's documentation of its variables, which it sets as their "
     "stat_divergence": "Genetic divergence between pairs of cohorts.",
     "stat_Fst": "Fixation index (Fst) between pairs of cohorts.",
     "stat_Tajimas_D": "Tajima\u2019s D for cohorts.",
+    "stat_pbs": "Population branching statistic for cohort triples.",
+    "stat_Garud_h1": "Garud H1 statistic for cohorts.",
+    "stat_Garud_h12": "Garud H12 statistic for cohorts.",
+    "stat_Garud_h123": "Garud H123 statistic for cohorts.",
+    "stat_Garud_h2_h1": "Garud H2/H1 statistic for cohorts.",
+    "stat_Weir_Goudet_beta": "Pairwise Weir Goudet beta statistic among all samples.",
 }
 COUNT = np.uint64
 F8 = np.float64
@@ -324,4 +331,230 @@ def Tajimas_D(
     return _merge(ds, _new("stat_Tajimas_D", (rows, "cohorts"), D), merge)
 
 
-__all__ = ["Fst", "Tajimas_D", "count_cohort_alleles", "divergence", "diversity"]
+# --- cohort triples, haplotype statistics, kinship ------------------------------------------------
+
+
+def _cohorts_to_array(cohorts, index, width: int, n_cohorts: int, op: str) -> np.ndarray:
+    """sgkit's ``_cohorts_to_array``: cohorts (or tuples of ``width`` cohorts) given by index or by
+    their label in ``index`` (the dataset's cohort coordinates) -> int array (len, width)."""
+    rows = []
+    for c in cohorts:
+        t = (c,) if width == 1 and not isinstance(c, (tuple, list)) else tuple(c)
+        if len(t) != width:
+            raise InputError(f"{op}: cohorts must be {'single cohorts' if width == 1 else f'tuples of {width} cohorts'}, "
+                             f"got {c!r}")
+        ids = []
+        for x in t:
+            if isinstance(x, str):
+                if index is None or x not in index:
+                    raise InputError(f"{op}: cohort {x!r} is not one of the dataset's cohort labels "
+                                     f"({', '.join(map(str, index)) if index is not None else 'none: give cohort numbers'})")
+                x = index.get_loc(x)
+            if not isinstance(x, (int, np.integer)) or not 0 <= int(x) < n_cohorts:
+                raise InputError(f"{op}: cohort {x!r} is not a cohort number from 0 to {n_cohorts - 1}")
+            ids.append(int(x))
+        rows.append(ids)
+    return np.asarray(rows, dtype=np.int64).reshape(len(rows), width)
+
+
+def _pbs_block(fst, *, triples: np.ndarray):
+    """sgkit's ``_pbs_cohorts`` on a block of Fst (rows, c, c): NaN but at the triples."""
+    xp = xp_of(fst)
+    t = -xp.log(1 - xp.clip(fst, 0, 1 - np.finfo(float).epsneg))
+    c = fst.shape[1]
+    out = xp.full((fst.shape[0], c, c, c), np.nan, dtype=F8)
+    for i, j, k in triples:
+        ret = (t[:, i, j] + t[:, i, k] - t[:, j, k]) / 2
+        out[:, i, j, k] = ret / (1 + (t[:, i, j] + t[:, i, k] + t[:, j, k]) / 2)
+    return out
+
+
+def pbs(
+    ds: xr.Dataset,
+    *,
+    stat_Fst: str = "stat_Fst",
+    cohorts: Sequence[tuple[int, int, int] | tuple[str, str, str]] | None = None,
+    merge: bool = True,
+) -> xr.Dataset:
+    """Population branching statistic of cohort triples, sgkit's ``pbs``: ``stat_pbs`` (windows,
+    cohorts_0, cohorts_1, cohorts_2), float64, from the Fst (computed by :func:`Fst` where the
+    dataset lacks it), per variant or per window as the Fst is; NaN but at the triples
+    ``cohorts`` (numbers, or labels of the ``cohorts_0`` coordinates; default: every increasing
+    triple)."""
+    name = "pbs"
+    ds = _if_absent(ds, "stat_Fst", stat_Fst, Fst, name)
+    fst = variable(ds, stat_Fst, kind="f", op=name)
+    if fst.ndim != 3 or tuple(fst.dims[1:]) != ("cohorts_0", "cohorts_1") or fst.shape[1] != fst.shape[2]:
+        raise InputError(f"{name}: variable {stat_Fst!r} has dimensions {tuple(map(str, fst.dims))}, "
+                         "expected (windows, cohorts_0, cohorts_1)")
+    n = int(fst.shape[1])
+    triples = _cohorts_to_array(list(cohorts or itertools.combinations(range(n), 3)),
+                                ds.indexes.get("cohorts_0"), 3, n, name)
+    f = _whole(fst, (1, 2))
+    backend = backend_of(f)
+    p = f.map_blocks(_pbs_block, triples=triples, chunks=(f.chunks[0], (n,), (n,), (n,)), new_axis=3, dtype=F8,
+                     meta=backend_meta(backend, F8, 4))
+    return _merge(ds, _new("stat_pbs", ("windows", "cohorts_0", "cohorts_1", "cohorts_2"), p), merge)
+
+
+# Garud's H counts the distinct haplotypes of a window, which sgkit tells apart by a hash of each
+# haplotype's alleles over the window's variants (DJBX33A: h = 33 h + a from 5381, in int64 that
+# wraps). That hash is linear: for a window [start, stop) it is 5381 * 33^n + 33^(stop - 1)
+# sum_i a_i 33^-i modulo 2^64 (33 is odd, so invertible modulo 2^64). So each variant adds its
+# term a_i 33^-i, a block of variants gives its prefix sums, and the windows' hashes come from
+# the prefix sums at their bounds: one pass over the genotypes, blocks of variants and samples
+# anywhere, only (windows, haplotypes) hashes kept, the same hashes as sgkit's.
+U8 = np.uint64
+_MOD = 1 << 64
+_INV33 = pow(33, -1, _MOD)
+
+
+def _powers(base: int, first: int, n: int) -> np.ndarray:
+    """``base^(first + i) mod 2^64`` for i < n, uint64."""
+    out = np.empty(n, dtype=U8)
+    x = pow(base, first, _MOD)
+    for i in range(n):
+        out[i] = x
+        x = x * base % _MOD
+    return out
+
+
+def _hash_prefix(g, *, firsts, rels, block_id=None):
+    """Prefix sums of the hash terms of a (variants, samples, ploidy) block at the block's
+    relative bounds ``rels[k]`` (0 to the block's length) -> (bounds, haplotypes) uint64."""
+    xp = xp_of(g)
+    k = block_id[0]
+    v = g.shape[0]
+    w = xp.asarray(_powers(_INV33, int(firsts[k]), v))
+    t = g.reshape(v, -1).astype(np.int64).astype(U8) * w[:, None]
+    c = xp.concatenate([xp.zeros((1, t.shape[1]), dtype=U8), xp.cumsum(t, axis=0, dtype=U8)])
+    return c[xp.asarray(rels[k])]
+
+
+def _window_hashes(q, *, row, block, totals, lo, hi, scale, const):
+    """The windows' hashes (windows, haplotypes) from the blocks' prefix sums ``q``."""
+    xp = xp_of(q)
+    offsets = xp.cumsum(q[xp.asarray(totals)], axis=0, dtype=U8)
+    offsets = xp.concatenate([xp.zeros((1, q.shape[1]), dtype=U8), offsets[:-1]])
+    p = q[xp.asarray(row)] + offsets[xp.asarray(block)]  # the prefix sum at each bound
+    d = p[xp.asarray(hi)] - p[xp.asarray(lo)]
+    return xp.asarray(const)[:, None] + xp.asarray(scale)[:, None] * d
+
+
+def _garud_block(h, *, haplotype_cohort: np.ndarray, wanted: np.ndarray, n_cohorts: int):
+    """sgkit's H1, H12, H123 and H2/H1 of each window (row of hashes) and cohort -> (windows,
+    cohorts, 4), NaN for the cohorts not wanted: the haplotypes' counts, largest first."""
+    xp = xp_of(h)
+    out = xp.full((h.shape[0], n_cohorts, 4), np.nan, dtype=F8)
+    for c in wanted:
+        cols = np.flatnonzero(haplotype_cohort == c)
+        n = cols.size
+        if n == 0:
+            continue
+        s = xp.sort(h[:, xp.asarray(cols)], axis=1)
+        first = xp.concatenate([xp.ones((s.shape[0], 1), dtype=bool), s[:, 1:] != s[:, :-1]], axis=1)
+        at = xp.sort(xp.where(first, xp.arange(n)[None, :], n), axis=1)  # where each run starts
+        nxt = xp.concatenate([at[:, 1:], xp.full((s.shape[0], 1), n, dtype=at.dtype)], axis=1)
+        counts = -xp.sort(-xp.where(at < n, nxt - at, 0), axis=1)
+        f = counts / n
+        h1 = xp.sum(f**2, axis=1)
+        out[:, c, 0] = h1
+        out[:, c, 1] = xp.sum(f[:, :2], axis=1) ** 2 + xp.sum(f[:, 2:] ** 2, axis=1)
+        out[:, c, 2] = xp.sum(f[:, :3], axis=1) ** 2 + xp.sum(f[:, 3:] ** 2, axis=1)
+        out[:, c, 3] = (h1 - f[:, 0] ** 2) / h1
+    return out
+
+
+def Garud_H(
+    ds: xr.Dataset,
+    *,
+    call_genotype: str = "call_genotype",
+    sample_cohort: str = "sample_cohort",
+    cohorts: Sequence[int | str] | None = None,
+    merge: bool = True,
+) -> xr.Dataset:
+    """Garud et al.'s (2015) H1, H12, H123 and H2/H1 of each window and cohort, sgkit's
+    ``Garud_H``: ``stat_Garud_h1``, ``stat_Garud_h12``, ``stat_Garud_h123`` and
+    ``stat_Garud_h2_h1`` (windows, cohorts), float64, from the frequencies of the distinct
+    haplotypes (missing and fill alleles are alleles of their own, as in sgkit) among each
+    cohort's haplotypes in the window. Diploid, windowed datasets only; NaN for the cohorts not in
+    ``cohorts`` (numbers or labels of the ``cohorts`` coordinates; default: all)."""
+    name = "Garud_H"
+    if "ploidy" not in ds.sizes or ds.sizes["ploidy"] != 2:
+        raise NotImplementedInputError(f"{name}: Garud H is implemented for diploid genotypes only, "
+                                       f"not ploidy {ds.sizes.get('ploidy')}")
+    if not has_windows(ds):
+        raise InputError(f"{name}: the dataset has no windows (window_start, window_stop): "
+                         "call window_by_variant or window_by_position first")
+    g = as_dask(variable(ds, call_genotype, ("variants", "samples", "ploidy"), "i", op=name)).rechunk({2: -1})
+    cohort, n_cohorts = _cohorts(ds, sample_cohort, name)
+    wanted = _cohorts_to_array(list(cohorts) if cohorts is not None else list(range(n_cohorts)),
+                               ds.indexes.get("cohorts"), 1, n_cohorts, name)[:, 0]
+    n = g.shape[0]
+    starts = np.clip(np.asarray(to_numpy(ds["window_start"].data), dtype=np.int64).ravel(), 0, n)
+    stops = np.clip(np.asarray(to_numpy(ds["window_stop"].data), dtype=np.int64).ravel(), 0, n)
+    stops = np.maximum(stops, starts)
+    bounds = np.unique(np.r_[starts, stops])
+    # each bound's prefix sum, taken in the block it ends (bound 0: block 0, relative 0)
+    edges = np.cumsum((0, *g.chunks[0]))
+    owner = np.clip(np.searchsorted(edges, bounds, side="left") - 1, 0, len(g.chunks[0]) - 1)
+    firsts, rels, row, totals = edges[:-1], [], np.empty(bounds.size, np.int64), []
+    for k, size in enumerate(g.chunks[0]):
+        mine = np.flatnonzero(owner == k)
+        rel = np.unique(np.r_[bounds[mine] - edges[k], size])
+        row[mine] = sum(map(len, rels)) + np.searchsorted(rel, bounds[mine] - edges[k])
+        totals.append(sum(map(len, rels)) + rel.size - 1)
+        rels.append(rel)
+    backend = backend_of(g)
+    hap = tuple(c * 2 for c in g.chunks[1])
+    q = g.map_blocks(_hash_prefix, firsts=firsts, rels=rels, chunks=(tuple(map(len, rels)), hap), drop_axis=2,
+                     dtype=U8, meta=backend_meta(backend, U8, 2))
+    length = stops - starts
+    const = np.array([5381 * pow(33, int(m), _MOD) % _MOD for m in length], dtype=U8)
+    scale = np.array([pow(33, int(max(b - 1, 0)), _MOD) for b in stops], dtype=U8)
+    h = q.rechunk({0: -1}).map_blocks(
+        _window_hashes, row=row, block=owner, totals=np.asarray(totals), lo=np.searchsorted(bounds, starts),
+        hi=np.searchsorted(bounds, stops), scale=scale, const=const, chunks=((starts.size,), q.chunks[1]),
+        dtype=U8, meta=backend_meta(backend, U8, 2))
+    h = h.rechunk((max(1, 2**24 // max(1, h.shape[1])), -1))
+    gh = h.map_blocks(_garud_block, haplotype_cohort=np.repeat(cohort, 2), wanted=wanted, n_cohorts=n_cohorts,
+                      chunks=(h.chunks[0], (n_cohorts,), (4,)), new_axis=2, dtype=F8,
+                      meta=backend_meta(backend, F8, 3))
+    names = ("stat_Garud_h1", "stat_Garud_h12", "stat_Garud_h123", "stat_Garud_h2_h1")
+    new = xr.merge([_new(v, ("windows", "cohorts"), gh[:, :, i]) for i, v in enumerate(names)])
+    return _merge(ds, new, merge)
+
+
+def _lower_sums(block, block_info=None):
+    """The sum and the count of the values below the diagonal of a tile that are not NaN."""
+    xp = xp_of(block)
+    (r0, _), (c0, _) = block_info[0]["array-location"]
+    below = (xp.arange(r0, r0 + block.shape[0])[:, None] > xp.arange(c0, c0 + block.shape[1])[None, :])
+    keep = below & ~xp.isnan(block)
+    return xp.stack([xp.where(keep, block, 0).sum(dtype=F8), keep.sum(dtype=F8)]).reshape(1, 1, 2)
+
+
+def Weir_Goudet_beta(
+    ds: xr.Dataset,
+    *,
+    stat_identity_by_state: str = "stat_identity_by_state",
+    merge: bool = True,
+) -> xr.Dataset:
+    """Weir and Goudet's (2017) beta between all pairs of samples, sgkit's ``Weir_Goudet_beta``:
+    ``stat_Weir_Goudet_beta`` (samples_0, samples_1), float64, the identity by state (computed by
+    :func:`~.relatedness.identity_by_state` where the dataset lacks it) relative to its mean over
+    the pairs of distinct samples (NaN pairs left out): ``(ibs - mean) / (1 - mean)``."""
+    from .relatedness import identity_by_state
+
+    name = "Weir_Goudet_beta"
+    ds = _if_absent(ds, "stat_identity_by_state", stat_identity_by_state, identity_by_state, name)
+    ibs = as_dask(variable(ds, stat_identity_by_state, ("samples_0", "samples_1"), "f", op=name))
+    backend = backend_of(ibs)
+    sums = ibs.map_blocks(_lower_sums, chunks=((1,) * ibs.numblocks[0], (1,) * ibs.numblocks[1], (2,)), new_axis=2,
+                          dtype=F8, meta=backend_meta(backend, F8, 3)).sum(axis=(0, 1))
+    avg = sums[0] / sums[1]
+    beta = (ibs - avg) / (1 - avg)
+    return _merge(ds, _new("stat_Weir_Goudet_beta", ("samples_0", "samples_1"), beta), merge)
+
+
+__all__ = ["Fst", "Garud_H", "Tajimas_D", "Weir_Goudet_beta", "count_cohort_alleles", "divergence", "diversity", "pbs"]
