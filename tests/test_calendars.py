@@ -150,6 +150,15 @@ def test_seasons_in_xarray_order_with_cf_attributes():
     assert anomaly.attrs["long_name"] == "anomaly of tas from its seasonal climatology"
 
 
+def test_counts_on_daily_cftime_dates_are_days():
+    x = tas("360_day", nt=60).chunk(CHUNKS).assign_attrs(standard_name="air_temperature")
+    got = pipeline.ops.count_above(x, threshold=283.0, freq="MS")
+    assert got.attrs["units"] == "days" and got.attrs["cell_methods"] == "time: sum over days"
+    assert got.attrs["standard_name"] == "number_of_days_with_air_temperature_above_threshold"
+    assert pipeline.ops.max_spell_length(x, threshold=283.0, freq="MS").attrs["long_name"] == (
+        "monthly longest run of consecutive days with tas above 283 K")
+
+
 def test_cli_validates_and_runs_cftime_flows(tmp_path):
     calendar = "360_day"
     tas(calendar, nt=100).to_dataset().to_zarr(tmp_path / "s.zarr", encoding={"tas": {"chunks": (37, 2, 4)}})
