@@ -12,10 +12,11 @@ import xarray as xr
 import yaml
 
 import pipeline
+from pipeline import backend as B
 from pipeline.errors import InputError
 from pipeline.ops import axes
 
-from .conftest import assert_close
+from .conftest import assert_close, on_backend
 from .test_trust_climate import assert_refused, assert_refused_at_validate_and_run, cli, write_flow
 
 AREA = ("latitude", "longitude")
@@ -79,6 +80,15 @@ def test_ops_with_default_axes_on_an_era5_store_equal_xarray(store, op):
         np.testing.assert_array_equal(got.values, expected.values)
     else:
         assert_close(got, expected, atol=5e-6 * 300)
+
+
+@pytest.mark.parametrize("op", ["weighted_mean", "resample_mean", "anomaly", "detrend"])
+def test_ops_with_default_axes_on_both_backends(backend, op):
+    params, reference = OPS[op]
+    x = era5(nt=70, seed=2)
+    got = getattr(pipeline.ops, op)(on_backend(x.chunk({"valid_time": 31, "latitude": 4}), backend), **params)
+    assert B.backend_of(got) == backend
+    assert_close(got, reference(x.astype(np.float64)).transpose(*got.dims), atol=5e-6 * 300)
 
 
 def test_results_name_the_axes_found():
