@@ -225,3 +225,114 @@ def test_relatedness_products_are_summed_in_tiles():
         relatedness.TILE = old
     np.testing.assert_allclose(values, whole, rtol=1e-13)
     np.testing.assert_allclose(values, REF["multi_ibs"], rtol=RTOL)
+
+
+# --- PC-Relate ----------------------------------------------------------------------------------------
+
+
+def with_pcs(ds: xr.Dataset) -> xr.Dataset:
+    """The fixture's sample PCs: three normal columns (float64 on both sides)."""
+    return ds.assign(sample_pca_projection=(("samples", "components"), np.random.default_rng(7).normal(size=(60, 3))))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("chunks", CHUNKINGS)
+def test_pc_relate_is_sgkits(backend, chunks):
+    ds = with_pcs(data("bi", chunks=chunks, backend=backend))
+    for maf in (0.01, 0.2):
+        with raise_if_dask_computes():
+            out = sg.pc_relate(ds, maf=maf)
+        check(out["pc_relate_phi"], f"pc_relate_{maf}", backend, ("samples_0", "samples_1"))
+        assert out["pc_relate_phi"].attrs["comment"] == "PC Relate kinship coefficient matrix."
+        assert "call_genotype" in out
+
+
+def test_pc_relate_refuses_bad_input():
+    ds = with_pcs(data("bi"))
+    with pytest.raises(InputError, match="pc_relate: maf must be between 0 and 1"):
+        sg.pc_relate(ds, maf=0)
+    with pytest.raises(InputError, match="biallelic genotypes only, not 3 alleles"):
+        sg.pc_relate(with_pcs(data("multi")))
+    with pytest.raises(InputError, match="diploid genotypes only, not ploidy 1"):
+        sg.pc_relate(ds.isel(ploidy=[0]))
+    with pytest.raises(InputError, match="pc_relate: the dataset has no variable 'sample_pca_projection'"):
+        sg.pc_relate(data("bi"))
+    with pytest.raises(InputError, match="variable 'call_genotype_mask' has values of type int8, expected booleans"):
+        sg.pc_relate(ds.assign(call_genotype_mask=ds["call_genotype"]))
+
+
+# --- inverse and hybrid relationship matrices -------------------------------------------------------------
+
+PED = np.array([
+    [1.0, 0.0, 0.0, 0.5, 0.0, 0.25],
+    [0.0, 1.0, 0.0, 0.5, 0.5, 0.5],
+    [0.0, 0.0, 1.0, 0.0, 0.5, 0.25],
+    [0.5, 0.5, 0.0, 1.0, 0.25, 0.625],
+    [0.0, 0.5, 0.5, 0.25, 1.0, 0.625],
+    [0.25, 0.5, 0.25, 0.625, 0.625, 1.125],
+])
+GENOMIC = {"last": [False, False, False, True, True, True], "first": [True, True, True, False, False, False],
+           "mixed": [True, False, True, False, True, True]}
+SCALES = [(1.0, 1.0), (1.5, 1.0), (1.2, 0.7)]
+
+
+def matrices(backend: str, **arrays) -> xr.Dataset:
+    import dask.array as da
+
+    return xr.Dataset({k: (("samples_0", "samples_1"), B.to_backend(da.from_array(v, chunks=3), backend))
+                       for k, v in arrays.items()})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("where", [*GENOMIC, "all"])
+def test_hybrid_and_inverse_matrices_are_sgkits(backend, where):
+    dims = ("samples_0", "samples_1")
+    m = matrices(backend, ped=PED, grm=REF["grm6"])
+    subset = {}
+    if where != "all":
+        m["genomic_sample"] = ("samples", np.array(GENOMIC[where]))
+        subset = {"genomic_sample": "genomic_sample"}
+        check(sg.invert_relationship_matrix(m, relationship="ped", subset_sample="genomic_sample")[
+            "stat_inverse_relationship"], f"ped_inv_{where}", backend, dims)
+        check(sg.invert_relationship_matrix(m, relationship="grm", subset_sample="genomic_sample")[
+            "stat_inverse_relationship"], f"grm_inv_{where}", backend, dims)
+    inverse = sg.invert_relationship_matrix(m, relationship="ped")
+    check(inverse["stat_inverse_relationship"], "ped_inv", backend, dims)
+    assert {"ped", "grm"} <= set(inverse.data_vars)
+    grm_inv = np.linalg.inv(REF["grm6"]) if where == "all" else REF[f"grm_inv_{where}"]
+    inv = matrices(backend, ped_inv=REF["ped_inv"], grm_inv=grm_inv,
+                   ped_sub_inv=REF["ped_inv" if where == "all" else f"ped_inv_{where}"])
+    m = m.merge(inv)
+    for tau, omega in SCALES:
+        h = sg.hybrid_relationship(m, genomic_relationship="grm", pedigree_relationship="ped", tau=tau, omega=omega,
+                                   **subset)
+        check(h["stat_hybrid_relationship"], f"hybrid_{where}_{tau}_{omega}", backend, dims)
+        hi = sg.hybrid_inverse_relationship(m, genomic_inverse_relationship="grm_inv",
+                                            pedigree_inverse_relationship="ped_inv",
+                                            pedigree_subset_inverse_relationship="ped_sub_inv",
+                                            tau=tau, omega=omega, merge=False, **subset)
+        assert list(hi.data_vars) == ["stat_hybrid_inverse_relationship"]
+        check(hi["stat_hybrid_inverse_relationship"], f"hybrid_inv_{where}_{tau}_{omega}", backend, dims)
+
+
+def test_relationship_matrices_refuse_bad_input():
+    m = matrices("cpu", ped=PED, grm=REF["grm6"], singular=np.ones((6, 6)))
+    m["small"] = (("samples_2", "samples_3"), np.eye(5))
+    # a singular matrix: numpy's LinAlgError, as sgkit's, and an InputError (exit 2)
+    with pytest.raises(np.linalg.LinAlgError, match="invert_relationship_matrix: the relationship matrix cannot be inverted"):
+        sg.invert_relationship_matrix(m, relationship="singular")["stat_inverse_relationship"].compute()
+    with pytest.raises(InputError, match="cannot be inverted"):
+        sg.invert_relationship_matrix(m, relationship="singular")["stat_inverse_relationship"].compute()
+    with pytest.raises(InputError, match=r"variable 'small' has dimensions \('samples_2', 'samples_3'\)"):
+        sg.invert_relationship_matrix(m, relationship="small")
+    with pytest.raises(InputError, match="hybrid_relationship: unknown estimator 'VanRaden'"):
+        sg.hybrid_relationship(m, genomic_relationship="grm", pedigree_relationship="ped", estimator="VanRaden")
+    with pytest.raises(InputError, match="pedigree_relationship must name"):
+        sg.hybrid_relationship(m, genomic_relationship="grm")
+    m["genomic_sample"] = ("samples", np.array(GENOMIC["mixed"]))
+    with pytest.raises(InputError, match="pedigree_subset_inverse_relationship is required"):
+        sg.hybrid_inverse_relationship(m, genomic_inverse_relationship="grm", pedigree_inverse_relationship="ped",
+                                       genomic_sample="genomic_sample")
+    m["short"] = ("few", np.ones(4, dtype=bool))
+    with pytest.raises(InputError, match=r"variable 'short' has shape \(4,\), expected one boolean per sample \(6,\)"):
+        sg.invert_relationship_matrix(m, relationship="ped", subset_sample="short")

@@ -34,6 +34,10 @@ COMMENTS = {  # sgkit's documentation of its variables, which it sets as their "
     "stat_identity_by_state": "Pairwise IBS probabilities among all samples.",
     "stat_genomic_relationship": "Genomic relationship matrix (GRM).",
     "pc_relate_phi": "PC Relate kinship coefficient matrix.",
+    "stat_inverse_relationship": "The inverse of a relationship matrix. This may contain the inverse of a subset of\n"
+    "a relationship matrix in which nan values indicate elements outside of the subset.",
+    "stat_hybrid_relationship": "The hybrid relationship matrix or \"H-matrix\".",
+    "stat_hybrid_inverse_relationship": "Inverse of the hybrid relationship matrix or \"H-matrix\".",
 }
 PAIR_DIMS = ("samples_0", "samples_1")
 
@@ -245,4 +249,258 @@ def genomic_relationship(
     return _merge(ds, _new("stat_genomic_relationship", G.astype(out_dtype)), merge)
 
 
-__all__ = ["genomic_relationship", "identity_by_state"]
+# --- PC-Relate ------------------------------------------------------------------------------------
+
+
+def _pcs_basis(pcs):
+    """An orthonormal basis (samples, components + 1) of the intercept and the PCs: Q of their
+    QR decomposition (sgkit's ``pcsi``; its ``mu`` is their projection, whatever the QR's signs)."""
+    xp = xp_of(pcs)
+    pcsi = xp.concatenate([xp.ones((pcs.shape[0], 1), dtype=F8), pcs.astype(F8)], axis=1)
+    return xp.linalg.qr(pcsi)[0]
+
+
+def _pc_relate_values(g, mask, q, *, maf: float):
+    """A block's centred allele frequencies and standard deviations (variants, samples, 2), as
+    sgkit's PC-Relate: dosages imputed with the variant's mean, individual frequencies ``mu``
+    their projection on the PCs, and 0 where ``mu`` is within ``maf`` of 0 or 1 or the call is
+    missing."""
+    xp = xp_of(g)
+    missing = mask.any(axis=-1)
+    dosage = xp.where(missing, -1, g.sum(axis=-1, dtype=np.int64)).astype(F8)
+    present = ~missing
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = xp.where(present, dosage, 0.0).sum(axis=1) / present.sum(axis=1)
+    imputed = xp.where(present, dosage, mean[:, None])
+    mu = ((imputed @ q) @ q.T) / 2
+    out = (mu <= maf) | (mu >= 1.0 - maf) | missing
+    stddev = xp.sqrt(xp.where(out, 0.0, mu * (1.0 - mu)))
+    centered = xp.where(out, 0.0, dosage / 2 - mu)
+    return xp.stack([centered, stddev], axis=-1)
+
+
+def _pc_relate_terms(x_i, x_j):
+    xp = xp_of(x_i)
+    return xp.stack([x_i[..., 0].T @ x_j[..., 0], x_i[..., 1].T @ x_j[..., 1]], axis=-1)
+
+
+def pc_relate(
+    ds: xr.Dataset,
+    *,
+    maf: float = 0.01,
+    call_genotype: str = "call_genotype",
+    call_genotype_mask: str = "call_genotype_mask",
+    sample_pc: str = "sample_pca_projection",
+    merge: bool = True,
+) -> xr.Dataset:
+    """PC-Relate's kinship (Conomos et al. 2016), sgkit's ``pc_relate``: ``pc_relate_phi``
+    (samples_0, samples_1), float64, from the genotypes (diploid, biallelic), their mask and the
+    samples' principal components ``sample_pc`` (samples, components), leaving out for each
+    sample the variants where its individual allele frequency is within ``maf`` of 0 or 1.
+    Computed in float64 (sgkit computes the PCs' QR in their own type)."""
+    name = "pc_relate"
+    if not 0.0 < maf < 1.0:
+        raise InputError(f"{name}: maf must be between 0 and 1 (exclusive), got {maf!r}")
+    if "ploidy" in ds.sizes and ds.sizes["ploidy"] != 2:
+        raise InputError(f"{name}: PC-Relate works on diploid genotypes only, not ploidy {ds.sizes['ploidy']}")
+    if "alleles" in ds.sizes and ds.sizes["alleles"] != 2:
+        raise InputError(f"{name}: PC-Relate works on biallelic genotypes only, not {ds.sizes['alleles']} alleles")
+    g = variable(ds, call_genotype, ("variants", "samples", "ploidy"), "i", op=name)
+    mask = variable(ds, call_genotype_mask, ("variants", "samples", "ploidy"), "b", op=name)
+    pcs = variable(ds, sample_pc, kind="iuf", op=name)
+    if pcs.ndim != 2 or pcs.dims[0] != "samples":
+        raise InputError(f"{name}: variable {sample_pc!r} has dimensions {tuple(map(str, pcs.dims))}, "
+                         "expected (samples, components)")
+    backend = backend_of(as_dask(g))
+    whole = {1: -1, 2: -1}
+    G, M = as_dask(g).rechunk(whole), as_dask(mask).rechunk(whole)
+    M = M.rechunk({0: G.chunks[0]})
+    P = as_dask(pcs).rechunk(-1)
+    q = P.map_blocks(_pcs_basis, chunks=(P.chunks[0], (P.shape[1] + 1,)), dtype=F8, meta=backend_meta(backend, F8, 2))
+    values = da.blockwise(_pc_relate_values, "vsx", G, "vsp", M, "vsp", q, "sc", new_axes={"x": 2}, concatenate=True,
+                          maf=maf, dtype=F8, meta=backend_meta(backend, F8, 3))
+    centered, stddev = _pair_sums(_pc_relate_terms, 2, values)
+    return _merge(ds, _new("pc_relate_phi", centered / stddev), merge)
+
+
+# --- relationship matrices: inverse and hybrid ------------------------------------------------------
+#
+# Small matrix algebra on whole (samples, samples) matrices, in one task on the matrices' backend
+# (NumPy or CuPy), as sgkit's dask.array.linalg calls are on one block.
+
+
+def _matrix(ds: xr.Dataset, name: str, op: str):
+    return as_dask(variable(ds, name, PAIR_DIMS, "iuf", op=op)).rechunk(-1).astype(F8)
+
+
+def _samples(ds: xr.Dataset, name: str | None, n: int, op: str) -> np.ndarray:
+    """The samples a variable marks (booleans), or all of them."""
+    if name is None:
+        return np.ones(n, dtype=bool)
+    from ...backend import to_numpy
+
+    v = variable(ds, name, kind="b", op=op)
+    if v.shape != (n,):
+        raise InputError(f"{op}: variable {name!r} has shape {v.shape}, expected one boolean per sample ({n},)")
+    return np.asarray(to_numpy(v.data), dtype=bool)
+
+
+def _inv(a, op: str):
+    from ...errors import LinAlgInputError
+
+    xp = xp_of(a)
+    try:
+        return xp.linalg.inv(a)
+    except np.linalg.LinAlgError as e:
+        raise LinAlgInputError(f"{op}: the relationship matrix cannot be inverted ({e})") from None
+
+
+def _placed(xp, n: int, blocks, pad: float):
+    """A (n, n) matrix of ``pad`` with each ``(rows, cols, values)`` of ``blocks`` put in place."""
+    out = xp.full((n, n), pad, dtype=F8)
+    for rows, cols, values in blocks:
+        out[xp.ix_(xp.asarray(np.flatnonzero(rows)), xp.asarray(np.flatnonzero(cols)))] = values
+    return out
+
+
+def _sub(m, rows, cols):
+    xp = xp_of(m)
+    return m[xp.ix_(xp.asarray(np.flatnonzero(rows)), xp.asarray(np.flatnonzero(cols)))]
+
+
+def _invert_block(a, *, subset: np.ndarray, op: str):
+    if subset.all():
+        return _inv(a, op)
+    return _placed(xp_of(a), a.shape[0], [(subset, subset, _inv(_sub(a, subset, subset), op))], np.nan)
+
+
+def invert_relationship_matrix(
+    ds: xr.Dataset,
+    *,
+    relationship: str,
+    subset_sample: str | None = None,
+    subset_rechunk: int | None = None,
+    merge: bool = True,
+) -> xr.Dataset:
+    """The inverse of a relationship matrix, sgkit's ``invert_relationship_matrix``:
+    ``stat_inverse_relationship`` (samples_0, samples_1), float64; with ``subset_sample`` (a
+    boolean per sample) the inverse of the sub-matrix of those samples, NaN elsewhere.
+    ``subset_rechunk`` is taken for sgkit's signature: the matrix is inverted in one block."""
+    name = "invert_relationship_matrix"
+    a = _matrix(ds, relationship, name)
+    subset = _samples(ds, subset_sample, a.shape[0], name)
+    inv = a.map_blocks(_invert_block, subset=subset, op=name, dtype=F8, meta=a._meta)
+    return _merge(ds, _new("stat_inverse_relationship", inv), merge)
+
+
+def _hybrid_block(a, g, a22inv, *, genomic: np.ndarray, tau: float, omega: float, op: str):
+    """sgkit's ``_hybrid_full_matrix_Martini`` / ``_hybrid_sub_matrix_Martini``."""
+    xp = xp_of(a)
+    if genomic.all():
+        if tau == 1 and omega == 1:
+            return g
+        if omega == 1:
+            return g / tau
+        ainv = _inv(a, op) if a22inv is None else a22inv
+        return _inv(tau * _inv(g, op) + (1 - omega) * ainv, op)
+    other = ~genomic
+    g22, a11, a12 = _sub(g, genomic, genomic), _sub(a, other, other), _sub(a, other, genomic)
+    a21, a22 = _sub(a, genomic, other), _sub(a, genomic, genomic)
+    a22inv = _inv(a22, op) if a22inv is None else _sub(a22inv, genomic, genomic)
+    if tau == 1 and omega == 1:
+        h22 = g22
+    elif omega == 1:
+        h22 = g22 / tau
+    else:
+        h22 = _inv(tau * _inv(g22, op) + (1 - omega) * a22inv, op)
+    tmp = a12 @ a22inv @ (h22 - a22)
+    h11 = a11 + tmp @ a22inv @ a21
+    h12 = a12 + tmp
+    return _placed(xp, a.shape[0], [(other, other, h11), (other, genomic, h12), (genomic, other, h12.T),
+                                    (genomic, genomic, h22)], 0.0)
+
+
+def _estimator(estimator, op: str) -> None:
+    if (estimator or "Martini") != "Martini":
+        raise InputError(f"{op}: unknown estimator {estimator!r} (the only one is 'Martini')")
+
+
+def hybrid_relationship(
+    ds: xr.Dataset,
+    *,
+    genomic_relationship: str,
+    pedigree_relationship: str | None = None,
+    pedigree_subset_inverse_relationship: str | None = None,
+    genomic_sample: str | None = None,
+    estimator: Literal["Martini"] | None = None,
+    tau: float = 1.0,
+    omega: float = 1.0,
+    merge: bool = True,
+) -> xr.Dataset:
+    """A hybrid relationship matrix combining pedigree and genomic relationships (Martini et al.
+    2018), sgkit's ``hybrid_relationship``: ``stat_hybrid_relationship`` (samples_0, samples_1),
+    float64. ``genomic_sample`` (a boolean per sample) marks the samples the genomic matrix holds
+    (default: all); ``pedigree_subset_inverse_relationship``, the inverse of the pedigree matrix's
+    sub-matrix of those samples, is computed where not given."""
+    name = "hybrid_relationship"
+    _estimator(estimator, name)
+    if pedigree_relationship is None:
+        raise InputError(f"{name}: pedigree_relationship must name the pedigree relationship matrix")
+    g = _matrix(ds, genomic_relationship, name)
+    a = _matrix(ds, pedigree_relationship, name)
+    if g.shape != a.shape:
+        raise InputError(f"{name}: matrices {genomic_relationship!r} {g.shape} and {pedigree_relationship!r} "
+                         f"{a.shape} must share dimensions")
+    genomic = _samples(ds, genomic_sample, a.shape[0], name)
+    a22inv = None if pedigree_subset_inverse_relationship is None else _matrix(ds, pedigree_subset_inverse_relationship, name)
+    h = da.map_blocks(_hybrid_block, a, g, a22inv, genomic=genomic, tau=tau, omega=omega, op=name, dtype=F8,
+                      meta=a._meta)
+    return _merge(ds, _new("stat_hybrid_relationship", h), merge)
+
+
+def _hybrid_inverse_block(ainv, ginv, a22inv, *, genomic: np.ndarray, tau: float, omega: float):
+    """sgkit's ``_hybrid_inverse_full_matrix_Martini`` / ``_hybrid_inverse_sub_matrix_Martini``."""
+    if genomic.all():
+        return ainv + (tau * ginv) - (omega * ainv)
+    z22 = (tau * _sub(ginv, genomic, genomic)) - (omega * _sub(a22inv, genomic, genomic))
+    return ainv + _placed(xp_of(ainv), ainv.shape[0], [(genomic, genomic, z22)], 0.0)
+
+
+def hybrid_inverse_relationship(
+    ds: xr.Dataset,
+    *,
+    genomic_inverse_relationship: str,
+    pedigree_inverse_relationship: str,
+    pedigree_subset_inverse_relationship: str | None = None,
+    genomic_sample: str | None = None,
+    estimator: Literal["Martini"] | None = None,
+    tau: float = 1.0,
+    omega: float = 1.0,
+    merge: bool = True,
+) -> xr.Dataset:
+    """The inverse of a hybrid relationship matrix (Martini et al. 2018), sgkit's
+    ``hybrid_inverse_relationship``: ``stat_hybrid_inverse_relationship`` (samples_0, samples_1),
+    float64, from the inverses of the genomic and pedigree matrices; where ``genomic_sample``
+    marks only some samples, ``pedigree_subset_inverse_relationship`` (the inverse of the pedigree
+    matrix's sub-matrix of those samples) is required."""
+    name = "hybrid_inverse_relationship"
+    _estimator(estimator, name)
+    ginv = _matrix(ds, genomic_inverse_relationship, name)
+    ainv = _matrix(ds, pedigree_inverse_relationship, name)
+    if ginv.shape != ainv.shape:
+        raise InputError(f"{name}: matrices {genomic_inverse_relationship!r} {ginv.shape} and "
+                         f"{pedigree_inverse_relationship!r} {ainv.shape} must share dimensions")
+    genomic = _samples(ds, genomic_sample, ainv.shape[0], name)
+    a22inv = None
+    if not genomic.all():
+        if pedigree_subset_inverse_relationship is None:
+            raise InputError(f"{name}: pedigree_subset_inverse_relationship is required where {genomic_sample!r} "
+                             "marks only some samples")
+        a22inv = _matrix(ds, pedigree_subset_inverse_relationship, name)
+    h = da.map_blocks(_hybrid_inverse_block, ainv, ginv, a22inv, genomic=genomic, tau=tau, omega=omega, dtype=F8,
+                      meta=ainv._meta)
+    return _merge(ds, _new("stat_hybrid_inverse_relationship", h), merge)
+
+
+__all__ = ["genomic_relationship", "hybrid_inverse_relationship", "hybrid_relationship", "identity_by_state",
+           "invert_relationship_matrix", "pc_relate"]
