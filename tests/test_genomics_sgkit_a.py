@@ -124,6 +124,7 @@ def test_frequencies_are_sgkits(op, kind, windows, backend):
             out = getattr(sg, op)(src, merge=merge)
         added = set(map(str, out.data_vars)) - (set(map(str, src.data_vars)) if merge else set())
         assert added == set(REF[f"{op}_{kind}_{merge}_{windows}_added"])
+        assert {B.backend_of(out[v].data) for v in added} == {backend}
     for name in out.data_vars:
         key = f"{op}_{kind}_{windows}_{name}"
         if key in REF:
@@ -226,7 +227,9 @@ def test_filter_partial_calls_and_ploidy_are_sgkits(name, backend):
                     ("infer_variant_ploidy", "variant_ploidy")):
         with raise_if_dask_computes():
             out = getattr(sg, op)(ds)
-        assert set(map(str, out.data_vars)) - set(map(str, ds.data_vars)) == set(REF[f"{op}_{name}_added"]), op
+        added = set(map(str, out.data_vars)) - set(map(str, ds.data_vars))
+        assert added == set(REF[f"{op}_{name}_added"]), op
+        assert {B.backend_of(out[v].data) for v in added} == {backend}, op
         assert_same(out[var], REF[f"{op}_{name}_{var}"], backend)
 
 

@@ -164,10 +164,19 @@ def filter_partial_calls(ds: xr.Dataset, *, call_genotype: str = "call_genotype"
 # --- ploidy -------------------------------------------------------------------------------------------
 
 
+def _full_like(x: xr.DataArray, value, dtype=None) -> xr.DataArray:
+    """``xr.full_like(x, value)`` on ``x``'s backend: xarray's builds Dask arrays of NumPy chunks
+    whatever ``x``'s chunks are."""
+    data = x.data
+    if isinstance(data, da.Array):
+        return x.copy(data=da.full_like(data, value, dtype=dtype))
+    return x.copy(data=xp_of(data).full_like(data, value, dtype=dtype))
+
+
 def _call_genotype_fill(ds: xr.Dataset, call_genotype: str) -> xr.Dataset:
     """sgkit's ``infer_call_genotype_fill``, merged: where a mixed-ploidy call holds fill."""
     g = _genotypes(ds, call_genotype, "infer_call_ploidy")
-    fill = g < -1 if _mixed_ploidy(ds, call_genotype) else xr.full_like(g, False, dtype=bool)
+    fill = g < -1 if _mixed_ploidy(ds, call_genotype) else _full_like(g, False, dtype=bool)
     return _merge(ds, _new({"call_genotype_fill": fill.variable}), True)
 
 
@@ -185,7 +194,7 @@ def infer_call_ploidy(ds: xr.Dataset, *, call_genotype: str = "call_genotype",
     if _mixed_ploidy(ds, call_genotype):
         ploidy = (~variable(ds, call_genotype_fill, GENOTYPE_DIMS, "b", op=op)).sum(axis=-1)
     else:
-        ploidy = xr.full_like(g[..., 0], g.sizes["ploidy"])
+        ploidy = _full_like(g[..., 0], g.sizes["ploidy"])
     return _merge(ds, _new({"call_ploidy": ploidy.variable}), merge)
 
 
@@ -203,7 +212,7 @@ def _ploidy_of(ds: xr.Dataset, call_genotype: str, call_ploidy: str, along: str,
     if _mixed_ploidy(ds, call_genotype):
         fixed = (first == cp).all(dim=along)
         return ds, xr.where(fixed, first, -1)
-    return ds, xr.full_like(first, g.sizes["ploidy"])
+    return ds, _full_like(first, g.sizes["ploidy"])
 
 
 def infer_sample_ploidy(ds: xr.Dataset, *, call_genotype: str = "call_genotype", call_ploidy: str = "call_ploidy",
