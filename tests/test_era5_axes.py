@@ -137,7 +137,8 @@ def test_no_time_axis_is_refused_saying_what_was_looked_for():
 def test_cli_validates_and_runs_an_era5_flow_with_default_axes(tmp_path):
     era5().to_dataset().to_zarr(tmp_path / "era5.zarr", encoding={"t2m": {"chunks": (31, 4, 8)}})
     flow = {"name": "monthly_area_mean", "source": {"path": "era5.zarr", "variable": "t2m"},
-            "steps": [{"op": "resample_mean", "params": {"freq": "MS"}}, {"op": "weighted_mean"}],
+            "steps": [{"op": "resample_mean", "params": {"freq": "MS"}}, {"op": "rolling_mean", "params": {"window": 2}},
+                      {"op": "weighted_mean"}],
             "sink": {"path": "out/monthly.zarr", "mode": "overwrite"}}
     path = tmp_path / "monthly.yaml"
     path.write_text(yaml.safe_dump(flow))
@@ -149,10 +150,12 @@ def test_cli_validates_and_runs_an_era5_flow_with_default_axes(tmp_path):
     (name,) = got.data_vars
     got = got[name].load()
     ref = xr.open_zarr(tmp_path / "era5.zarr")["t2m"].load().astype(np.float64)
-    expected = _area(ref.resample(valid_time="MS").mean())
+    expected = _area(ref.resample(valid_time="MS").mean().rolling(valid_time=2).mean())
     assert got.dims == ("valid_time",)
     assert_close(got, expected, atol=5e-6 * 300)
-    assert got.attrs["cell_methods"] == "valid_time: mean area: mean"
+    assert got.attrs["cell_methods"] == (
+        "valid_time: mean valid_time: mean (comment: moving window of 2 steps, ending at each step) area: mean")
+    assert got.valid_time.attrs["standard_name"] == "time"  # kept through resampling, as xarray keeps it
 
 
 def test_cli_refuses_ambiguous_and_absent_axes_naming_them(tmp_path):

@@ -69,7 +69,8 @@ def _new_time_dim(x, data, axis, name, labels, eager):
     old = dims[axis]
     dims[axis] = name
     coords = {k: v for k, v in x.coords.items() if old not in v.dims}
-    coords[name] = labels
+    # resampled dates keep their coordinate's attributes, as xarray's resample keeps them
+    coords[name] = (name, labels, x[old].attrs) if name == old else labels
     return _finish(x, data, eager, dims=dims, coords=coords, name=x.name)
 
 

@@ -78,8 +78,10 @@ def _without(x: Meta, dims) -> Meta:
 def _new_dim(x: Meta, dim: str, name: str, index: pd.Index) -> Meta:
     dims = tuple(name if d == dim else d for d in x.dims)
     out = _without(x, (dim,))
+    # resampled dates keep their coordinate's attributes (as xarray's), so a later step finds the axis
+    attrs = dict(x.coords.get(dim, {})) if name == dim else {}
     return replace(out, dims=dims, sizes={d: len(index) if d == name else x.sizes[d] for d in dims},
-                   indexes={**out.indexes, name: index}, coords={**out.coords, name: {}})
+                   indexes={**out.indexes, name: index}, coords={**out.coords, name: attrs})
 
 
 def _dates(x: Meta, dim: str) -> pd.Index:
