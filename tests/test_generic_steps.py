@@ -174,6 +174,13 @@ def test_python_callers_get_the_flows_messages():
         pipeline.ops.weighted(x, how="sum", weights=x.area.where(x.lat > 0), dims="lat")
 
 
+def test_float16_is_computed_in_float32():
+    x = data().astype(np.float16)
+    got = pipeline.ops.resample(x.chunk(CHUNKS), freq="MS", how="std")
+    assert got.dtype == np.float32
+    xr.testing.assert_allclose(got.compute(), x.astype(np.float32).resample(time="MS").std())
+
+
 def test_building_computes_nothing():
     from .conftest import raise_if_dask_computes
 

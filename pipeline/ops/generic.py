@@ -280,9 +280,12 @@ def _reduce_check(x: Meta, dims, how, q):
     return _with_quantiles(_without(x, dims), q, first=True)
 
 
-def _data_array(x) -> None:
+def _data_array(x) -> xr.DataArray:
+    """``x``, float16 data as float32: as every op computes them (NumPy's float16 reductions
+    accumulate in float32, and xarray's would give float16 results)."""
     if not isinstance(x, xr.DataArray):
         raise InputError(f"expected an xarray.DataArray, got {type(x).__name__}")
+    return x.astype(np.float32) if x.dtype == np.float16 else x
 
 
 # --- resample ---------------------------------------------------------------------------------------
@@ -301,7 +304,7 @@ def resample(x: xr.DataArray, freq: Frequency, how: _how(REDUCTIONS), q: Q = Non
     datetime64 or cftime dates; ``how`` one of mean, sum, min, max, std, var, median, count,
     prod, any, all, first, last, quantile (with ``q``).
     """
-    _data_array(x)
+    x = _data_array(x)
     p = _validated(resample.op, freq=freq, how=how, q=q, dim=dim)
     _check(resample.op, x, **p)
     return _reduced(x.resample({dim: freq}), how, p["q"])
@@ -327,7 +330,7 @@ def groupby(x: xr.DataArray, group: Dim, how: _how(REDUCTIONS), q: Q = None) -> 
     ``time.year``) or a coordinate's name; ``how`` as for resample. The groups become a
     dimension named after the part or the coordinate, labelled in order.
     """
-    _data_array(x)
+    x = _data_array(x)
     p = _validated(groupby.op, group=group, how=how, q=q)
     _check(groupby.op, x, **p)
     if group in x.coords and group not in x.indexes:
@@ -357,7 +360,7 @@ def rolling(
     ``how``: mean, sum, min, max, std, var, median or count; a result needs ``min_periods``
     valid values in its window (default: the whole window), as in xarray.
     """
-    _data_array(x)
+    x = _data_array(x)
     p = _validated(rolling.op, window=window, how=how, dim=dim, center=center, min_periods=min_periods)
     _check(rolling.op, x, **p)
     return _reduced(x.rolling({dim: window}, center=center, min_periods=min_periods), how)
@@ -385,7 +388,7 @@ def coarsen(
     fill no block are dropped) or ``pad`` (a last, partial block); ``how``: mean, sum, min, max,
     std, var, median, count, prod, any or all.
     """
-    _data_array(x)
+    x = _data_array(x)
     p = _validated(coarsen.op, factors=factors, how=how, boundary=boundary)
     _check(coarsen.op, x, **p)
     return _reduced(x.coarsen(factors, boundary=boundary), how)
@@ -453,7 +456,7 @@ def weighted(
     ``weights``: ``coslat`` (cos(latitude) of the latitude coordinate), a coordinate's name, a
     DataArray, or None (equal weights); ``how``: mean, sum, std, var or quantile (with ``q``).
     """
-    _data_array(x)
+    x = _data_array(x)
     p = _validated(weighted.op, how=how, q=q, weights=weights, dims=dims)
     _check(weighted.op, x, **p)
     w = _weights_of(x, weights)
@@ -479,7 +482,7 @@ def reduce(x: xr.DataArray, dims: Dims, how: _how(PLAIN), q: Q = None) -> xr.Dat
 
     ``how``: mean, sum, min, max, std, var, median, count, prod, any, all or quantile (with ``q``).
     """
-    _data_array(x)
+    x = _data_array(x)
     p = _validated(reduce.op, dims=dims, how=how, q=q)
     _check(reduce.op, x, **p)
     if how == "quantile":
