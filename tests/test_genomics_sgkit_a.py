@@ -19,7 +19,7 @@ from pipeline import backend as B
 from pipeline.errors import InputError, NotImplementedInputError
 
 from .conftest import BACKENDS, raise_if_dask_computes
-from .genomics_data import dataset, sgkit
+from .genomics_data import FIXTURES, dataset, sgkit
 from .test_genomics_stats import triploid
 
 REF = sgkit("a")
@@ -393,3 +393,18 @@ def test_save_dataset_uneven_chunks_write_nothing(tmp_path):
     assert_round_trip(ds, tmp_path / "ds.zarr")
     with pytest.raises(InputError, match="zarr_format must be 2 or 3"):
         sg.save_dataset(ds, tmp_path / "x.zarr", zarr_format=4)
+
+
+def test_save_dataset_changes_the_zarr_format_of_what_it_read(tmp_path):
+    """A dataset read from a store of one Zarr format holds that format's codecs in its encodings;
+    written in the other format, zarr's default codecs take their place."""
+    ds = saved(tmp_path)
+    sg.save_dataset(ds, tmp_path / "v3.zarr", zarr_format=3)
+    sg.save_dataset(sg.load_dataset(tmp_path / "v3.zarr"), tmp_path / "v2.zarr")  # sgkit's default, format 2
+    assert (tmp_path / "v2.zarr" / ".zgroup").exists() and (tmp_path / "v3.zarr" / "zarr.json").exists()
+    assert_round_trip(ds, tmp_path / "v2.zarr")
+    sgkits = xr.open_zarr(FIXTURES / "sgkit_store.zarr")  # written by sgkit, format 2
+    sg.save_dataset(sgkits, tmp_path / "from_sgkit.zarr", zarr_format=3)
+    back = sg.load_dataset(tmp_path / "from_sgkit.zarr")
+    np.testing.assert_array_equal(back.call_genotype.values, sgkits.call_genotype.values)
+    assert xr.open_zarr(tmp_path / "from_sgkit.zarr").call_genotype.encoding["compressors"][0].__class__.__module__.startswith("zarr")

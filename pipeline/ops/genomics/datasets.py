@@ -158,6 +158,30 @@ def _on_host(ds: xr.Dataset) -> xr.Dataset:
     return ds
 
 
+CODEC_KEYS = ("compressor", "compressors", "filters", "serializer")
+
+
+def _codec_format(codec) -> int | None:
+    """The Zarr format a codec object is written in (2: numcodecs', 3: zarr's), None if unknown."""
+    from numcodecs.abc import Codec
+    from zarr.abc.codec import BaseCodec
+
+    return 3 if isinstance(codec, BaseCodec) else 2 if isinstance(codec, Codec) else None
+
+
+def _codecs_of_format(encoding: dict, zarr_format: int) -> None:
+    """Drop from ``encoding`` the codecs of the other Zarr format (a dataset read from a store of
+    format 3 written as format 2, the default, or the reverse), which zarr refuses; zarr's
+    default compression then applies."""
+    if zarr_format == 2:
+        encoding.pop("serializer", None)  # format 3's own
+    for key in CODEC_KEYS:
+        value = encoding.get(key)
+        codecs = value if isinstance(value, (list, tuple)) else [] if value is None else [value]
+        if any(_codec_format(c) not in (None, zarr_format) for c in codecs):
+            encoding.pop(key)
+
+
 def _uneven(ds: xr.Dataset) -> bool:
     """Whether ``ds``'s chunks are ones Zarr cannot take (xarray's test, as sgkit uses it)."""
     return any(len(set(c[:-1])) > 1 or c[0] < c[-1] for c in ds.chunks.values())
@@ -189,10 +213,12 @@ def save_dataset(ds: xr.Dataset, store, storage_options: dict | None = None, aut
         raise InputError(f"save_dataset: zarr_format must be 2 or 3, got {zarr_format!r}")
     ds = ds.copy()
     for name in ds.variables:
-        ds[name].encoding.pop("chunks", None)  # xarray's issue 4380, as sgkit
-        filters = ds[name].encoding.get("filters")
+        encoding = ds[name].encoding
+        encoding.pop("chunks", None)  # xarray's issue 4380, as sgkit
+        filters = encoding.get("filters")
         if filters:  # VLenUTF8 twice fails (xarray's issue 3476), as sgkit
-            ds[name].encoding["filters"] = [f for f in filters if getattr(f, "codec_id", None) != "vlen-utf8"]
+            encoding["filters"] = [f for f in filters if getattr(f, "codec_id", None) != "vlen-utf8"]
+        _codecs_of_format(encoding, zarr_format)
     if auto_rechunk and _uneven(ds):
         ds = ds.chunk({dim: max(chunks) for dim, chunks in ds.chunks.items()})
     ds = _on_host(ds)
