@@ -151,6 +151,10 @@ RULES = {  # each setting of pipeline.yaml: (whether a value is valid, what is e
     "gpu.io-threads": _or_null(_COUNT),
     "gpu.early-context": _BOOL,
     "gpu.threads": _COUNT,
+    "patches": (
+        (lambda v: isinstance(v, bool) or (isinstance(v, list) and all(isinstance(n, str) for n in v))),
+        "true, false, or a list of the names of pipeline.patches.PATCHES and REGISTRATIONS",
+    ),
 }
 # the sections that hold settings: "cpu", "gpu", "gpu.decode-rates", ...
 SECTIONS = {k.rsplit(".", n)[0] for k in RULES for n in range(1, k.count(".") + 1)}

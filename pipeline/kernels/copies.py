@@ -218,9 +218,12 @@ def prepare_cupy() -> None:
     """Where GPU work begins (a source opened on the GPU, a computation on threads once CuPy is
     imported, a GPU kernel looked up): CuPy's compilations shared between threads
     (``launch.share_cupy_compiles``), and dask's joins and gathers of CuPy blocks by these
-    functions."""
+    functions, and :mod:`pipeline.patches`."""
+    from .. import patches
+
     launch.share_cupy_compiles()
     register_with_dask()
+    patches.apply()  # xarray's own methods on Dask arrays of CuPy blocks
 
 
 @launch.once

@@ -1,0 +1,160 @@
+"""xarray's and dask's NumPy-only chunk functions, written against the array module of their input.
+
+xarray computes ``first``/``last``, ``ffill``/``bfill``, ``quantile`` and ``polyfit`` on Dask
+arrays by mapping functions of one NumPy block (``xarray.core.nputils.nanfirst``,
+``duck_array_ops._push`` through bottleneck, dask's ``_custom_nanquantile``,
+``nputils._nanpolyfit_1d`` one column at a time). On a CuPy block each converts to NumPy
+implicitly, which CuPy refuses. These are the same computations for any array module, so a CuPy
+block stays on the device; :mod:`pipeline.patches` hands CuPy blocks to them, and the tests check
+them on NumPy blocks against xarray's and NumPy's own results.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import xp_of
+from ..errors import NotImplementedInputError
+
+
+def _valid(xp, values):
+    return ~xp.isnan(values) if values.dtype.kind in "fc" else xp.ones(values.shape, dtype=bool)
+
+
+def nanfirst(values, axis, keepdims: bool = False):
+    """The first value that is not NaN along ``axis`` (NaN where there is none): ``nputils.nanfirst``."""
+    return _first(values, axis, keepdims, last=False)
+
+
+def nanlast(values, axis, keepdims: bool = False):
+    """The last value that is not NaN along ``axis``: ``nputils.nanlast``."""
+    return _first(values, axis, keepdims, last=True)
+
+
+def _first(values, axis, keepdims: bool, last: bool):
+    xp = xp_of(values)
+    if isinstance(axis, tuple):
+        (axis,) = axis
+    axis = axis % values.ndim
+    valid = _valid(xp, values)
+    if last:
+        valid = xp.flip(valid, axis=axis)
+    index = xp.argmax(valid, axis=axis)  # the first True; 0 where none is, whose value is NaN too
+    if last:
+        index = values.shape[axis] - 1 - index
+    out = xp.take_along_axis(values, xp.expand_dims(index, axis), axis=axis)
+    return out if keepdims else xp.squeeze(out, axis=axis)
+
+
+def push(values, n: int | None = None, axis: int = -1):
+    """Fill NaN forward along ``axis`` with the last value that is not, over at most ``n`` steps
+    (all where None): ``bottleneck.push``, as xarray's ``ffill`` uses it."""
+    xp = xp_of(values)
+    if values.dtype.kind not in "fc" or values.size == 0:
+        return values
+    axis = axis % values.ndim
+    steps = xp.arange(values.shape[axis]).reshape((-1,) + (1,) * (values.ndim - 1 - axis))
+    # the position of the last valid value at or before each step: a running maximum
+    seen = xp.where(_valid(xp, values), steps, -1)
+    seen = _running_max(xp, seen, axis)
+    filled = xp.take_along_axis(values, xp.maximum(seen, 0), axis=axis)
+    keep = seen >= 0
+    if n is not None:
+        keep &= (steps - seen) <= n
+    return xp.where(keep, filled, values)
+
+
+def _running_max(xp, a, axis: int):
+    accumulate = getattr(xp.maximum, "accumulate", None)
+    try:
+        return accumulate(a, axis=axis)
+    except (TypeError, NotImplementedError):  # a module whose ufuncs cannot accumulate
+        pass
+    # a scan by doubling: log2(n) passes, each a shifted maximum
+    out = a
+    shift = 1
+    size = a.shape[axis]
+    while shift < size:
+        head = [slice(None)] * a.ndim
+        tail = [slice(None)] * a.ndim
+        head[axis], tail[axis] = slice(shift, None), slice(None, size - shift)
+        moved = out.copy()
+        moved[tuple(head)] = xp.maximum(out[tuple(head)], out[tuple(tail)])
+        out = moved
+        shift *= 2
+    return out
+
+
+# numpy.quantile's methods that a position in the sorted values defines
+_METHODS = ("linear", "lower", "higher", "nearest", "midpoint")
+
+
+def nanquantile(a, q, axis, method: str = "linear", keepdims: bool = False):
+    """``numpy.nanquantile(a, q, axis, method=method, keepdims=keepdims)`` for the methods of
+    ``_METHODS``: the quantile dimension first where ``q`` is a list, NaN where a cell has no
+    value that is not NaN."""
+    xp = xp_of(a)
+    if method not in _METHODS:
+        raise NotImplementedInputError(
+            f"quantile method {method!r} is not available for {type(a).__module__.split('.')[0]} arrays "
+            f"(available: {', '.join(_METHODS)})"
+        )
+    axes = tuple(sorted(ax % a.ndim for ax in ((axis,) if np.ndim(axis) == 0 else axis)))
+    kept = [ax for ax in range(a.ndim) if ax not in axes]
+    flat = xp.moveaxis(a, axes, range(a.ndim - len(axes), a.ndim))
+    flat = flat.reshape(flat.shape[: len(kept)] + (-1,)).astype(np.result_type(a.dtype, np.float64), copy=False)
+    ordered = xp.sort(flat, axis=-1)  # NaN last
+    count = _valid(xp, flat).sum(axis=-1)
+    qs = xp.asarray(q, dtype=np.float64)
+    scalar = qs.ndim == 0
+    qs = qs.reshape(-1)
+    position = (count[..., None] - 1) * qs  # the virtual index of numpy's method 7
+    if method == "lower":
+        position = xp.floor(position)
+    elif method == "higher":
+        position = xp.ceil(position)
+    elif method == "nearest":
+        position = xp.around(position)  # half to even, as NumPy
+    below = xp.clip(xp.floor(position), 0, None).astype(np.int64)
+    above = xp.minimum(below + 1, xp.maximum(count[..., None] - 1, 0))
+    low = xp.take_along_axis(ordered, below, axis=-1)
+    high = xp.take_along_axis(ordered, above, axis=-1)
+    # numpy's gamma: the fraction of the way to the next value (midpoint: half, unless on one)
+    t = xp.where(position == below, 0.0, 0.5) if method == "midpoint" else position - below
+    diff = high - low
+    out = xp.where(t >= 0.5, high - diff * (1 - t), low + diff * t)  # numpy's _lerp
+    out = xp.where(count[..., None] > 0, out, np.nan)
+    out = xp.moveaxis(out, -1, 0)  # the quantiles first, as NumPy
+    if keepdims:
+        out = out.reshape(out.shape[:1] + tuple(1 if ax in axes else a.shape[ax] for ax in range(a.ndim)))
+    # NumPy's type: a float scalar q keeps float32, an array of q is float64 (NEP 50)
+    dtype = np.result_type(a.dtype, q if isinstance(q, (float, int, np.generic)) else getattr(q, "dtype", np.float64))
+    if method in ("lower", "higher", "nearest"):  # a value of a, in a's type
+        dtype = a.dtype
+    out = out.astype(dtype if dtype.kind in "fc" or method in ("lower", "higher", "nearest") else np.float64, copy=False)
+    return out[0] if scalar else out
+
+
+def masked_lstsq(lhs, rhs):
+    """Least squares of each column of ``rhs`` (N, K) on ``lhs`` (N, D) over the rows where that
+    column is not NaN, as ``nputils._nanpolyfit_1d`` fits each column: ``(D + 1, K)``, the
+    coefficients and then the sum of squared residuals; NaN for a column of NaN only.
+
+    By the normal equations of each column, solved as one batch: xarray scales ``lhs``'s columns
+    to unit norm before it fits, so the (D, D) systems are well conditioned."""
+    xp = xp_of(rhs)
+    lhs = xp.asarray(lhs, dtype=np.float64)
+    y = rhs.astype(np.float64, copy=False)
+    w = _valid(xp, y).astype(np.float64)
+    y0 = xp.where(w > 0, y, 0.0)
+    gram = xp.einsum("nk,ni,nj->kij", w, lhs, lhs)
+    moment = xp.einsum("nk,ni->ki", y0, lhs)
+    some = w.sum(axis=0) > 0
+    eye = xp.eye(lhs.shape[1])
+    gram = xp.where(some[:, None, None], gram, eye)  # a column of NaN only: any system, then NaN
+    coef = xp.linalg.solve(gram, moment[..., None])[..., 0]  # (K, D)
+    fit = lhs @ coef.T
+    resid = (w * (y0 - fit) ** 2).sum(axis=0)
+    resid = xp.where(w.sum(axis=0) > lhs.shape[1], resid, np.nan)  # lstsq gives none unless overdetermined
+    out = xp.concatenate([coef.T, resid[None, :]], axis=0)
+    return xp.where(some[None, :], out, np.nan)

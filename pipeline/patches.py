@@ -1,0 +1,293 @@
+"""The one place where pipeline changes what another library does, and why.
+
+xarray's methods on Dask arrays of CuPy blocks (an analyst's own ``x.resample(...)``,
+``x.weighted(w).mean()``, ``x.quantile(...)`` on the arrays :func:`pipeline.open_dataset`
+gives) fail where xarray or dask hand a CuPy block to code written for NumPy: xarray looks for
+CuPy arrays but not for Dask arrays of them (``duck_array_ops.as_shared_dtype``), so host
+constants and coordinates meet device blocks in one task, which CuPy refuses; and a few chunk
+functions call NumPy or bottleneck directly. Where the library offers an extension point, that is
+used (dask's ``einsum_lookup``); elsewhere a function is wrapped. Every change here:
+
+- is scoped to CuPy blocks (and Dask arrays of them): with NumPy data each wrapper calls the
+  original, unchanged;
+- is applied where GPU work begins (:func:`pipeline.kernels.copies.prepare_cupy`), not on import;
+- can be turned off: the setting ``pipeline.patches`` is true (all), false (none) or a list of the
+  names in :data:`PATCHES`;
+- checks that its target is the function it was written against (its name and parameters) and
+  leaves a different one alone; the versions it was tested with are in :data:`TESTED`
+  (tests/test_patches.py checks them on the versions installed).
+
+The device versions of xarray's chunk functions are in :mod:`pipeline.kernels.duck`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import config
+
+log = logging.getLogger(__name__)
+
+# the versions each change was tested with (the lowest supported, and the newest seen)
+TESTED = {"dask": ("2025.1", "2026.8"), "xarray": ("2025.1", "2026.9"), "cupy": ("13.0", "14.2")}
+
+
+@dataclass(frozen=True)
+class Patch:
+    """``module.attribute`` replaced by ``make(original)``, where its parameters begin with
+    ``params`` (the function it was written against). ``also``: modules that imported the same
+    function by name, replaced there too. ``why``: what fails without it."""
+
+    name: str
+    module: str
+    attribute: str
+    params: tuple[str, ...]
+    make: Callable[[Callable], Callable]
+    why: str
+    also: tuple[str, ...] = ()
+
+
+def _cupy():
+    return sys.modules.get("cupy")
+
+
+def on_device(x) -> bool:
+    """A CuPy array, or a Dask array of CuPy blocks."""
+    cp = _cupy()
+    if cp is None:
+        return False
+    return isinstance(x, cp.ndarray) or isinstance(getattr(x, "_meta", None), cp.ndarray)
+
+
+def to_device(x):
+    """A host operand of a computation on the device, made one: a 0-d NumPy array becomes a NumPy
+    scalar (which CuPy takes as a kernel argument), a NumPy array of numbers a CuPy array, a Dask
+    array of NumPy blocks of numbers a Dask array of CuPy blocks. Anything else is left as it is:
+    strings and dates have no device type, and CuPy's own error then names them."""
+    cp = _cupy()
+    if isinstance(x, np.ndarray):
+        if x.ndim == 0:
+            return x[()]
+        return cp.asarray(x) if x.dtype.kind in "biufc" else x
+    meta = getattr(x, "_meta", None)
+    if isinstance(meta, np.ndarray) and x.dtype.kind in "biufc" and hasattr(x, "map_blocks"):
+        return x.map_blocks(cp.asarray, dtype=x.dtype, meta=cp.empty((0,) * x.ndim, dtype=x.dtype))
+    return x
+
+
+# --- the changes ----------------------------------------------------------------------------------
+
+
+def _elemwise(original):
+    @functools.wraps(original)
+    def elemwise(op, *args, out=None, where=True, **kwargs):
+        if any(on_device(a) for a in (*args, where)):
+            args = [to_device(a) for a in args]
+            where = where if where is True else to_device(where)
+        return original(op, *args, out=out, where=where, **kwargs)
+
+    return elemwise
+
+
+def _nan_first_last(which: str):
+    def make(original):
+        @functools.wraps(original)
+        def wrapper(values, axis, keepdims=False):
+            if on_device(values):
+                from .kernels import duck
+
+                return getattr(duck, which)(values, axis, keepdims=keepdims)
+            return original(values, axis, keepdims=keepdims)
+
+        return wrapper
+
+    return make
+
+
+def _push(original):
+    @functools.wraps(original)
+    def push(array, n=None, axis=-1):
+        if on_device(array):
+            from .kernels import duck
+
+            return duck.push(array, n, axis)
+        return original(array, n, axis)
+
+    return push
+
+
+def _nanquantile(original):
+    @functools.wraps(original)
+    def nanquantile(a, q, axis=None, method="linear", keepdims=False, weights=None, **kwargs):
+        if on_device(a):
+            from .errors import NotImplementedInputError
+            from .kernels import duck
+
+            if weights is not None:
+                raise NotImplementedInputError("a weighted quantile is not available on the GPU backend")
+            return duck.nanquantile(a, q, axis, method=method, keepdims=keepdims)
+        return original(a, q, axis=axis, method=method, keepdims=keepdims, weights=weights, **kwargs)
+
+    return nanquantile
+
+
+def _least_squares(original):
+    @functools.wraps(original)
+    def least_squares(lhs, rhs, rcond=None, skipna=False):
+        if not on_device(rhs):
+            return original(lhs, rhs, rcond=rcond, skipna=skipna)
+        return _device_least_squares(lhs, rhs)
+
+    return least_squares
+
+
+def _device_least_squares(lhs, rhs):
+    """xarray's ``dask_array_ops.least_squares`` on CuPy blocks: each block of columns of ``rhs``
+    (all of its rows in one block) fitted by :func:`pipeline.kernels.duck.masked_lstsq`, which
+    skips the NaN of each column as xarray's ``skipna`` does (with no NaN, the same fit)."""
+    import dask.array as da
+
+    from .kernels import duck
+
+    cp = _cupy()
+    shape = rhs.shape
+    flat = rhs.reshape(shape[0], -1) if rhs.ndim != 2 else rhs
+    flat = flat.rechunk({0: -1})
+    lhs = cp.asarray(lhs, dtype=np.float64)
+    out = da.map_blocks(
+        lambda block: duck.masked_lstsq(lhs, block), flat, dtype=np.float64,
+        chunks=((lhs.shape[1] + 1,), flat.chunks[1]), meta=cp.empty((0, 0), dtype=np.float64),
+    )
+    coeffs, residuals = out[:-1], out[-1]
+    if rhs.ndim != 2:
+        coeffs = coeffs.reshape((lhs.shape[1], *shape[1:]))
+        residuals = residuals.reshape(shape[1:])
+    return coeffs, residuals
+
+
+def _einsum_lookup():
+    """dask's ``einsum_lookup`` for CuPy blocks: ``cupy.einsum`` with host operands (xarray's
+    ``dot`` of a device array and host weights, as ``weighted`` makes) moved to the device."""
+    cp = _cupy()
+    from dask.array.dispatch import einsum_lookup
+
+    einsum_lookup.dispatch(cp.ndarray)  # dask's own registration for CuPy, made now
+
+    def einsum(subscripts, *operands, **kwargs):
+        return cp.einsum(subscripts, *(to_device(o) if isinstance(o, np.ndarray) else o for o in operands), **kwargs)
+
+    einsum_lookup.register(cp.ndarray, einsum)
+
+
+PATCHES: dict[str, Patch] = {
+    p.name: p
+    for p in (
+        Patch(
+            "dask-elemwise", "dask.array.core", "elemwise", ("op",), _elemwise,
+            "xarray's where/fillna/weights and coordinate arithmetic put 0-d NumPy fill values and "
+            "NumPy coordinates in the same task as CuPy blocks (xarray's as_shared_dtype sees no "
+            "CuPy inside a Dask array); CuPy refuses them (TypeError: Unsupported type numpy.ndarray)",
+            also=("dask.array.routines",),
+        ),
+        Patch(
+            "xarray-nanfirst", "xarray.core.nputils", "nanfirst", ("values", "axis"), _nan_first_last("nanfirst"),
+            "groupby/resample first() and ffill call pandas.isnull and np.ix_ on a CuPy block",
+        ),
+        Patch(
+            "xarray-nanlast", "xarray.core.nputils", "nanlast", ("values", "axis"), _nan_first_last("nanlast"),
+            "groupby/resample last() and ffill call pandas.isnull and np.ix_ on a CuPy block",
+        ),
+        Patch(
+            "xarray-push", "xarray.core.duck_array_ops", "_push", ("array", "n", "axis"), _push,
+            "ffill/bfill call bottleneck.push (or numbagg) on a CuPy block",
+        ),
+        Patch(
+            "dask-nanquantile", "dask.array.reductions", "_custom_nanquantile", ("a", "q", "axis"), _nanquantile,
+            "quantile mixes a NumPy q and NumPy index arithmetic with a CuPy block",
+        ),
+        Patch(
+            "xarray-polyfit", "xarray.compat.dask_array_ops", "least_squares", ("lhs", "rhs", "rcond", "skipna"),
+            _least_squares,
+            "polyfit fits each column by numpy.linalg.lstsq through apply_along_axis (skipna), "
+            "converting every CuPy column to NumPy",
+        ),
+    )
+}
+# changes made through a library's extension point rather than by replacing a function
+REGISTRATIONS: dict[str, tuple[Callable[[], None], str]] = {
+    "dask-einsum": (_einsum_lookup, "xarray's dot (weighted means) gives cupy.einsum host weights"),
+}
+
+
+def enabled(name: str) -> bool:
+    """Whether the setting ``pipeline.patches`` lets change ``name`` be made."""
+    setting = config.get("patches", True)
+    if isinstance(setting, bool):
+        return setting
+    return name in setting
+
+
+def _matches(func, params: tuple[str, ...]) -> bool:
+    try:
+        names = tuple(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return False
+    return names[: len(params)] == params
+
+
+_applied: dict[str, tuple[object, Callable]] = {}  # name -> (module, original)
+
+
+def apply() -> list[str]:
+    """Make the enabled changes not made yet (where CuPy is imported); returns their names."""
+    if _cupy() is None:
+        return []
+    done = []
+    for patch in PATCHES.values():
+        if patch.name in _applied or not enabled(patch.name):
+            continue
+        try:
+            module = importlib.import_module(patch.module)
+        except ImportError:
+            continue
+        original = getattr(module, patch.attribute, None)
+        if original is None or not _matches(original, patch.params):
+            log.debug("not changing %s.%s: not the function %s was written for", patch.module, patch.attribute, patch.name)
+            continue
+        replacement = patch.make(original)
+        replacement.__pipeline_original__ = original
+        for name in (patch.module, *patch.also):
+            holder = sys.modules.get(name) or importlib.import_module(name)
+            if getattr(holder, patch.attribute, None) is original:
+                setattr(holder, patch.attribute, replacement)
+        _applied[patch.name] = (module, original)
+        done.append(patch.name)
+    for name, (register, _why) in REGISTRATIONS.items():
+        if name not in _applied and enabled(name):
+            register()
+            _applied[name] = (None, None)
+            done.append(name)
+    return done
+
+
+def undo() -> None:
+    """Put back every function :func:`apply` replaced (a registration stays: dask's registry has no
+    removal)."""
+    for name, (module, original) in list(_applied.items()):
+        if module is None:
+            continue
+        patch = PATCHES[name]
+        for holder_name in (patch.module, *patch.also):
+            holder = sys.modules.get(holder_name)
+            current = getattr(holder, patch.attribute, None)
+            if getattr(current, "__pipeline_original__", None) is original:
+                setattr(holder, patch.attribute, original)
+        del _applied[name]

@@ -1,0 +1,156 @@
+"""pipeline's changes to dask and xarray (pipeline/patches.py): each target is still the function
+it was written against on the versions installed, the device versions of xarray's chunk functions
+(pipeline/kernels/duck.py) give xarray's, NumPy's and bottleneck's results, NumPy data goes to the
+originals, and the setting turns them off."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import numpy as np
+import pytest
+
+from pipeline import config, patches
+from pipeline.errors import InputError
+from pipeline.kernels import duck
+
+
+@pytest.fixture
+def blocks():
+    rng = np.random.default_rng(3)
+    out = {}
+    for dtype in ("float32", "float64"):
+        a = rng.standard_normal((9, 13, 5)).astype(dtype)
+        a[rng.random(a.shape) < 0.3] = np.nan
+        a[:, 2, 1] = np.nan  # no value along the first axis
+        a[4] = np.nan
+        out[dtype] = a
+    out["int32"] = (rng.standard_normal((9, 13, 5)) * 10).astype("int32")
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(patches.PATCHES))
+def test_each_target_is_the_function_it_was_written_for(name):
+    patch = patches.PATCHES[name]
+    module = importlib.import_module(patch.module)
+    assert patches._matches(getattr(module, patch.attribute), patch.params), (patch.module, patch.attribute)
+    for other in patch.also:
+        assert getattr(importlib.import_module(other), patch.attribute) is getattr(module, patch.attribute)
+
+
+def test_installed_versions_are_within_those_tested():
+    from packaging.version import Version
+
+    for lib in ("dask", "xarray"):
+        low, _high = patches.TESTED[lib]
+        assert Version(importlib.import_module(lib).__version__) >= Version(low)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_nanfirst_nanlast_are_xarrays(blocks, axis, keepdims):
+    from xarray.core import nputils
+
+    for a in blocks.values():
+        np.testing.assert_array_equal(duck.nanfirst(a, axis, keepdims), nputils.nanfirst(a, axis, keepdims))
+        np.testing.assert_array_equal(duck.nanlast(a, axis, keepdims), nputils.nanlast(a, axis, keepdims))
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+@pytest.mark.parametrize("n", [None, 1, 3])
+def test_push_is_bottlenecks(blocks, axis, n):
+    bn = pytest.importorskip("bottleneck")
+    for a in blocks.values():
+        limit = a.shape[axis] if n is None else n
+        np.testing.assert_array_equal(duck.push(a, n, axis), bn.push(a, limit, axis))
+
+
+@pytest.mark.parametrize("method", duck._METHODS)
+@pytest.mark.parametrize("q", [0.9, [0.0, 0.37, 1.0]])
+@pytest.mark.parametrize("axis", [0, (1, 2), -1])
+def test_nanquantile_is_numpys(blocks, method, q, axis):
+    for dtype, a in blocks.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            want = np.nanquantile(a, q, axis=axis, method=method)
+            want_kept = np.nanquantile(a, q, axis=axis, method=method, keepdims=True)
+        got = duck.nanquantile(a, q, axis, method=method)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        tol = 1e-6 if dtype == "float32" else 1e-13
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, equal_nan=True)
+        np.testing.assert_allclose(duck.nanquantile(a, q, axis, method=method, keepdims=True), want_kept,
+                                   rtol=tol, atol=tol, equal_nan=True)
+
+
+def test_a_quantile_method_it_lacks_is_refused_by_name(blocks):
+    with pytest.raises(NotImplementedError, match="'hazen'") as e:
+        duck.nanquantile(blocks["float64"], 0.5, 0, method="hazen")
+    assert isinstance(e.value, InputError)
+
+
+def test_masked_lstsq_is_xarrays_column_fit():
+    from xarray.core import nputils
+
+    rng = np.random.default_rng(5)
+    x = np.linspace(0, 1, 40)
+    lhs = np.vander(x, 3)
+    lhs /= np.sqrt((lhs * lhs).sum(axis=0))  # as xarray's polyfit scales it
+    y = rng.standard_normal((40, 12))
+    y[rng.random(y.shape) < 0.2] = np.nan
+    y[:, 3] = np.nan
+    y[:, 5] = rng.standard_normal(40)  # no NaN
+    want = np.stack([nputils._nanpolyfit_1d(y[:, k], lhs) for k in range(y.shape[1])], axis=1)
+    np.testing.assert_allclose(duck.masked_lstsq(lhs, y), want, rtol=1e-9, atol=1e-12, equal_nan=True)
+
+
+def test_numpy_data_goes_to_the_originals(blocks):
+    """The wrappers, made without CuPy: NumPy blocks are the originals' business."""
+    for name, patch in patches.PATCHES.items():
+        original = getattr(importlib.import_module(patch.module), patch.attribute)
+        wrapped = patch.make(original)
+        a = blocks["float64"]
+        if name in ("xarray-nanfirst", "xarray-nanlast"):
+            np.testing.assert_array_equal(wrapped(a, 0), original(a, 0))
+        elif name == "xarray-push":
+            pytest.importorskip("bottleneck")
+            np.testing.assert_array_equal(wrapped(a, None, 0), original(a, None, 0))
+        elif name == "dask-nanquantile":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                np.testing.assert_array_equal(
+                    wrapped(a, np.array(0.5), axis=(2,)), original(a, np.array(0.5), axis=(2,))
+                )
+        elif name == "dask-elemwise":
+            import dask.array as da
+
+            x = da.from_array(a, chunks=4)
+            np.testing.assert_array_equal(wrapped(np.add, x, np.array(1.0)).compute(), a + 1.0)
+        elif name == "xarray-polyfit":
+            import dask.array as da
+
+            lhs = np.vander(np.linspace(0, 1, 9), 2)
+            rhs = da.from_array(np.nan_to_num(a.reshape(9, -1)), chunks=(9, 20))
+            got, _ = wrapped(lhs, rhs, skipna=True)
+            want, _ = original(lhs, rhs, skipna=True)
+            np.testing.assert_allclose(got.compute(), want.compute())
+
+
+def test_the_setting_chooses_which_are_made(monkeypatch):
+    import dask
+
+    with dask.config.set({"pipeline.patches": False}):
+        assert not any(patches.enabled(n) for n in patches.PATCHES)
+        config.check()
+    with dask.config.set({"pipeline.patches": ["xarray-push"]}):
+        assert [n for n in patches.PATCHES if patches.enabled(n)] == ["xarray-push"]
+        config.check()
+    with dask.config.set({"pipeline.patches": "yes"}):
+        with pytest.raises(InputError, match="patches"):
+            config.check()
+
+
+def test_nothing_is_changed_without_cupy():
+    if patches._cupy() is not None:
+        pytest.skip("CuPy is imported")
+    assert patches.apply() == []
