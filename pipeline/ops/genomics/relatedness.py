@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 import xarray as xr
 
-from ...backend import backend_of, meta as backend_meta, xp_of
+from ...backend import backend_of, meta as backend_meta, to_backend, xp_of
 from ...deferred import module as _deferred
 from ...errors import InputError, NotImplementedInputError
 from ._dataset import as_dask, even_chunks, upper_mirrored, variable
@@ -230,7 +230,8 @@ def genomic_relationship(
                          f"variant ({d.shape[0]},)")
     out_dtype = np.result_type(d.dtype, af_var.dtype)
     out_dtype = out_dtype if out_dtype.kind == "f" else np.dtype(F8)
-    dosage, af = as_dask(d), as_dask(af_var).astype(F8)
+    dosage = as_dask(d)
+    af = to_backend(as_dask(af_var).astype(F8), backend_of(dosage))  # where the dosages are
     if estimator == "VanRaden":
         sums = _pair_sums(_bind(_van_raden_terms, ploidy=ploidy, skipna=skipna), 2 if skipna else 1, dosage, (af,))
         G = sums[0] / (sums[1] if skipna else (af * ploidy * (1 - af)).sum())
@@ -314,8 +315,8 @@ def pc_relate(
     backend = backend_of(as_dask(g))
     whole = {1: -1, 2: -1}
     G, M = as_dask(g).rechunk(whole), as_dask(mask).rechunk(whole)
-    M = M.rechunk({0: G.chunks[0]})
-    P = as_dask(pcs).rechunk(-1)
+    M = to_backend(M.rechunk({0: G.chunks[0]}), backend)
+    P = to_backend(as_dask(pcs).rechunk(-1), backend)  # PCs computed on the host go where the genotypes are
     q = P.map_blocks(_pcs_basis, chunks=(P.chunks[0], (P.shape[1] + 1,)), dtype=F8, meta=backend_meta(backend, F8, 2))
     values = da.blockwise(_pc_relate_values, "vsx", G, "vsp", M, "vsp", q, "sc", new_axes={"x": 2}, concatenate=True,
                           maf=maf, dtype=F8, meta=backend_meta(backend, F8, 3))
@@ -329,8 +330,10 @@ def pc_relate(
 # (NumPy or CuPy), as sgkit's dask.array.linalg calls are on one block.
 
 
-def _matrix(ds: xr.Dataset, name: str, op: str):
-    return as_dask(variable(ds, name, PAIR_DIMS, "iuf", op=op)).rechunk(-1).astype(F8)
+def _matrix(ds: xr.Dataset, name: str, op: str, like=None):
+    """A relationship matrix in one block of float64, on the backend of ``like`` where given."""
+    m = as_dask(variable(ds, name, PAIR_DIMS, "iuf", op=op)).rechunk(-1).astype(F8)
+    return m if like is None else to_backend(m, backend_of(like))
 
 
 def _samples(ds: xr.Dataset, name: str | None, n: int, op: str) -> np.ndarray:
@@ -447,12 +450,14 @@ def hybrid_relationship(
     if pedigree_relationship is None:
         raise InputError(f"{name}: pedigree_relationship must name the pedigree relationship matrix")
     g = _matrix(ds, genomic_relationship, name)
-    a = _matrix(ds, pedigree_relationship, name)
+    a = _matrix(ds, pedigree_relationship, name, like=g)
     if g.shape != a.shape:
         raise InputError(f"{name}: matrices {genomic_relationship!r} {g.shape} and {pedigree_relationship!r} "
                          f"{a.shape} must share dimensions")
     genomic = _samples(ds, genomic_sample, a.shape[0], name)
-    a22inv = None if pedigree_subset_inverse_relationship is None else _matrix(ds, pedigree_subset_inverse_relationship, name)
+    a22inv = None
+    if pedigree_subset_inverse_relationship is not None:
+        a22inv = _matrix(ds, pedigree_subset_inverse_relationship, name, like=g)
     h = da.map_blocks(_hybrid_block, a, g, a22inv, genomic=genomic, tau=tau, omega=omega, op=name, dtype=F8,
                       meta=a._meta)
     return _merge(ds, _new("stat_hybrid_relationship", h), merge)
@@ -486,7 +491,7 @@ def hybrid_inverse_relationship(
     name = "hybrid_inverse_relationship"
     _estimator(estimator, name)
     ginv = _matrix(ds, genomic_inverse_relationship, name)
-    ainv = _matrix(ds, pedigree_inverse_relationship, name)
+    ainv = _matrix(ds, pedigree_inverse_relationship, name, like=ginv)
     if ginv.shape != ainv.shape:
         raise InputError(f"{name}: matrices {genomic_inverse_relationship!r} {ginv.shape} and "
                          f"{pedigree_inverse_relationship!r} {ainv.shape} must share dimensions")
@@ -496,7 +501,7 @@ def hybrid_inverse_relationship(
         if pedigree_subset_inverse_relationship is None:
             raise InputError(f"{name}: pedigree_subset_inverse_relationship is required where {genomic_sample!r} "
                              "marks only some samples")
-        a22inv = _matrix(ds, pedigree_subset_inverse_relationship, name)
+        a22inv = _matrix(ds, pedigree_subset_inverse_relationship, name, like=ginv)
     h = da.map_blocks(_hybrid_inverse_block, ainv, ginv, a22inv, genomic=genomic, tau=tau, omega=omega, dtype=F8,
                       meta=ainv._meta)
     return _merge(ds, _new("stat_hybrid_inverse_relationship", h), merge)
