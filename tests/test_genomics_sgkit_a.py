@@ -384,6 +384,73 @@ def test_save_dataset_never_replaces_what_exists(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds.zarr", "other.zarr"]
 
 
+def test_save_dataset_that_fails_writes_nothing(tmp_path):
+    """A block that fails mid-write: the error is the caller's, and neither the store nor any
+    part of it is left."""
+    ds = saved(tmp_path)
+
+    def fail(block, block_info=None):
+        if block_info[0]["chunk-location"][0] == 2:
+            raise RuntimeError("disk on fire")
+        return block
+
+    ds["call_genotype"] = ds.call_genotype.copy(data=ds.call_genotype.data.map_blocks(fail, dtype=np.int8))
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        sg.save_dataset(ds, tmp_path / "ds.zarr")
+    assert list(tmp_path.iterdir()) == []
+
+
+SAVE_UNTIL_SIGNALLED = """
+import os, sys, time
+import dask
+import pipeline.genomics as sg
+
+out, started = sys.argv[1], sys.argv[2]
+ds = sg.simulate_genotype_call_dataset(n_variant=40, n_sample=6).chunk({"variants": 10})
+
+def wait(block, block_info=None):
+    if block_info[0]["chunk-location"][0] == 2:  # mid-write: tell the test, then wait for its signal
+        open(started, "w").close()
+        while True:
+            time.sleep(0.01)
+    return block
+
+ds["call_genotype"] = ds.call_genotype.copy(data=ds.call_genotype.data.map_blocks(wait, dtype="int8"))
+with dask.config.set(scheduler="synchronous"):  # the block runs in the thread the signal reaches
+    sg.save_dataset(ds, out)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])
+def test_save_dataset_interrupted_leaves_no_store(tmp_path, sig):
+    """Interrupted mid-write (Ctrl-C), a save removes what it wrote; killed, it cannot, and the next
+    save to the same path clears what the killed one left and writes the store."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out, started = tmp_path / "out" / "ds.zarr", tmp_path / "started"
+    out.parent.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", SAVE_UNTIL_SIGNALLED, str(out), str(started)],
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "DASK_PIPELINE__BACKEND": "cpu"})
+    deadline = time.monotonic() + 60
+    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started.exists(), proc.stderr.read() if proc.poll() is not None else "the write never started"
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert not out.exists() or list(out.iterdir()) == []  # no store: at most the empty reservation of its path
+    if sig == "SIGINT":
+        assert "KeyboardInterrupt" in err
+        assert [p.name for p in out.parent.iterdir() if not p.name.endswith(".lock")] == []
+    ds = saved(tmp_path)
+    sg.save_dataset(ds, out)
+    assert_round_trip(ds, out)
+    assert sorted(p.name for p in out.parent.iterdir() if not p.name.endswith(".lock")) == ["ds.zarr"]
+
+
 def test_save_dataset_uneven_chunks_write_nothing(tmp_path):
     ds = saved(tmp_path).chunk({"variants": (5, 10, 15)})
     with pytest.raises(InputError, match="Zarr requires uniform chunk sizes. Use the `auto_rechunk` argument"):

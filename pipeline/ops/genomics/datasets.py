@@ -19,6 +19,7 @@ by block as it is written.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Hashable
 
 import numpy as np
@@ -227,9 +228,9 @@ def save_dataset(ds: xr.Dataset, store, storage_options: dict | None = None, aut
     local = isinstance(store, (str, os.PathLike)) and not is_url(store)
     if not local or mode not in (None, "w", "w-") or "append_dim" in kwargs or "region" in kwargs:
         return _to_zarr(ds, store, storage_options, kwargs)
-    from ...sinks.zarr import staged
+    from ...sinks.zarr import _stale_reservation, staged
 
-    if mode != "w" and os.path.lexists(store):
+    if mode != "w" and os.path.lexists(store) and not _stale_reservation(Path(store)):
         raise InputError(f"{store}: already exists; save_dataset writes a new store (mode='w' replaces a dataset "
                          "pipeline saved there, nothing else)")
     kwargs["mode"] = "w-"
