@@ -179,6 +179,11 @@ def test_float16_is_computed_in_float32():
     got = pipeline.ops.resample(x.chunk(CHUNKS), freq="MS", how="std")
     assert got.dtype == np.float32
     xr.testing.assert_allclose(got.compute(), x.astype(np.float32).resample(time="MS").std())
+    # weights in the data's precision: float32 data give float32 results, as weighted_mean's
+    got = pipeline.ops.weighted(x.chunk(CHUNKS), how="mean")
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got.values, data().weighted(np.cos(np.deg2rad(data().lat))).mean(("lat", "lon")).values,
+                               rtol=1e-3)
 
 
 def test_building_computes_nothing():

@@ -440,7 +440,9 @@ def _weights_of(x: xr.DataArray, weights) -> xr.DataArray:
         w = xr.DataArray(np.asarray(to_numpy(w.data), dtype=np.float64), dims=w.dims)
     if np.isnan(w.values).any():
         raise InputError("weights contain missing values (NaN); fill them first, as xarray requires")
-    return w.copy(data=module(backend_of(x)).asarray(w.values))
+    # in the data's precision, as weighted_mean's: float64 weights would make float32 data's results float64
+    dtype = x.dtype if x.dtype.kind == "f" else np.float64
+    return w.copy(data=module(backend_of(x)).asarray(w.values, dtype=dtype))
 
 
 @register(
