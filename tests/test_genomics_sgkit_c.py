@@ -16,7 +16,7 @@ from pipeline import backend as B
 from pipeline.errors import InputError, NotImplementedInputError
 
 from .conftest import requires_gpu
-from .genomics_data import sgkit
+from .genomics_data import dataset as genotype_dataset, sgkit
 
 REF = sgkit("c")
 TOL = dict(rtol=1e-10, atol=1e-12)
@@ -236,3 +236,78 @@ def test_display_pedigree():
     edges = {line for line in lines if "->" in line}
     expected = {f"{p} -> {i} [color=blue]" for (i, j), p in np.ndenumerate(REF["parent"]) if p >= 0}
     assert edges == expected
+
+
+# --- regenie -------------------------------------------------------------------------------------
+
+REGENIE_RUNS = {  # as the fixture script's
+    "default": {},
+    "blocks": {"variant_block_size": (100, 287, 152, 100), "sample_block_size": (30, 29, 1), "alphas": [10.0, 1000.0]},
+    "normalize": {"variant_block_size": 200, "sample_block_size": 7, "normalize": True, "add_intercept": False},
+    "orthogonalize": {"variant_block_size": 150, "orthogonalize": True, "add_intercept": False},
+}
+REGENIE_VARS = ("regenie_base_prediction", "regenie_meta_prediction", "regenie_loco_prediction")
+
+
+def regenie_dataset(backend: str = "cpu") -> xr.Dataset:
+    """The "bi" genotypes with ``call_dosage`` as the fixture makes it, in blocks of 37 variants."""
+    ds = genotype_dataset("bi", {"variants": 37}, backend)
+    dosage = ds.call_genotype.clip(0).sum("ploidy").astype(np.float64)
+    ds = ds.assign(call_dosage=dosage)
+    keep = np.isin(B.to_numpy(ds.variant_position.data), REF["regenie_keep"])
+    return ds.isel(variants=np.flatnonzero(keep))
+
+
+@pytest.mark.parametrize("run", list(REGENIE_RUNS))
+def test_regenie_as_sgkits(run):
+    out = sg.regenie(regenie_dataset(), dosage="call_dosage", covariates="sample_covariate", traits="sample_trait",
+                     merge=False, **REGENIE_RUNS[run])
+    assert set(out.data_vars) == set(REGENIE_VARS)
+    assert out["regenie_base_prediction"].dims == ("blocks", "alphas", "samples", "outcomes")
+    assert out["regenie_meta_prediction"].dims == ("samples", "outcomes")
+    assert out["regenie_loco_prediction"].dims == ("contigs", "samples", "outcomes")
+    for name in REGENIE_VARS:
+        assert out[name].attrs["comment"] == str(REF[f"comment_{name}"])
+        x = out[name].data
+        assert isinstance(x, da.Array) and x.dtype == np.float64
+        np.testing.assert_allclose(x.compute(), REF[f"regenie_{run}_{name}"], rtol=1e-10, atol=1e-10, err_msg=name)
+
+
+def test_regenie_merges_and_one_contig_has_no_loco():
+    ds = regenie_dataset()
+    out = sg.regenie(ds, dosage="call_dosage", covariates=["sample_covariate"], traits="sample_trait")
+    assert set(REGENIE_VARS) <= set(out.data_vars) and "call_genotype" in out
+    one = ds.isel(variants=np.flatnonzero(B.to_numpy(ds.variant_contig.data) == 0))
+    out = sg.regenie(one, dosage="call_dosage", covariates="sample_covariate", traits="sample_trait", merge=False)
+    assert set(out.data_vars) == {"regenie_base_prediction", "regenie_meta_prediction"}
+
+
+def test_regenie_bad_input():
+    ds = regenie_dataset()
+    args = dict(dosage="call_dosage", covariates="sample_covariate", traits="sample_trait")
+    with pytest.raises(InputError, match="regenie: the dataset has no variable 'dose'"):
+        sg.regenie(ds, **{**args, "dosage": "dose"})
+    with pytest.raises(InputError, match="covariate variable 'call_dosage' has dimensions \\('variants', 'samples'\\)"):
+        sg.regenie(ds, **{**args, "covariates": "call_dosage"})
+    with pytest.raises(InputError, match="variant_block_size \\(5, 5\\) must be positive integers adding up to"):
+        sg.regenie(ds, **args, variant_block_size=(5, 5))
+    with pytest.raises(InputError, match="sample_block_size \\(50, 5\\) does not fit 60 samples"):
+        sg.regenie(ds, **args, sample_block_size=(50, 5))
+    unsorted = ds.assign(variant_contig=ds.variant_contig[::-1].variable)
+    with pytest.raises(InputError, match="sorted by contig"):
+        sg.regenie(unsorted, **args)
+    with pytest.raises(InputError, match="'variant_contig' has values of type float64"):
+        sg.regenie(ds.assign(variant_contig=ds.variant_contig * 1.0), **args)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_regenie_as_sgkits():
+    ds = regenie_dataset("gpu")
+    assert B.backend_of(ds.call_dosage.data) == "gpu"
+    out = sg.regenie(ds, dosage="call_dosage", covariates="sample_covariate", traits="sample_trait", merge=False,
+                     **REGENIE_RUNS["blocks"])
+    for name in REGENIE_VARS:
+        assert B.backend_of(out[name].data) == "gpu", name
+        np.testing.assert_allclose(B.to_numpy(out[name].data), REF[f"regenie_blocks_{name}"], rtol=1e-10, atol=1e-10,
+                                   err_msg=name)
