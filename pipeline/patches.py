@@ -173,6 +173,50 @@ def _device_least_squares(lhs, rhs):
     return coeffs, residuals
 
 
+def _idxminmax(original):
+    @functools.wraps(original)
+    def calc_idxminmax(*, array, func, dim=None, skipna=None, fill_value=None, keep_attrs=None, **kwargs):
+        if fill_value is None:
+            from xarray.core import dtypes
+
+            fill_value = dtypes.NA
+        args = dict(array=array, func=func, dim=dim, skipna=skipna, fill_value=fill_value, keep_attrs=keep_attrs, **kwargs)
+        if not on_device(array.data) or dim is None or dim not in array.coords or kwargs:
+            return original(**args)
+        return _device_idxminmax(**args)
+
+    return calc_idxminmax
+
+
+def _device_idxminmax(*, array, func, dim, skipna, fill_value, keep_attrs):
+    """xarray's ``_calc_idxminmax`` on a Dask array of CuPy blocks: the positions are found on the
+    device, and the coordinate's labels taken there where they are numbers; dates and strings,
+    which only the host holds, are taken on the host from the positions (one per cell of the
+    result, moved explicitly), as xarray does for NumPy."""
+    import dask.array as da
+
+    cp = _cupy()
+    labels = np.asarray(array[dim].values)
+    missing = skipna or (skipna is None and array.dtype.kind in "cfO")
+    if missing:
+        allna = array.isnull().all(dim)
+        array = array.where(~allna, 0)
+    index = func(array, dim=dim, axis=None, keep_attrs=keep_attrs, skipna=skipna)
+    positions = index.data
+    if labels.dtype.kind in "biuf":
+        coord = da.from_array(cp.asarray(labels), chunks=-1)
+    else:
+        coord = da.from_array(labels, chunks=-1)
+        positions = positions.map_blocks(cp.asnumpy, dtype=positions.dtype,
+                                         meta=np.empty((0,) * positions.ndim, dtype=positions.dtype))
+    taken = coord[positions.ravel()].reshape(positions.shape)
+    res = index.copy(data=taken).rename(dim)
+    if missing:
+        res = res.where(~allna, fill_value)
+    res.attrs = index.attrs
+    return res
+
+
 def _einsum_lookup():
     """dask's ``einsum_lookup`` for CuPy blocks: ``cupy.einsum`` with host operands (xarray's
     ``dot`` of a device array and host weights, as ``weighted`` makes) moved to the device."""
@@ -212,6 +256,11 @@ PATCHES: dict[str, Patch] = {
         Patch(
             "dask-nanquantile", "dask.array.reductions", "_custom_nanquantile", ("a", "q", "axis"), _nanquantile,
             "quantile mixes a NumPy q and NumPy index arithmetic with a CuPy block",
+        ),
+        Patch(
+            "xarray-idxminmax", "xarray.computation.computation", "_calc_idxminmax",
+            ("array", "func", "dim", "skipna", "fill_value", "keep_attrs"), _idxminmax,
+            "idxmin/idxmax index a NumPy coordinate with CuPy positions",
         ),
         Patch(
             "xarray-polyfit", "xarray.compat.dask_array_ops", "least_squares", ("lhs", "rhs", "rcond", "skipna"),

@@ -126,6 +126,15 @@ def test_numpy_data_goes_to_the_originals(blocks):
 
             x = da.from_array(a, chunks=4)
             np.testing.assert_array_equal(wrapped(np.add, x, np.array(1.0)).compute(), a + 1.0)
+        elif name == "xarray-idxminmax":
+            import xarray as xr
+
+            x = xr.DataArray(a, dims=("t", "y", "x"), coords={"t": np.arange(9) * 2.0}).chunk(t=4)
+            for how in ("idxmin", "idxmax"):
+                xr.testing.assert_identical(
+                    wrapped(array=x, func=lambda arr, **k: getattr(arr, how.replace("idx", "arg"))(**k), dim="t"),
+                    original(array=x, func=lambda arr, **k: getattr(arr, how.replace("idx", "arg"))(**k), dim="t"),
+                )
         elif name == "xarray-polyfit":
             import dask.array as da
 
