@@ -1,0 +1,164 @@
+"""An analyst's own xarray expressions on pipeline's GPU arrays against xarray + dask on the CPU.
+
+The store is what ``xarray.Dataset.to_zarr`` writes with its defaults (Zarr v3, zarr's default
+zstd): float32 ``tas`` (time, lat, lon), daily, chunks of ``--time-chunk`` steps by the whole grid,
+made once under ``--workdir``. The expressions are those of tests/xarray_expressions.py (the
+table the tests run), ``--only`` choosing some.
+
+For each expression, in one process:
+
+- ``gpu first``: ``pipeline.open_dataset(store, backend="gpu")``, the expression, ``.compute()``
+  (the result stays on the device; synchronized before the clock is read) — the first time in the
+  process this expression runs, so CuPy's compilations of its kernels are in it;
+- ``gpu warm``: the median of ``--repeat`` more runs;
+- ``cpu warm``: ``xarray.open_zarr(store)`` (dask's threads, one per core; flox where installed),
+  the expression, ``.compute()``, the median of ``--repeat`` runs after one unmeasured;
+- the results are compared (relative L2 error, NaN where both are NaN).
+
+Here, small:  python benchmarks/xarray_gpu.py --shape 365,45,90 --only groupby_month_mean,quantile
+GPU machine:  python benchmarks/xarray_gpu.py --shape 1460,721,1440 --workdir /tmp/xgpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+HERE = Path(__file__).resolve().parent
+DEFAULT = (
+    "groupby_month_mean,groupby_season_std,groupby_month_quantile,groupby_anomaly,resample_YS_max,"
+    "resample_MS_mean,resample_MS_median,rolling_mean_center,coarsen_mean,weighted_mean,quantile,polyfit,"
+    "idxmax_lat,ffill,cumsum,count_above,where_mean,std"
+)
+
+
+def table():
+    spec = importlib.util.spec_from_file_location("xarray_expressions", HERE.parent / "tests" / "xarray_expressions.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_store(path: Path, shape, time_chunk: int) -> None:
+    if (path / "zarr.json").exists():
+        return
+    import dask.array as da
+
+    nt, ny, nx = shape
+    rng = da.random.default_rng(0)
+    tas = (285 + 8 * rng.standard_normal((nt, ny, nx), chunks=(time_chunk, ny, nx))).astype("float32")
+    tas = da.where(rng.random((nt, ny, nx), chunks=(time_chunk, ny, nx)) < 0.01, np.nan, tas)
+    ds = xr.Dataset(
+        {"tas": (("time", "lat", "lon"), tas, {"units": "K"})},
+        coords={
+            "time": pd.date_range("2001-01-01", periods=nt, freq="D"),
+            "lat": np.linspace(-90, 90, ny),
+            "lon": np.linspace(0, 360, nx, endpoint=False),
+        },
+    )
+    ds.to_zarr(path, mode="w-")
+
+
+def _sync():
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def _error(got, ref) -> float:
+    a, b = _host(got.data), np.asarray(ref.values)
+    if b.dtype.kind not in "fc":
+        return float(np.mean(a != b))
+    both = np.isnan(a) & np.isnan(b)
+    a, b = np.where(both, 0, a).astype(np.float64), np.where(both, 0, b).astype(np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="1460,721,1440")
+    p.add_argument("--time-chunk", type=int, default=73)
+    p.add_argument("--workdir", default="/tmp/xarray_gpu")
+    p.add_argument("--only", default=DEFAULT)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    shape = tuple(int(s) for s in args.shape.split(","))
+    store = Path(args.workdir) / f"tas-{'x'.join(map(str, shape))}.zarr"
+    store.parent.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    make_store(store, shape, args.time_chunk)
+    print(f"store {store} ({sum(f.stat().st_size for f in store.rglob('*') if f.is_file()) / 1e9:.2f} GB on disk, "
+          f"{np.prod(shape) * 4 / 1e9:.2f} GB of float32) ready in {time.perf_counter() - t:.1f} s", flush=True)
+
+    import pipeline
+
+    expressions = table()
+    warnings.simplefilter("ignore")
+    rows = []
+    for name in args.only.split(","):
+        expr, _ = expressions.EXPRESSIONS[name]
+        row = {"expression": name}
+        try:
+            t = time.perf_counter()
+            x = pipeline.open_dataset(store, backend="gpu")["tas"]
+            got = expr(x, expressions.context(x)).compute()
+            _sync()
+            row["gpu_first"] = time.perf_counter() - t
+            times = []
+            for _ in range(args.repeat):
+                t = time.perf_counter()
+                x = pipeline.open_dataset(store, backend="gpu")["tas"]
+                got = expr(x, expressions.context(x)).compute()
+                _sync()
+                times.append(time.perf_counter() - t)
+            row["gpu_warm"] = statistics.median(times)
+            row["on_device"] = type(got.data).__module__.split(".")[0]
+        except Exception as e:  # noqa: BLE001 - a row says what failed
+            row["gpu_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+            got = None
+        times = []
+        for i in range(args.repeat + 1):
+            t = time.perf_counter()
+            c = xr.open_zarr(store)["tas"]
+            ref = expr(c, expressions.context(c)).compute()
+            if i:
+                times.append(time.perf_counter() - t)
+        row["cpu_warm"] = statistics.median(times)
+        if got is not None:
+            row["rel_error"] = _error(got, ref)
+            row["speedup_warm"] = row["cpu_warm"] / row["gpu_warm"]
+            row["speedup_first"] = row["cpu_warm"] / row["gpu_first"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    print(f"\n| expression | GPU first (s) | GPU warm (s) | xarray+dask CPU warm (s) | warm x | first x | rel. error |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        if "gpu_error" in r:
+            print(f"| {r['expression']} | {r['gpu_error']} | | {r['cpu_warm']:.2f} | | | |")
+        else:
+            print(f"| {r['expression']} | {r['gpu_first']:.2f} | {r['gpu_warm']:.3f} | {r['cpu_warm']:.2f} | "
+                  f"{r['speedup_warm']:.1f} | {r['speedup_first']:.1f} | {r['rel_error']:.1e} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"shape": shape, "cores": os.cpu_count(), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
