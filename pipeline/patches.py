@@ -217,6 +217,79 @@ def _device_idxminmax(*, array, func, dim, skipna, fill_value, keep_attrs):
     return res
 
 
+def _keeps_device_meta(original):
+    """``original(a, ...)``, whose result's ``_meta`` dask infers as NumPy whatever ``a``'s blocks
+    are, with the meta of ``a``'s backend: its blocks are CuPy's (a later step looks at the meta
+    to choose how to treat them, :func:`on_device` among them)."""
+
+    @functools.wraps(original)
+    def wrapper(a, *args, **kwargs):
+        out = original(a, *args, **kwargs)
+        if on_device(a) and hasattr(out, "_meta") and not on_device(out) and out.dtype.kind in "biufc":
+            out._meta = _cupy().empty((0,) * out.ndim, dtype=out.dtype)
+        return out
+
+    return wrapper
+
+
+def _interp_na(original):
+    @functools.wraps(original)
+    def interp_na(self, dim=None, use_coordinate=True, method="linear", limit=None, max_gap=None, keep_attrs=None,
+                  **kwargs):
+        args = dict(dim=dim, use_coordinate=use_coordinate, method=method, limit=limit, max_gap=max_gap,
+                    keep_attrs=keep_attrs, **kwargs)
+        if not on_device(self.data) or method != "linear" or kwargs or max_gap is not None or dim is None:
+            if on_device(self.data):
+                from .errors import NotImplementedInputError
+
+                raise NotImplementedInputError(
+                    f"interpolate_na with method={method!r}" + (", max_gap" if max_gap is not None else "")
+                    + (f", {', '.join(kwargs)}" if kwargs else "") + " is not available on the GPU backend "
+                    "(linear interpolation, with or without limit, is)"
+                )
+            return original(self, **args)
+        return _device_interp_na(self, dim, use_coordinate, limit, keep_attrs)
+
+    return interp_na
+
+
+def _device_interp_na(self, dim, use_coordinate, limit, keep_attrs):
+    """xarray's ``interp_na`` for ``method="linear"`` on a Dask array of CuPy blocks:
+    :func:`pipeline.kernels.duck.interp_linear` on blocks holding all of ``dim`` (xarray asks the
+    same), where xarray runs NumPy's interp on each row through ``numpy.vectorize``."""
+    from xarray.computation.apply_ufunc import apply_ufunc
+    from xarray.core import missing
+    from xarray.core.options import _get_keep_attrs
+
+    from .kernels import duck
+
+    index = missing.get_clean_interp_index(self, dim, use_coordinate=use_coordinate)
+    valids = missing._get_valid_fill_mask(self, dim, limit) if limit is not None else None
+    out = apply_ufunc(
+        lambda y, x: duck.interp_linear(y, _cupy().asarray(x)),
+        self, index, input_core_dims=[[dim], [dim]], output_core_dims=[[dim]], output_dtypes=[self.dtype],
+        dask="parallelized", keep_attrs=_get_keep_attrs(default=True) if keep_attrs is None else keep_attrs,
+    ).transpose(*self.dims)
+    if out.chunks is not None and not on_device(out.data):
+        out = out.copy(data=_keeps_device_meta(lambda a, b: b)(self.data, out.data))
+    return out if valids is None else out.where(valids)
+
+
+def _weighted_quantile(original):
+    @functools.wraps(original)
+    def weighted_quantile(self, da, q, dim=None, skipna=None):
+        if on_device(da.data) or on_device(self.weights.data):
+            from .errors import NotImplementedInputError
+
+            raise NotImplementedInputError(
+                "Weighted.quantile is not available on the GPU backend: xarray runs it by numpy.vectorize "
+                "on each row (mean, sum, std, var and sum_of_weights of weighted are)"
+            )
+        return original(self, da, q, dim=dim, skipna=skipna)
+
+    return weighted_quantile
+
+
 def _einsum_lookup():
     """dask's ``einsum_lookup`` for CuPy blocks: ``cupy.einsum`` with host operands (xarray's
     ``dot`` of a device array and host weights, as ``weighted`` makes) moved to the device."""
@@ -263,6 +336,35 @@ PATCHES: dict[str, Patch] = {
             "idxmin/idxmax index a NumPy coordinate with CuPy positions",
         ),
         Patch(
+            "xarray-interpolate-na", "xarray.core.missing", "interp_na",
+            ("self", "dim", "use_coordinate", "method", "limit", "max_gap", "keep_attrs"), _interp_na,
+            "interpolate_na runs NumPy's interp on each row of a CuPy block through numpy.vectorize",
+        ),
+        Patch(
+            "xarray-weighted-quantile", "xarray.computation.weighted", "Weighted._weighted_quantile",
+            ("self", "da", "q", "dim", "skipna"), _weighted_quantile,
+            "weighted quantile runs NumPy on each row through numpy.vectorize: refused by name on the "
+            "GPU rather than failing in CuPy",
+        ),
+        *(
+            Patch(
+                f"dask-{name}-meta", module, name, first, _keeps_device_meta,
+                f"dask's {name} gives a result of CuPy blocks a NumPy meta, so later steps take its "
+                "blocks for NumPy's", also=("dask.array",),
+            )
+            for module, name, first in (
+                ("dask.array.reductions", "nanmedian", ("a",)),
+                ("dask.array.reductions", "median", ("a",)),
+                ("dask.array.reductions", "nanquantile", ("a",)),
+                ("dask.array.reductions", "quantile", ("a",)),
+                ("dask.array.routines", "gradient", ("f",)),
+            )
+        ),
+        Patch(
+            "xarray-push-meta", "xarray.compat.dask_array_ops", "push", ("array", "n", "axis"), _keeps_device_meta,
+            "ffill/bfill's scan gives a result of CuPy blocks a NumPy meta",
+        ),
+        Patch(
             "xarray-polyfit", "xarray.compat.dask_array_ops", "least_squares", ("lhs", "rhs", "rcond", "skipna"),
             _least_squares,
             "polyfit fits each column by numpy.linalg.lstsq through apply_along_axis (skipna), "
@@ -295,6 +397,21 @@ def _matches(func, params: tuple[str, ...]) -> bool:
 _applied: dict[str, tuple[object, Callable]] = {}  # name -> (module, original)
 
 
+def _get(holder, attribute: str):
+    """``holder.attribute``, where ``attribute`` may name a class's method (``"Class.method"``)."""
+    *owners, name = attribute.split(".")
+    for owner in owners:
+        holder = getattr(holder, owner, None)
+    return getattr(holder, name, None)
+
+
+def _set(holder, attribute: str, value) -> None:
+    *owners, name = attribute.split(".")
+    for owner in owners:
+        holder = getattr(holder, owner)
+    setattr(holder, name, value)
+
+
 def apply() -> list[str]:
     """Make the enabled changes not made yet (where CuPy is imported); returns their names."""
     if _cupy() is None:
@@ -307,7 +424,7 @@ def apply() -> list[str]:
             module = importlib.import_module(patch.module)
         except ImportError:
             continue
-        original = getattr(module, patch.attribute, None)
+        original = _get(module, patch.attribute)
         if original is None or not _matches(original, patch.params):
             log.debug("not changing %s.%s: not the function %s was written for", patch.module, patch.attribute, patch.name)
             continue
@@ -315,8 +432,8 @@ def apply() -> list[str]:
         replacement.__pipeline_original__ = original
         for name in (patch.module, *patch.also):
             holder = sys.modules.get(name) or importlib.import_module(name)
-            if getattr(holder, patch.attribute, None) is original:
-                setattr(holder, patch.attribute, replacement)
+            if _get(holder, patch.attribute) is original:
+                _set(holder, patch.attribute, replacement)
         _applied[patch.name] = (module, original)
         done.append(patch.name)
     for name, (register, _why) in REGISTRATIONS.items():
@@ -336,7 +453,7 @@ def undo() -> None:
         patch = PATCHES[name]
         for holder_name in (patch.module, *patch.also):
             holder = sys.modules.get(holder_name)
-            current = getattr(holder, patch.attribute, None)
+            current = _get(holder, patch.attribute)
             if getattr(current, "__pipeline_original__", None) is original:
-                setattr(holder, patch.attribute, original)
+                _set(holder, patch.attribute, original)
         del _applied[name]

@@ -34,9 +34,9 @@ def blocks():
 def test_each_target_is_the_function_it_was_written_for(name):
     patch = patches.PATCHES[name]
     module = importlib.import_module(patch.module)
-    assert patches._matches(getattr(module, patch.attribute), patch.params), (patch.module, patch.attribute)
+    assert patches._matches(patches._get(module, patch.attribute), patch.params), (patch.module, patch.attribute)
     for other in patch.also:
-        assert getattr(importlib.import_module(other), patch.attribute) is getattr(module, patch.attribute)
+        assert patches._get(importlib.import_module(other), patch.attribute) is patches._get(module, patch.attribute)
 
 
 def test_installed_versions_are_within_those_tested():
@@ -104,10 +104,28 @@ def test_masked_lstsq_is_xarrays_column_fit():
     np.testing.assert_allclose(duck.masked_lstsq(lhs, y), want, rtol=1e-9, atol=1e-12, equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_interp_linear_is_xarrays_interpolate_na(dtype):
+    import xarray as xr
+
+    rng = np.random.default_rng(2)
+    y = rng.standard_normal((6, 5, 30)).astype(dtype)
+    y[rng.random(y.shape) < 0.4] = np.nan
+    y[0, 0] = np.nan  # no value
+    y[0, 1, :] = np.nan
+    y[0, 1, 3] = 1.0  # one value
+    x = np.sort(rng.random(30)) * 10  # uneven spacing
+    want = xr.DataArray(y, dims=("a", "b", "t"), coords={"t": x}).interpolate_na("t").values
+    got = duck.interp_linear(y, x)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == "float32" else 1e-14, equal_nan=True)
+
+
 def test_numpy_data_goes_to_the_originals(blocks):
     """The wrappers, made without CuPy: NumPy blocks are the originals' business."""
     for name, patch in patches.PATCHES.items():
-        original = getattr(importlib.import_module(patch.module), patch.attribute)
+        original = patches._get(importlib.import_module(patch.module), patch.attribute)
         wrapped = patch.make(original)
         a = blocks["float64"]
         if name in ("xarray-nanfirst", "xarray-nanlast"):
@@ -135,6 +153,31 @@ def test_numpy_data_goes_to_the_originals(blocks):
                     wrapped(array=x, func=lambda arr, **k: getattr(arr, how.replace("idx", "arg"))(**k), dim="t"),
                     original(array=x, func=lambda arr, **k: getattr(arr, how.replace("idx", "arg"))(**k), dim="t"),
                 )
+        elif name == "xarray-interpolate-na":
+            import xarray as xr
+
+            x = xr.DataArray(a, dims=("t", "y", "x"), coords={"x": np.arange(5.0)}).chunk(t=4)
+            xr.testing.assert_identical(wrapped(x, "x").compute(), original(x, "x").compute())
+        elif name == "xarray-weighted-quantile":
+            import xarray as xr
+
+            x = xr.DataArray(a, dims=("t", "y", "x"))
+            w = x.weighted(xr.DataArray(np.arange(1.0, 6.0), dims="x"))
+            xr.testing.assert_identical(wrapped(w, x, 0.5, dim="x"), original(w, x, 0.5, dim="x"))
+        elif name.endswith("-meta"):
+            import dask.array as da
+
+            x = da.from_array(a, chunks=(9, 4, 5))
+            args = {"gradient": (x,), "push": (x, None, 0)}.get(patch.attribute, (x,))
+            kwargs = {"axis": 0} if patch.attribute != "push" else {}
+            if "quantile" in patch.attribute:
+                args = (x, 0.5)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                got, want = wrapped(*args, **kwargs), original(*args, **kwargs)
+                got, want = (got[0], want[0]) if isinstance(got, list) else (got, want)
+                assert type(got._meta) is np.ndarray
+                np.testing.assert_array_equal(got.compute(), want.compute())
         elif name == "xarray-polyfit":
             import dask.array as da
 

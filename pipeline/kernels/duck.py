@@ -158,3 +158,26 @@ def masked_lstsq(lhs, rhs):
     resid = xp.where(w.sum(axis=0) > lhs.shape[1], resid, np.nan)  # lstsq gives none unless overdetermined
     out = xp.concatenate([coef.T, resid[None, :]], axis=0)
     return xp.where(some[None, :], out, np.nan)
+
+
+def interp_linear(y, x):
+    """xarray's ``interpolate_na(method="linear")`` of each row of ``y`` (along its last axis) over
+    the coordinate ``x``: NumPy's ``interp`` between the values on each side of a gap (in float64),
+    NaN where a gap has no value on one side, a row with fewer than two values as it is."""
+    xp = xp_of(y)
+    if y.dtype.kind not in "fc" or y.shape[-1] == 0:
+        return y
+    x = xp.asarray(x, dtype=np.float64)
+    valid = _valid(xp, y)
+    pos = xp.where(valid, xp.arange(y.shape[-1], dtype=np.float64), np.nan)
+    before = push(pos, None, -1)
+    after = xp.flip(push(xp.flip(pos, axis=-1), None, -1), axis=-1)
+    inside = ~valid & ~xp.isnan(before) & ~xp.isnan(after)
+    b = xp.where(inside, before, 0).astype(np.int64)
+    a = xp.where(inside, after, 0).astype(np.int64)
+    yb = xp.take_along_axis(y, b, axis=-1).astype(np.float64)
+    ya = xp.take_along_axis(y, a, axis=-1).astype(np.float64)
+    xb, xa = x[b], x[a]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = (ya - yb) / xp.where(inside, xa - xb, 1.0) * (x - xb) + yb
+    return xp.where(inside, value.astype(y.dtype), y)
