@@ -311,3 +311,39 @@ def test_gpu_regenie_as_sgkits():
         assert B.backend_of(out[name].data) == "gpu", name
         np.testing.assert_allclose(B.to_numpy(out[name].data), REF[f"regenie_blocks_{name}"], rtol=1e-10, atol=1e-10,
                                    err_msg=name)
+
+
+@pytest.mark.parametrize("intercept", [True, False])
+def test_regenie_loco_regression_as_sgkits(intercept):
+    args = dict(dosage="call_dosage", covariates="sample_covariate", traits="sample_trait")
+    fitted = sg.regenie(regenie_dataset(), **args)
+    out = sg.regenie_loco_regression(fitted, **args, add_intercept=intercept)
+    assert {"regenie_loco_prediction", "call_genotype"} <= set(out.data_vars)  # merged
+    for name in ("variant_linreg_beta", "variant_linreg_t_value", "variant_linreg_p_value"):
+        x = out[name]
+        assert x.dims == ("variants", "traits") and isinstance(x.data, da.Array) and x.dtype == np.float64
+        np.testing.assert_allclose(x.values, REF[f"loco_{intercept}_{name}"], rtol=1e-10, atol=1e-13, err_msg=name)
+
+
+def test_regenie_loco_regression_bad_input():
+    args = dict(dosage="call_dosage", covariates="sample_covariate", traits="sample_trait")
+    ds = regenie_dataset()
+    with pytest.raises(InputError, match="no variable 'regenie_loco_prediction'"):
+        sg.regenie_loco_regression(ds, **args)
+    fitted = sg.regenie(ds, **args)
+    one = fitted.assign(loco1=(("c", "samples", "outcomes"), fitted.regenie_loco_prediction.data[:1]))
+    with pytest.raises(InputError, match=r"number of contigs provided \(2\) does not match .* \(1, 'loco1'\)"):
+        sg.regenie_loco_regression(one, **args, regenie_loco_prediction="loco1")
+    with pytest.raises(InputError, match="'regenie_loco_prediction' has shape \\(2, 60, 2\\), expected \\(contigs, 60, 1\\)"):
+        sg.regenie_loco_regression(fitted.assign(t1=fitted.sample_trait[:, 0]), **{**args, "traits": "t1"})
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_regenie_loco_regression_as_sgkits():
+    args = dict(dosage="call_dosage", covariates="sample_covariate", traits="sample_trait")
+    out = sg.regenie_loco_regression(sg.regenie(regenie_dataset("gpu"), **args), **args, merge=False)
+    for name in ("variant_linreg_beta", "variant_linreg_t_value", "variant_linreg_p_value"):
+        assert B.backend_of(out[name].data) == "gpu", name
+        np.testing.assert_allclose(B.to_numpy(out[name].data), REF[f"loco_True_{name}"], rtol=1e-10, atol=1e-13,
+                                   err_msg=name)

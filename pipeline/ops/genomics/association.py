@@ -312,4 +312,74 @@ def regenie(ds: xr.Dataset, *, dosage: str, covariates: Hashable | Sequence[Hash
     return _merge(ds, out, merge)
 
 
-__all__ = ["regenie"]
+def regenie_loco_regression(ds: xr.Dataset, *, dosage: Hashable, covariates: Hashable, traits: Hashable,
+                            variant_contig: Hashable = "variant_contig",
+                            regenie_loco_prediction: Hashable = "regenie_loco_prediction", add_intercept: bool = True,
+                            call_genotype: Hashable = "call_genotype", merge: bool = True) -> xr.Dataset:
+    """sgkit's ``regenie_loco_regression``: ``variant_linreg_beta``, ``variant_linreg_t_value``
+    and ``variant_linreg_p_value`` (variants, traits), the linear regression of each variant's
+    dosage on the traits, covariates projected out of both, the traits centred, scaled and less
+    the LOCO predictions of the variant's contig (``regenie_loco_prediction``, from
+    :func:`regenie`; contig i of the predictions is ``variant_contig`` i). As sgkit's, the results
+    come contig by contig (the variants' order where they are sorted by contig). The blocks of
+    dosages go through the regression kernel of ``gwas_linear_regression`` on their backend; the
+    covariates' and traits' matrices, a few numbers a sample, are made on the host."""
+    from ... import kernels
+    from .gwas import _qr_on_host
+
+    op = "regenie_loco_regression"
+    g = variable(ds, dosage, kind="iuf", op=op)
+    if g.ndim != 2:
+        raise InputError(f"{op}: variable {dosage!r} has dimensions {tuple(map(str, g.dims))}, expected (variants, samples)")
+    contigs = to_numpy(variable(ds, variant_contig, ("variants",), "iu", op=op).data)
+    loco = variable(ds, regenie_loco_prediction, kind="f", op=op)
+    if loco.ndim != 3:
+        raise InputError(f"{op}: variable {regenie_loco_prediction!r} has dimensions {tuple(map(str, loco.dims))}, "
+                         "expected (contigs, samples, outcomes)")
+    n_contig = len(np.unique(contigs))
+    if n_contig != loco.shape[0]:
+        raise InputError(f"{op}: The number of contigs provided ({n_contig}) does not match number of contigs in "
+                         f"LOCO predictions ({loco.shape[0]}, {regenie_loco_prediction!r})")
+    backend = backend_of(g.data)
+    X = _columns(ds, covariates, "covariate", op, "cpu")
+    if add_intercept:
+        X = da.concatenate([da.ones((X.shape[0], 1), dtype=X.dtype, chunks=-1), X], axis=1)
+    dof = X.shape[0] - X.shape[1] - 1
+    if dof < 1:
+        raise InputError(f"{op}: too few samples for the regression's statistics: the samples ({X.shape[0]}) must "
+                         f"outnumber the covariates, intercept included ({X.shape[1]}), by at least two")
+    Q = X.rechunk((-1, -1)).map_blocks(_qr_on_host, dtype=X.dtype, meta=meta("cpu", X.dtype, 2))
+    Y = _columns(ds, traits, "trait", op, "cpu")
+    if Y.shape[1] != loco.shape[2] or loco.shape[1] != Y.shape[0]:
+        raise InputError(f"{op}: {regenie_loco_prediction!r} has shape {loco.shape}, expected (contigs, {Y.shape[0]}, "
+                         f"{Y.shape[1]}) for the traits")
+    Y = Y - Y.mean(axis=0)
+    Y = Y - Q @ (Q.T @ Y)
+    Y = Y / da.sqrt(da.sum(Y**2, axis=0) / (Y.shape[0] - Q.shape[1]))[None, :]
+    offsets = to_backend(as_dask(loco), "cpu")  # (contigs, samples, traits): small, to the host with Q
+    gram = (Q.T @ Q).rechunk((-1, -1))
+    linreg, p_value = kernels.get("linreg_block", backend), kernels.get("linreg_p_value", backend)
+    G = as_dask(g).rechunk({1: -1})
+    results = []
+    for contig in range(loco.shape[0]):
+        Yl = (Y - offsets[contig]).rechunk((-1, -1))
+        w = da.concatenate([Q, Yl], axis=1).rechunk((-1, -1))
+        stats = da.blockwise(_linreg, "vtk", linreg, None, G[contigs == contig], "vs", w, "sc", gram, "pq",
+                             (Q.T @ Yl).rechunk((-1, -1)), "pt", (Yl * Yl).sum(axis=0).rechunk(-1), "t", dof, None,
+                             new_axes={"k": 2}, concatenate=True, dtype=np.float64, meta=meta("cpu", np.float64, 3))
+        t = stats[..., 1]
+        p = t.map_blocks(p_value, dof, dtype=np.float64, meta=meta("cpu", np.float64, 2))
+        results.append((stats[..., 0], t, p))
+    dims = ("variants", "traits")
+    new = xr.Dataset({
+        name: (dims, to_backend(da.concatenate([r[i] for r in results], axis=0), backend), {"comment": COMMENTS[name]})
+        for i, name in enumerate(("variant_linreg_beta", "variant_linreg_t_value", "variant_linreg_p_value"))
+    })
+    return _merge(ds, new, merge)
+
+
+def _linreg(kernel, g, w, gram, qyp, yps, dof: int):
+    return kernel(g, w=w, gram=gram, qyp=qyp, yps=yps, dof=dof)
+
+
+__all__ = ["regenie", "regenie_loco_regression"]
