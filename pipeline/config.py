@@ -127,6 +127,13 @@ _LIMIT = _budget, "a size in bytes such as 16GB, or a fraction of the memory abo
 _SHARE = (lambda v: _budget(v, zero=True)), "a size in bytes such as 3GB, or a fraction of the memory from 0 to 1 (0: none)"
 
 LEVELS = ("debug", "info", "warning", "error")
+
+
+def _patch_names() -> set:
+    from . import patches
+
+    return {*patches.PATCHES, *patches.REGISTRATIONS, *patches.ELSEWHERE}
+
 RULES = {  # each setting of pipeline.yaml: (whether a value is valid, what is expected, in words)
     "backend": _one_of("auto", "cpu", "gpu"),
     "cache-dir": _or_null(((lambda v: isinstance(v, str) and v.strip() != ""), "a directory")),
@@ -152,8 +159,8 @@ RULES = {  # each setting of pipeline.yaml: (whether a value is valid, what is e
     "gpu.early-context": _BOOL,
     "gpu.threads": _COUNT,
     "patches": (
-        (lambda v: isinstance(v, bool) or (isinstance(v, list) and all(isinstance(n, str) for n in v))),
-        "true, false, or a list of the names of pipeline.patches.PATCHES and REGISTRATIONS",
+        (lambda v: isinstance(v, bool) or (isinstance(v, list) and all(n in _patch_names() for n in v))),
+        "true, false, or a list of names of pipeline.patches (PATCHES, REGISTRATIONS, ELSEWHERE)",
     ),
 }
 # the sections that hold settings: "cpu", "gpu", "gpu.decode-rates", ...

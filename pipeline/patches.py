@@ -13,6 +13,9 @@ used (dask's ``einsum_lookup``); elsewhere a function is wrapped. Every change h
 - is applied where GPU work begins (:func:`pipeline.kernels.copies.prepare_cupy`), not on import;
 - can be turned off: the setting ``pipeline.patches`` is true (all), false (none) or a list of the
   names in :data:`PATCHES`;
+- lists, in :data:`ELSEWHERE`, the changes other modules make where they are needed (CuPy's
+  compilations, dask's shuffle gathers, NumPy's ``row_stack``, distributed's import), which the
+  same setting governs;
 - checks that its target is the function it was written against (its name and parameters) and
   leaves a different one alone; the versions it was tested with are in :data:`TESTED`
   (tests/test_patches.py checks them on the versions installed).
@@ -375,6 +378,28 @@ PATCHES: dict[str, Patch] = {
 # changes made through a library's extension point rather than by replacing a function
 REGISTRATIONS: dict[str, tuple[Callable[[], None], str]] = {
     "dask-einsum": (_einsum_lookup, "xarray's dot (weighted means) gives cupy.einsum host weights"),
+}
+
+
+# changes made where they are needed, by the modules named, under the same rule and setting
+ELSEWHERE: dict[str, tuple[str, str]] = {
+    "cupy-compile-once": (
+        "pipeline.kernels.launch.share_cupy_compiles",
+        "CuPy compiles a kernel once per thread that asks for it at the same time (no lock): "
+        "7.1 s of compilation in a 3.1 s first run on the GPU machine",
+    ),
+    "numpy-row-stack": (
+        "pipeline.kernels.launch.numba_cuda",
+        "numba-cuda 0.30 overloads np.row_stack, which NumPy 2.5 removed: its first compilation fails",
+    ),
+    "dask-shuffle-getitem": (
+        "pipeline.kernels.copies.register_with_dask",
+        "dask's shuffle gathers CuPy blocks by CuPy's gather kernel, compiled per dtype on a fresh machine",
+    ),
+    "distributed-shuffle-import": (
+        "pipeline.exec.compute.distributed_not_imported",
+        "dask imports all of distributed (0.65-1.0 s) to look for its tasks in a graph that cannot hold any",
+    ),
 }
 
 

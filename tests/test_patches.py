@@ -197,12 +197,31 @@ def test_the_setting_chooses_which_are_made(monkeypatch):
     with dask.config.set({"pipeline.patches": ["xarray-push"]}):
         assert [n for n in patches.PATCHES if patches.enabled(n)] == ["xarray-push"]
         config.check()
-    with dask.config.set({"pipeline.patches": "yes"}):
-        with pytest.raises(InputError, match="patches"):
-            config.check()
+    for bad in ("yes", ["xarray-psuh"]):
+        with dask.config.set({"pipeline.patches": bad}):
+            with pytest.raises(InputError, match="patches"):
+                config.check()
 
 
-def test_nothing_is_changed_without_cupy():
-    if patches._cupy() is not None:
-        pytest.skip("CuPy is imported")
-    assert patches.apply() == []
+def test_the_setting_governs_the_changes_made_elsewhere():
+    """distributed's import, kept out of graphs that cannot need it, is let in when turned off (in
+    a fresh process: this one has imported distributed)."""
+    import subprocess
+    import sys
+
+    script = """
+import sys, dask
+from pipeline import patches
+from pipeline.exec.compute import distributed_not_imported
+name = "distributed.shuffle._core"
+assert "distributed" not in sys.modules
+with distributed_not_imported():
+    assert sys.modules[name] is None
+assert name not in sys.modules
+with dask.config.set({"pipeline.patches": [n for n in patches.ELSEWHERE if n != "distributed-shuffle-import"]}):
+    with distributed_not_imported():
+        assert name not in sys.modules
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -254,7 +254,13 @@ def register_with_dask() -> bool:
     # with no dispatch to register with; replaced where it is the one this was written against
     from dask.array import _shuffle
 
-    if getattr(_shuffle, "_getitem", None) is not None and _shuffle._getitem.__code__.co_varnames[:2] == ("obj", "index"):
+    from .. import patches
+
+    if (
+        patches.enabled("dask-shuffle-getitem")
+        and getattr(_shuffle, "_getitem", None) is not None
+        and _shuffle._getitem.__code__.co_varnames[:2] == ("obj", "index")
+    ):
         _shuffle._getitem = shuffle_getitem
     return True
 
