@@ -347,3 +347,44 @@ def test_gpu_regenie_loco_regression_as_sgkits():
         assert B.backend_of(out[name].data) == "gpu", name
         np.testing.assert_allclose(B.to_numpy(out[name].data), REF[f"loco_True_{name}"], rtol=1e-10, atol=1e-13,
                                    err_msg=name)
+
+
+# --- genee ---------------------------------------------------------------------------------------
+
+
+def genee_dataset() -> xr.Dataset:
+    return xr.Dataset({"beta": ("variants", REF["genee_beta"]), "window_start": ("windows", REF["genee_window_start"]),
+                       "window_stop": ("windows", REF["genee_window_stop"])})
+
+
+@pytest.mark.parametrize("ld_chunks", [None, 40])
+def test_genee_as_sgkits(ld_chunks):
+    pytest.importorskip("sklearn")
+    ld = REF["genee_ld"] if ld_chunks is None else da.from_array(REF["genee_ld"], chunks=ld_chunks)
+    df = sg.genee(genee_dataset(), ld)
+    assert list(df.columns) == ["test_q", "q_var", "pval"]
+    df = df.compute()
+    np.testing.assert_array_equal(df.index.values, REF["genee_index"])
+    for c in df.columns:
+        assert df[c].dtype == np.float32
+        np.testing.assert_allclose(df[c].values, REF[f"genee_{c}"], rtol=1e-6, err_msg=c)  # float32, as sgkit's
+
+
+def test_genee_bad_input():
+    ds = genee_dataset()
+    with pytest.raises(InputError, match="genee: ld has shape \\(3, 3\\), expected \\(120, 120\\)"):
+        sg.genee(ds, np.eye(3))
+    with pytest.raises(InputError, match="genee: the dataset has no variable 'window_start'"):
+        sg.genee(ds.drop_vars("window_start"), REF["genee_ld"])
+    with pytest.raises(InputError, match="non-empty ranges of the 120 variants"):
+        sg.genee(ds.assign(window_stop=ds.window_stop + 200), REF["genee_ld"])
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_genee_as_sgkits():
+    pytest.importorskip("sklearn")
+    ld = B.to_backend(da.from_array(REF["genee_ld"], chunks=40), "gpu")
+    df = sg.genee(genee_dataset(), ld).compute()
+    for c in df.columns:
+        np.testing.assert_allclose(df[c].values, REF[f"genee_{c}"], rtol=1e-6, err_msg=c)

@@ -382,4 +382,93 @@ def _linreg(kernel, g, w, gram, qyp, yps, dof: int):
     return kernel(g, w=w, gram=gram, qyp=qyp, yps=yps, dof=dof)
 
 
-__all__ = ["regenie", "regenie_loco_regression"]
+def genee(ds: xr.Dataset, ld, *, reg_covar: float = 1e-06):
+    """sgkit's ``genee``: the GENEE gene-level test of each window (``window_start``,
+    ``window_stop``) from the variants' effect sizes ``beta`` and their LD matrix ``ld``
+    (variants, variants; NumPy, CuPy or Dask). Returns a Dask DataFrame of ``test_q``, ``q_var``
+    and ``pval`` (float32), a row a window, as sgkit's.
+
+    As in sgkit, the variance of the null effects comes first, eagerly, from Gaussian mixtures
+    fitted to ``beta`` (scikit-learn's, as sgkit's, with its seed); each window's test is then a
+    small eigenvalue problem of its block of ``ld``, on the host (a block crosses there from the
+    GPU), one task per group of windows."""
+    op = "genee"
+    beta = variable(ds, "beta", ("variants",), "f", op=op)
+    starts = to_numpy(variable(ds, "window_start", ("windows",), "iu", op=op).data).astype(np.int64)
+    stops = to_numpy(variable(ds, "window_stop", ("windows",), "iu", op=op).data).astype(np.int64)
+    n = beta.shape[0]
+    if not hasattr(ld, "shape") or tuple(ld.shape) != (n, n):
+        raise InputError(f"{op}: ld has shape {getattr(ld, 'shape', None)}, expected ({n}, {n}) for the variants of 'beta'")
+    if np.any(starts < 0) or np.any(stops > n) or np.any(stops <= starts):
+        raise InputError(f"{op}: the windows (window_start, window_stop) must be non-empty ranges of the {n} variants")
+    betas = to_numpy(beta.data)[:, None]  # one number a variant, as sgkit reads it
+    epsilon = _genee_em(betas, reg_covar)
+    ld = ld if isinstance(ld, da.Array) else da.from_array(ld, chunks=-1, asarray=False)
+    import dask
+    import dask.dataframe as dd
+    import pandas as pd
+
+    meta_df = pd.DataFrame({c: pd.Series(dtype=np.float32) for c in GENEE_COLUMNS})
+    parts = []
+    for first in range(0, len(starts), GENEE_WINDOWS_A_TASK):
+        s, e = starts[first:first + GENEE_WINDOWS_A_TASK], stops[first:first + GENEE_WINDOWS_A_TASK]
+        lo, hi = int(s.min()), int(e.max())
+        task = dask.delayed(_genee_windows)(ld[lo:hi, lo:hi], betas[lo:hi], s - lo, e - lo, epsilon, first, op)
+        parts.append(task)
+    return dd.from_delayed(parts, meta=meta_df, verify_meta=False)
+
+
+GENEE_COLUMNS = ("test_q", "q_var", "pval")
+GENEE_WINDOWS_A_TASK = 256
+
+
+def _genee_em(betas: np.ndarray, reg_covar: float) -> float:
+    """sgkit's ``genee_EM``: the second largest variance of the best (by BIC) Gaussian mixture of
+    1 to 9 components, or the one variance of a single component."""
+    try:
+        from sklearn.mixture import GaussianMixture
+    except ImportError as e:
+        raise ImportError("genee fits Gaussian mixtures with scikit-learn, which is not installed") from e
+    lowest_bic, best = np.inf, None
+    for n_components in range(1, 10):
+        gmm = GaussianMixture(n_components=n_components, reg_covar=reg_covar, random_state=0).fit(betas)
+        bic = gmm.bic(betas)
+        if bic < lowest_bic:
+            lowest_bic, best = bic, gmm
+    covars = best.covariances_.squeeze()
+    return covars[0] if best.n_components == 1 else np.sort(covars)[::-1][1]
+
+
+def _genee_windows(ld, betas, starts, stops, epsilon: float, first: int, op: str):
+    """sgkit's ``genee_test`` of each window: the sum of squared effects, its variance and its
+    p-value (Hall-Buckley-Eagleson's approximation of a weighted sum of chi-squares, whose weights
+    are the eigenvalues of the window's LD times ``epsilon``)."""
+    import pandas as pd
+    from scipy.stats import gamma
+
+    ld = to_numpy(ld)
+    rows = []
+    for start, stop in zip(starts, stops):
+        x = ld[start:stop, start:stop] * epsilon
+        e_values = _positive_real(np.linalg.eigvals(x))
+        b = betas[start:stop]
+        q = (b.T @ b).item()
+        if q <= 0:
+            raise InputError(f"{op}: window {first + len(rows)} has no effect (its betas are all 0): no test")
+        k1, k2, k3 = e_values.sum(), 2 * (e_values**2).sum(), 8 * (e_values**3).sum()
+        nu = 8 * k2**3 / k3**2
+        p = 1.0 - gamma.cdf((2 * nu / k2) ** 0.5 * (q - k1) + nu, a=nu / 2, scale=2)
+        rows.append((q, np.diag(x @ x).sum(), _positive_real(np.atleast_1d(p)).item()))
+    df = pd.DataFrame(rows, columns=list(GENEE_COLUMNS), index=pd.RangeIndex(first, first + len(rows)))
+    return df.astype(np.float32)
+
+
+def _positive_real(x):
+    """sgkit's ``ensure_positive_real``: real parts (where the imaginary are negligible), and 1e-20
+    for values not above 0."""
+    x = np.real_if_close(x)
+    x[x <= 0.0] = 1e-20
+    return x
+
+
+__all__ = ["genee", "regenie", "regenie_loco_regression"]
