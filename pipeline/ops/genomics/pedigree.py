@@ -855,12 +855,8 @@ def _square(kernel, n: int, chunks, small: list, **kwargs) -> "da.Array":
     grid = da.empty((n, n), chunks=chunks).chunks
     rows, cols = da.arange(n, chunks=(grid[0],)), da.arange(n, chunks=(grid[1],))
     args = [a for x in small for a in (x, "pq")]
-    return da.blockwise(_tile, "ij", *args, rows, "i", cols, "j", kernel=kernel, concatenate=True,
-                        dtype=np.float64, meta=np.empty((0, 0)), **kwargs)
-
-
-def _tile(*args, kernel, **kwargs):
-    return kernel(*args, **kwargs)
+    return da.blockwise(kernel, "ij", *args, rows, "i", cols, "j", concatenate=True, dtype=np.float64,
+                        meta=np.empty((0, 0)), **kwargs)
 
 
 def _one_block(kernel, shape: tuple, *arrays, dtype=np.float64, **kwargs) -> "da.Array":
