@@ -152,6 +152,44 @@ def xr_saturation_vapor_pressure(x, method="sonntag90"):
     return saturation_vapor_pressure(x, method=method)
 
 
+def xr_resample(x, freq, how, q=None, dim="time"):
+    r = x.resample({dim: freq})
+    return r.quantile(q) if how == "quantile" else getattr(r, how)()
+
+
+def xr_groupby(x, group, how, q=None):
+    g = x.groupby(group)
+    return g.quantile(q) if how == "quantile" else getattr(g, how)()
+
+
+def xr_rolling(x, window, how, dim="time", center=False, min_periods=None):
+    return getattr(x.rolling({dim: window}, center=center, min_periods=min_periods), how)()
+
+
+def xr_coarsen(x, factors, how, boundary="exact"):
+    return getattr(x.coarsen(factors, boundary=boundary), how)()
+
+
+def xr_weighted(x, how, q=None, weights="coslat", dims=("lat", "lon")):
+    import numpy as np
+    import xarray as xr
+    if weights is None:
+        w = xr.DataArray(1.0)
+    elif weights == "coslat":
+        w = np.cos(np.deg2rad(x["lat"]))
+    else:
+        w = x[weights]
+    if how == "quantile":
+        return x.chunk({d: -1 for d in ([dims] if isinstance(dims, str) else dims)}).weighted(w).quantile(q, dim=dims)
+    return getattr(x.weighted(w), how)(dim=dims)
+
+
+def xr_reduce(x, dims, how, q=None):
+    if how == "quantile":
+        return x.chunk({d: -1 for d in ([dims] if isinstance(dims, str) else dims)}).quantile(q, dim=dims)
+    return getattr(x, how)(dim=dims)
+
+
 PEERS = {
     "standardized_anomaly": xr_standardized_anomaly,
     "weighted_mean": xr_weighted_mean,
@@ -165,6 +203,12 @@ PEERS = {
     "detrend": xr_detrend,
     "quantile": xr_quantile,
     "saturation_vapor_pressure": xr_saturation_vapor_pressure,
+    "resample": xr_resample,
+    "groupby": xr_groupby,
+    "rolling": xr_rolling,
+    "coarsen": xr_coarsen,
+    "weighted": xr_weighted,
+    "reduce": xr_reduce,
 }
 """Op name -> its plain xarray peer, ``function(DataArray, **params) -> DataArray``."""
 

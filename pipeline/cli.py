@@ -160,7 +160,9 @@ def cmd_ops(args) -> int:
         print(f"{op['name']}  [{', '.join(op['backends'])}]")
         print(f"    {op['description']}")
         per_backend = {b: ", ".join(names) for b, names in op["kernels"].items()}
-        if len(set(per_backend.values())) == 1:
+        if not any(per_backend.values()):
+            print("    kernels: none (runs xarray's own methods)")
+        elif len(set(per_backend.values())) == 1:
             print(f"    kernels: {next(iter(per_backend.values()))}")
         else:
             print("    kernels: " + "; ".join(f"{b}: {names}" for b, names in per_backend.items()))
@@ -470,9 +472,10 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        from . import config
+        from . import config, patches
 
         config.check()  # a misspelt or invalid setting: exit 2 before anything runs
+        patches.check_setting()  # and a change of pipeline.patches' that is not one
         return args.func(args)
     except (InputError, BackendError) as e:
         _err(str(e), exit_status=EXIT_INPUT)

@@ -129,10 +129,14 @@ _SHARE = (lambda v: _budget(v, zero=True)), "a size in bytes such as 3GB, or a f
 LEVELS = ("debug", "info", "warning", "error")
 
 
-def _patch_names() -> set:
-    from . import patches
+def patched(name: str) -> bool:
+    """Whether the setting ``patches`` lets pipeline make change ``name`` to another library
+    (:mod:`pipeline.patches`): true (all), false (none) or a list of names."""
+    setting = get("patches", True)
+    if isinstance(setting, bool):
+        return setting
+    return name in setting
 
-    return {*patches.PATCHES, *patches.REGISTRATIONS, *patches.ELSEWHERE}
 
 RULES = {  # each setting of pipeline.yaml: (whether a value is valid, what is expected, in words)
     "backend": _one_of("auto", "cpu", "gpu"),
@@ -158,9 +162,10 @@ RULES = {  # each setting of pipeline.yaml: (whether a value is valid, what is e
     "gpu.io-threads": _or_null(_COUNT),
     "gpu.early-context": _BOOL,
     "gpu.threads": _COUNT,
+    # the names a list may hold are pipeline.patches' (checked there: patches.check_setting)
     "patches": (
-        (lambda v: isinstance(v, bool) or (isinstance(v, list) and all(n in _patch_names() for n in v))),
-        "true, false, or a list of names of pipeline.patches (PATCHES, REGISTRATIONS, ELSEWHERE)",
+        (lambda v: isinstance(v, bool) or (isinstance(v, list) and all(isinstance(n, str) for n in v))),
+        "true, false, or a list of names of pipeline.patches' changes",
     ),
 }
 # the sections that hold settings: "cpu", "gpu", "gpu.decode-rates", ...

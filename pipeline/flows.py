@@ -39,7 +39,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from . import backend as B
-from . import config
+from . import config, patches
 from . import ops as ops_registry
 from .errors import FlowError, InputError
 from .exec.report import (
@@ -735,6 +735,7 @@ def run_flow(
     from . import config
 
     config.check()  # a misspelt or invalid setting is refused before anything runs
+    patches.check_setting()  # and a change of pipeline.patches' that is not one
     if not isinstance(flow, Flow):
         flow = load_flow(flow)
     if source is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from .ops.genomics import *  # noqa: F401,F403
 from .ops.genomics import __all__ as _ops
 from .ops.genomics import specs as variables
+from .sinks.sgkit import save_dataset
 from .ops.genomics.specs import *  # noqa: F401,F403  (sgkit's DIM_* names)
 
 
@@ -58,10 +59,14 @@ def _open_zarr(store, storage_options, backend, chunks, variables, kwargs):
             ds[name] = ds[name].astype(bool)
     ds = _strings_as_objects(ds)
     target = B.resolve(backend)
+    if target == "gpu":
+        from . import patches
+
+        patches.apply()
     for name, var in ds.data_vars.items():
         if var.dtype.kind in "biuf" and var.chunks is not None:
             ds[name] = var.copy(data=B.to_backend(var.data, target))
     return ds
 
 
-__all__ = [*_ops, *variables.__all__, "load_dataset", "variables"]
+__all__ = [*_ops, *variables.__all__, "load_dataset", "variables", "save_dataset"]

@@ -10,7 +10,7 @@ used (dask's ``einsum_lookup``); elsewhere a function is wrapped. Every change h
 
 - is scoped to CuPy blocks (and Dask arrays of them): with NumPy data each wrapper calls the
   original, unchanged;
-- is applied where GPU work begins (:func:`pipeline.kernels.copies.prepare_cupy`), not on import;
+- is applied where GPU arrays are made (:func:`pipeline.open_dataset`, ``load_dataset``), not on import;
 - can be turned off: the setting ``pipeline.patches`` is true (all), false (none) or a list of the
   names in :data:`PATCHES`;
 - lists, in :data:`ELSEWHERE`, the changes other modules make where they are needed (CuPy's
@@ -215,6 +215,9 @@ def _device_idxminmax(*, array, func, dim, skipna, fill_value, keep_attrs):
     taken = coord[positions.ravel()].reshape(positions.shape)
     res = index.copy(data=taken).rename(dim)
     if missing:
+        if labels.dtype.kind not in "biuf":  # the mask of the cells without a value joins the dates
+            allna = allna.copy(data=allna.data.map_blocks(cp.asnumpy, dtype=bool,
+                                                          meta=np.empty((0,) * allna.ndim, dtype=bool)))
         res = res.where(~allna, fill_value)
     res.attrs = index.attrs
     return res
@@ -403,12 +406,25 @@ ELSEWHERE: dict[str, tuple[str, str]] = {
 }
 
 
-def enabled(name: str) -> bool:
-    """Whether the setting ``pipeline.patches`` lets change ``name`` be made."""
+enabled = config.patched  # whether the setting pipeline.patches lets a change be made
+
+
+def check_setting() -> None:
+    """InputError where the setting ``pipeline.patches`` names a change there is not (with the
+    closest name); called with :func:`pipeline.config.check`."""
+    import difflib
+
     setting = config.get("patches", True)
-    if isinstance(setting, bool):
-        return setting
-    return name in setting
+    known = [*PATCHES, *REGISTRATIONS, *ELSEWHERE]
+    for name in setting if isinstance(setting, list) else ():
+        if name not in known:
+            from .errors import InputError
+
+            close = difflib.get_close_matches(str(name), known, n=1)
+            raise InputError(
+                f"setting pipeline.patches names {name!r}, which is not one of pipeline's changes"
+                + (f"; did you mean {close[0]!r}?" if close else "") + f" (they are: {', '.join(known)})"
+            )
 
 
 def _matches(func, params: tuple[str, ...]) -> bool:

@@ -61,7 +61,9 @@ FINISHING = {"moments_merge", "mean_std"}
 
 def test_every_op_has_its_cases():
     # the Dataset ops (genomics) run their kernels in their own tests (tests/test_genomics_*.py)
-    assert sorted(CASES) == [n for n in pipeline.ops.names() if not pipeline.ops.get(n).dataset]
+    # the generic steps run xarray's own methods: they declare no kernel
+    assert sorted(CASES) == [n for n in pipeline.ops.names()
+                             if not pipeline.ops.get(n).dataset and any(pipeline.ops.get(n).kernels.values())]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -30,7 +30,8 @@ ALLOWED = {
     "gpu": {"backend", "kernels", *FOUNDATION},
     "reduce": {"backend", "kernels", *FOUNDATION},
     "exec": {"backend", "kernels", "gpu", "reduce", *FOUNDATION},
-    "sources": {"backend", "kernels", "gpu", "reduce", "exec", *FOUNDATION},
+    "patches": {"backend", "kernels", *FOUNDATION},  # changes to dask and xarray; device chunk functions
+    "sources": {"backend", "kernels", "gpu", "reduce", "exec", "patches", *FOUNDATION},
     "sinks": {"backend", "exec", "sources", "gpu", *FOUNDATION},  # gpu: nvCOMP compresses convert's frames
     "ops": {"backend", "kernels", "reduce", "exec", *FOUNDATION},
     "demo": {"sinks", *FOUNDATION},

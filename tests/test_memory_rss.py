@@ -108,6 +108,10 @@ def check_output(name: str, src: xr.DataArray, out: Path):
         rows = slice(36, 52)
         ref = _detrend(src.isel(lat=rows).load()).quantile(0.9, "time")
         np.testing.assert_allclose(only.isel(lat=rows).values, ref.values, rtol=1e-5)
+    elif name == "seasonal_extremes":
+        np.testing.assert_allclose(got["seasonal_std"].isel(lat=slice(40, 43)).values,
+                                   x.groupby("time.season").std().values, rtol=1e-4)
+        np.testing.assert_allclose(got["yearly_max"].isel(lat=slice(40, 43)).values, x.resample(time="YS").max().values)
     else:
         pytest.fail(f"no reference for the flow {name}: add one here")
 

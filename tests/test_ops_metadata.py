@@ -40,6 +40,13 @@ SAMPLE = {
     "saturation_vapor_pressure": {},
     "standardized_anomaly": {},
     "weighted_mean": {},
+    # the generic steps (xarray's reductions by name)
+    "resample": {"freq": "YS", "how": "mean"},
+    "groupby": {"group": "time.month", "how": "mean"},
+    "rolling": {"window": 5, "how": "mean"},
+    "coarsen": {"factors": {"lat": 2}, "how": "mean", "boundary": "trim"},
+    "weighted": {"how": "mean"},
+    "reduce": {"dims": "time", "how": "mean"},
 }
 
 # CF standard names a result may carry: the input's, or a count or spell of days above a threshold

@@ -194,13 +194,29 @@ def test_the_setting_chooses_which_are_made(monkeypatch):
     with dask.config.set({"pipeline.patches": False}):
         assert not any(patches.enabled(n) for n in patches.PATCHES)
         config.check()
+        patches.check_setting()
     with dask.config.set({"pipeline.patches": ["xarray-push"]}):
         assert [n for n in patches.PATCHES if patches.enabled(n)] == ["xarray-push"]
         config.check()
-    for bad in ("yes", ["xarray-psuh"]):
-        with dask.config.set({"pipeline.patches": bad}):
-            with pytest.raises(InputError, match="patches"):
-                config.check()
+        patches.check_setting()
+    with dask.config.set({"pipeline.patches": "yes"}):
+        with pytest.raises(InputError, match="patches"):
+            config.check()
+    with dask.config.set({"pipeline.patches": ["xarray-psuh"]}):
+        with pytest.raises(InputError, match="did you mean 'xarray-push'"):
+            patches.check_setting()
+
+
+def test_the_cli_refuses_a_change_that_is_not_one(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DASK_PIPELINE__PATCHES": '["dask-elemwsie"]'}
+    out = subprocess.run([sys.executable, "-m", "pipeline", "ops"], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=120)
+    assert out.returncode == 2
+    assert "pipeline.patches" in out.stderr and "'dask-elemwsie'" in out.stderr and "dask-elemwise" in out.stderr
 
 
 def test_the_setting_governs_the_changes_made_elsewhere():

@@ -351,6 +351,13 @@ FLOAT16 = {
     "count_above": ({"threshold": 283.0, "freq": "MS"}, lambda r: (r > 283.0).resample(time="MS").sum()),
     "max_spell_length": ({"threshold": 283.0, "freq": "MS"}, _xclim_longest_run),
     "saturation_vapor_pressure": ({}, _xclim_esat),
+    # the generic steps (xarray's reductions by name)
+    "resample": ({"freq": "MS", "how": "mean"}, lambda r: r.resample(time="MS").mean()),
+    "groupby": ({"group": "time.month", "how": "mean"}, lambda r: r.groupby("time.month").mean()),
+    "rolling": ({"window": 3, "how": "mean"}, lambda r: r.rolling(time=3).mean()),
+    "coarsen": ({"factors": {"time": 7}, "how": "mean"}, lambda r: r.coarsen(time=7).mean()),
+    "weighted": ({"how": "mean"}, lambda r: r.weighted(np.cos(np.deg2rad(r.lat))).mean(("lat", "lon"))),
+    "reduce": ({"dims": "time", "how": "mean"}, lambda r: r.mean("time")),
 }
 ARRAY_OPS = sorted(op.name for op in pipeline.ops.all_ops() if not op.dataset)
 

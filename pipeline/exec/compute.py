@@ -105,10 +105,8 @@ def distributed_not_imported():
     once distributed is imported; until then dask's own fallback (the module missing) is exact, so
     the module is marked missing (``None`` in ``sys.modules``) for the duration and unmarked after.
     """
-    from .. import patches
-
     name = "distributed.shuffle._core"
-    if "distributed" in sys.modules or not patches.enabled("distributed-shuffle-import"):
+    if "distributed" in sys.modules or not config.patched("distributed-shuffle-import"):
         yield
         return
     sys.modules[name] = None

@@ -218,12 +218,9 @@ def prepare_cupy() -> None:
     """Where GPU work begins (a source opened on the GPU, a computation on threads once CuPy is
     imported, a GPU kernel looked up): CuPy's compilations shared between threads
     (``launch.share_cupy_compiles``), and dask's joins and gathers of CuPy blocks by these
-    functions, and :mod:`pipeline.patches`."""
-    from .. import patches
-
+    functions."""
     launch.share_cupy_compiles()
     register_with_dask()
-    patches.apply()  # xarray's own methods on Dask arrays of CuPy blocks
 
 
 @launch.once
@@ -254,10 +251,10 @@ def register_with_dask() -> bool:
     # with no dispatch to register with; replaced where it is the one this was written against
     from dask.array import _shuffle
 
-    from .. import patches
+    from .. import config
 
     if (
-        patches.enabled("dask-shuffle-getitem")
+        config.patched("dask-shuffle-getitem")
         and getattr(_shuffle, "_getitem", None) is not None
         and _shuffle._getitem.__code__.co_varnames[:2] == ("obj", "index")
     ):

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import config
+
 log = logging.getLogger(__name__)
 
 THREADS = 256  # threads per block of the one-thread-per-point kernels and of the streaming kernels
@@ -200,13 +202,11 @@ def share_cupy_compiles() -> bool:
     CuPy's cache. Wraps ``cupy.cuda.compiler._compile_with_cache_cuda``, the one function through
     which CuPy (13 and 14) compiles CUDA code. Installed where GPU work begins: a source opened on
     the GPU, a computation on threads once CuPy is imported, pipeline's own CuPy kernels."""
-    from .. import patches
-
     try:
         from cupy.cuda import compiler
     except ImportError:
         return False
-    if not patches.enabled("cupy-compile-once"):
+    if not config.patched("cupy-compile-once"):
         return False
     return share_compiles(compiler, "_compile_with_cache_cuda")
 
@@ -491,9 +491,7 @@ def numba_cuda():
     # numba-cuda 0.30 registers an overload for np.row_stack when it first compiles a kernel; NumPy
     # 2.5 removed that alias (deprecated since 2.0), and the compile then fails with AttributeError.
     # Restoring the alias, which NumPy defined as vstack, lets those versions work together.
-    from .. import patches
-
-    if not hasattr(np, "row_stack") and patches.enabled("numpy-row-stack"):
+    if not hasattr(np, "row_stack") and config.patched("numpy-row-stack"):
         np.row_stack = np.vstack
     return _numba_cuda()
 

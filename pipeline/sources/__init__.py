@@ -19,6 +19,7 @@ import numpy as np
 import xarray as xr
 
 from .. import backend as B
+from .. import patches
 from ..deferred import module as _deferred
 from ..errors import InputError
 from ..reduce.declare import declare
@@ -125,6 +126,7 @@ def open_dataset(
         from ..kernels.copies import prepare_cupy
 
         prepare_cupy()  # CuPy's kernels compiled once, not by every thread at once; blocks joined by copies
+        patches.apply()  # xarray's own methods on these arrays (pipeline/patches.py)
     local = not is_url(path)
     kind = name if local else "url"
     raw = _open(fmt, path, kind, name, decode_cf=False)  # metadata: storage types and attributes
