@@ -197,6 +197,25 @@ def _endelman_jannink_terms(d_i, d_j, af, w_mean_i, w_mean_j, *, ploidy: int):
     return xp.stack([x_i.T @ x_j, (x_i**2).T @ (x_j**2)], axis=-1)
 
 
+def _deviation_sums(d, af, *, ploidy: int):
+    """A block's sums over variants of the dosages' deviations from the ancestral dosage, and the
+    counts of those known, per sample (1, samples, 2)."""
+    xp = xp_of(d)
+    w = d.astype(F8) - (af * ploidy)[:, None]
+    known = ~xp.isnan(w)
+    return xp.stack([xp.where(known, w, 0.0).sum(axis=0), known.sum(axis=0).astype(F8)], axis=-1)[None]
+
+
+def _sample_means(dosage, af, ploidy: int):
+    """sgkit's ``W_mean``: each sample's mean deviation from the ancestral dosage over the variants
+    where its dosage is known, from the blocks' sums (on the dosages' backend)."""
+    parts = da.blockwise(_deviation_sums, "kso", dosage, "ks", af.rechunk((dosage.chunks[0],)), "k", ploidy=ploidy,
+                         new_axes={"o": 2}, adjust_chunks={"k": 1}, dtype=F8,
+                         meta=backend_meta(backend_of(dosage), F8, 3))
+    sums = parts.sum(axis=0)
+    return sums[:, 0] / sums[:, 1]
+
+
 def genomic_relationship(
     ds: xr.Dataset,
     *,
@@ -239,13 +258,13 @@ def genomic_relationship(
         if skipna:
             raise NotImplementedInputError(f"{name}: skipna is not implemented for the 'Endelman-Jannink' estimator")
         m = dosage.shape[0]
-        w_mean = da.nanmean(dosage.astype(F8) - (af * ploidy)[:, None], axis=0)
+        w_mean = _sample_means(dosage, af, ploidy)
         S, gamma = (s / m for s in _pair_sums(_bind(_endelman_jannink_terms, ploidy=ploidy), 2, dosage, (af,),
                                                (w_mean,)))
         t = da.diagonal(S).mean()
-        delta = ((gamma - S**2).sum() / m) / (S.map_blocks(_on_diagonal, t, sign=-1.0, dtype=F8) ** 2).sum()
+        delta = ((gamma - S**2).sum() / m) / (S.map_blocks(_on_diagonal, t, sign=-1.0, dtype=F8, meta=S._meta) ** 2).sum()
         delta = da.minimum(da.maximum(delta, 0.0), 1.0)
-        cov = ((1 - delta) * S).map_blocks(_on_diagonal, delta * t, sign=1.0, dtype=F8)
+        cov = ((1 - delta) * S).map_blocks(_on_diagonal, delta * t, sign=1.0, dtype=F8, meta=S._meta)
         G = (cov + w_mean[:, None] * w_mean[None, :]) / (ploidy * (af * (1 - af)).mean())
     return _merge(ds, _new("stat_genomic_relationship", G.astype(out_dtype)), merge)
 
