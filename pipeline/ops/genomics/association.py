@@ -264,7 +264,8 @@ def regenie(ds: xr.Dataset, *, dosage: str, covariates: Hashable | Sequence[Hash
         raise InputError(f"{op}: unexpected arguments {', '.join(map(repr, kwargs))}")
     g = variable(ds, dosage, kind="iuf", op=op)
     if g.ndim != 2 or g.dims[0] != "variants":
-        raise InputError(f"{op}: variable {dosage!r} has dimensions {tuple(map(str, g.dims))}, expected (variants, samples)")
+        raise InputError(f"{op}: variable {dosage!r} has dimensions {tuple(map(str, g.dims))}, "
+                         "expected (variants, samples)")
     contig_var = variable(ds, variant_contig, ("variants",), "iu", op=op)
     backend = backend_of(g.data)
     G = as_dask(g).T
@@ -272,7 +273,8 @@ def regenie(ds: xr.Dataset, *, dosage: str, covariates: Hashable | Sequence[Hash
     Y = _columns(ds, traits, "trait", op, backend)
     n_sample, n_variant = G.shape
     if not G.shape[0] == X.shape[0] == Y.shape[0]:
-        raise InputError(f"{op}: the dosage, covariates and traits differ in samples: {G.shape[0]}, {X.shape[0]}, {Y.shape[0]}")
+        raise InputError(f"{op}: the dosage, covariates and traits differ in samples: "
+                         f"{G.shape[0]}, {X.shape[0]}, {Y.shape[0]}")
     alphas = tuple(float(a) for a in alphas) if alphas is not None else None
     if variant_block_size is None:
         variant_block_size = min(1000, n_variant // 2)
@@ -297,7 +299,8 @@ def regenie(ds: xr.Dataset, *, dosage: str, covariates: Hashable | Sequence[Hash
         X = X.rechunk(chunks=(sample_block_size, -1))
         Y = Y.rechunk(chunks=(sample_block_size, -1))
     except ValueError as e:
-        raise InputError(f"{op}: sample_block_size {sample_block_size!r} does not fit {n_sample} samples ({e})") from None
+        raise InputError(
+            f"{op}: sample_block_size {sample_block_size!r} does not fit {n_sample} samples ({e})") from None
     YP1 = _stage_1(G, X, Y, alphas)
     B2, YP2 = _stage_2(YP1, X, Y, alphas)
     YP3 = _stage_3(B2, YP1, X, Y, contigs, starts)
@@ -330,7 +333,8 @@ def regenie_loco_regression(ds: xr.Dataset, *, dosage: Hashable, covariates: Has
     op = "regenie_loco_regression"
     g = variable(ds, dosage, kind="iuf", op=op)
     if g.ndim != 2:
-        raise InputError(f"{op}: variable {dosage!r} has dimensions {tuple(map(str, g.dims))}, expected (variants, samples)")
+        raise InputError(f"{op}: variable {dosage!r} has dimensions {tuple(map(str, g.dims))}, "
+                         "expected (variants, samples)")
     contigs = to_numpy(variable(ds, variant_contig, ("variants",), "iu", op=op).data)
     loco = variable(ds, regenie_loco_prediction, kind="f", op=op)
     if loco.ndim != 3:
@@ -398,7 +402,8 @@ def genee(ds: xr.Dataset, ld, *, reg_covar: float = 1e-06):
     stops = to_numpy(variable(ds, "window_stop", ("windows",), "iu", op=op).data).astype(np.int64)
     n = beta.shape[0]
     if not hasattr(ld, "shape") or tuple(ld.shape) != (n, n):
-        raise InputError(f"{op}: ld has shape {getattr(ld, 'shape', None)}, expected ({n}, {n}) for the variants of 'beta'")
+        raise InputError(
+            f"{op}: ld has shape {getattr(ld, 'shape', None)}, expected ({n}, {n}) for the variants of 'beta'")
     if np.any(starts < 0) or np.any(stops > n) or np.any(stops <= starts):
         raise InputError(f"{op}: the windows (window_start, window_stop) must be non-empty ranges of the {n} variants")
     betas = to_numpy(beta.data)[:, None]  # one number a variant, as sgkit reads it

@@ -264,7 +264,8 @@ def _kernels() -> dict:
         return num / denom
 
     @jit
-    def _hamilton_kerr_inbreeding_non_founder(tau_p, lambda_p, ploidy_p, kinship_pp, tau_q, lambda_q, ploidy_q, kinship_qq, kinship_pq):
+    def _hamilton_kerr_inbreeding_non_founder(tau_p, lambda_p, ploidy_p, kinship_pp, tau_q, lambda_q, ploidy_q,
+                                              kinship_qq, kinship_pq):
         pat = tau_p * (tau_p - 1.0) * (lambda_p + (1.0 - lambda_p) * ((ploidy_p * kinship_pp - 1.0) / (ploidy_p - 1.0)))
         mat = tau_q * (tau_q - 1.0) * (lambda_q + (1.0 - lambda_q) * ((ploidy_q * kinship_qq - 1.0) / (ploidy_q - 1.0)))
         num = pat + mat + 2.0 * tau_p * tau_q * kinship_pq
@@ -277,7 +278,9 @@ def _kernels() -> dict:
         inbreeding_q = _hamilton_kerr_inbreeding_founder(lambda_q, lambda_q, ploidy_q)
         kinship_qq = _inbreeding_as_self_kinship(inbreeding_q, ploidy_q)
         kinship_pq = 0.0
-        return _hamilton_kerr_inbreeding_non_founder(tau_p=tau_p, lambda_p=lambda_p, ploidy_p=ploidy_p, kinship_pp=kinship_pp, tau_q=tau_q, lambda_q=lambda_q, ploidy_q=ploidy_q, kinship_qq=kinship_qq, kinship_pq=kinship_pq)
+        return _hamilton_kerr_inbreeding_non_founder(tau_p=tau_p, lambda_p=lambda_p, ploidy_p=ploidy_p,
+                                                     kinship_pp=kinship_pp, tau_q=tau_q, lambda_q=lambda_q,
+                                                     ploidy_q=ploidy_q, kinship_qq=kinship_qq, kinship_pq=kinship_pq)
 
     @jit
     def _insert_hamilton_kerr_self_kinship(kinship, parent, tau, lambda_, i):
@@ -293,11 +296,19 @@ def _kernels() -> dict:
         if p < 0 and q < 0:
             inbreeding_i = _hamilton_kerr_inbreeding_founder(lambda_p=lambda_p, lambda_q=lambda_q, ploidy_i=ploidy_i)
         elif p < 0 and tau_p > 0:
-            inbreeding_i = _hamilton_kerr_inbreeding_half_founder(tau_p=tau_q, lambda_p=lambda_q, ploidy_p=ploidy_q, kinship_pp=kinship[q, q], tau_q=tau_p, lambda_q=lambda_p)
+            inbreeding_i = _hamilton_kerr_inbreeding_half_founder(tau_p=tau_q, lambda_p=lambda_q, ploidy_p=ploidy_q,
+                                                                  kinship_pp=kinship[q, q], tau_q=tau_p,
+                                                                  lambda_q=lambda_p)
         elif q < 0 and tau_q > 0:
-            inbreeding_i = _hamilton_kerr_inbreeding_half_founder(tau_p=tau_p, lambda_p=lambda_p, ploidy_p=ploidy_p, kinship_pp=kinship[p, p], tau_q=tau_q, lambda_q=lambda_q)
+            inbreeding_i = _hamilton_kerr_inbreeding_half_founder(tau_p=tau_p, lambda_p=lambda_p, ploidy_p=ploidy_p,
+                                                                  kinship_pp=kinship[p, p], tau_q=tau_q,
+                                                                  lambda_q=lambda_q)
         else:
-            inbreeding_i = _hamilton_kerr_inbreeding_non_founder(tau_p=tau_p, lambda_p=lambda_p, ploidy_p=ploidy_p, kinship_pp=kinship[p, p] if p >= 0 else 0, tau_q=tau_q, lambda_q=lambda_q, ploidy_q=ploidy_q, kinship_qq=kinship[q, q] if q >= 0 else 0, kinship_pq=kinship[p, q] if p >= 0 and q >= 0 else 0)
+            inbreeding_i = _hamilton_kerr_inbreeding_non_founder(tau_p=tau_p, lambda_p=lambda_p, ploidy_p=ploidy_p,
+                                                                 kinship_pp=kinship[p, p] if p >= 0 else 0, tau_q=tau_q,
+                                                                 lambda_q=lambda_q, ploidy_q=ploidy_q,
+                                                                 kinship_qq=kinship[q, q] if q >= 0 else 0,
+                                                                 kinship_pq=kinship[p, q] if p >= 0 and q >= 0 else 0)
         kinship[i, i] = _inbreeding_as_self_kinship(inbreeding_i, ploidy_i)
 
     @jit
@@ -378,7 +389,8 @@ def _kernels() -> dict:
     def kinship_Hamilton_Kerr(parent, tau, lambda_, allow_half_founders=False, dtype=np.float64):
         n = len(parent)
         out = np.zeros((n, n), dtype=dtype)
-        _kinship_hamilton_kerr(parent=parent, tau=tau, lambda_=lambda_, out=out, allow_half_founders=allow_half_founders)
+        _kinship_hamilton_kerr(parent=parent, tau=tau, lambda_=lambda_, out=out,
+                               allow_half_founders=allow_half_founders)
         return out
 
     @jit
@@ -476,7 +488,8 @@ def _kernels() -> dict:
                     stack[idx, 0] = i
                     stack[idx, 1] = q
                 if dependencies:
-                    kinship[i, j] = _hamilton_kerr_pair_kinship(tau_p=tau[j, 0], tau_q=tau[j, 1], kinship_pj=kinship_ip, kinship_qj=kinship_iq)
+                    kinship[i, j] = _hamilton_kerr_pair_kinship(tau_p=tau[j, 0], tau_q=tau[j, 1], kinship_pj=kinship_ip,
+                                                                kinship_qj=kinship_iq)
                     idx += 1
                 else:
                     pass
@@ -484,7 +497,8 @@ def _kernels() -> dict:
                 p = parent[i, 0]
                 q = parent[i, 1]
                 if p < 0 and q < 0:
-                    inbreeding_i = _hamilton_kerr_inbreeding_founder(lambda_p=lambda_[i, 0], lambda_q=lambda_[i, 1], ploidy_i=ploidy[i])
+                    inbreeding_i = _hamilton_kerr_inbreeding_founder(lambda_p=lambda_[i, 0], lambda_q=lambda_[i, 1],
+                                                                     ploidy_i=ploidy[i])
                     kinship[i, i] = _inbreeding_as_self_kinship(inbreeding_i, ploidy[i])
                     idx += 1
                 else:
@@ -505,11 +519,18 @@ def _kernels() -> dict:
                         stack[idx, 1] = q
                     if dependencies:
                         if q < 0 and tau[i, 1] > 0:
-                            inbreeding_i = _hamilton_kerr_inbreeding_half_founder(tau_p=tau[i, 0], lambda_p=lambda_[i, 0], ploidy_p=ploidy[p], kinship_pp=kinship_pp, tau_q=tau[i, 1], lambda_q=lambda_[i, 1])
+                            inbreeding_i = _hamilton_kerr_inbreeding_half_founder(
+                                tau_p=tau[i, 0], lambda_p=lambda_[i, 0], ploidy_p=ploidy[p], kinship_pp=kinship_pp,
+                                tau_q=tau[i, 1], lambda_q=lambda_[i, 1])
                         elif p < 0 and tau[i, 0] > 0:
-                            inbreeding_i = _hamilton_kerr_inbreeding_half_founder(tau_p=tau[i, 1], lambda_p=lambda_[i, 1], ploidy_p=ploidy[q], kinship_pp=kinship_qq, tau_q=tau[i, 0], lambda_q=lambda_[i, 0])
+                            inbreeding_i = _hamilton_kerr_inbreeding_half_founder(
+                                tau_p=tau[i, 1], lambda_p=lambda_[i, 1], ploidy_p=ploidy[q], kinship_pp=kinship_qq,
+                                tau_q=tau[i, 0], lambda_q=lambda_[i, 0])
                         else:
-                            inbreeding_i = _hamilton_kerr_inbreeding_non_founder(tau_p=tau[i, 0], lambda_p=lambda_[i, 0], ploidy_p=ploidy[p], kinship_pp=kinship_pp, tau_q=tau[i, 1], lambda_q=lambda_[i, 1], ploidy_q=ploidy[q], kinship_qq=kinship_qq, kinship_pq=kinship[pq_key])
+                            inbreeding_i = _hamilton_kerr_inbreeding_non_founder(
+                                tau_p=tau[i, 0], lambda_p=lambda_[i, 0], ploidy_p=ploidy[p], kinship_pp=kinship_pp,
+                                tau_q=tau[i, 1], lambda_q=lambda_[i, 1], ploidy_q=ploidy[q], kinship_qq=kinship_qq,
+                                kinship_pq=kinship[pq_key])
                         kinship[i, i] = _inbreeding_as_self_kinship(inbreeding_i, ploidy[i])
                         idx += 1
                     else:
@@ -520,16 +541,25 @@ def _kernels() -> dict:
             p = parent[i, 0]
             q = parent[i, 1]
             if p < 0 and q < 0:
-                inbreeding[i] = _hamilton_kerr_inbreeding_founder(lambda_p=lambda_[i, 0], lambda_q=lambda_[i, 1], ploidy_i=ploidy[i])
+                inbreeding[i] = _hamilton_kerr_inbreeding_founder(lambda_p=lambda_[i, 0], lambda_q=lambda_[i, 1],
+                                                                  ploidy_i=ploidy[i])
             elif q < 0 and tau[i, 1] > 0:
-                inbreeding[i] = _hamilton_kerr_inbreeding_half_founder(tau_p=tau[i, 0], lambda_p=lambda_[i, 0], ploidy_p=ploidy[p], kinship_pp=kinship[p, p], tau_q=tau[i, 1], lambda_q=lambda_[i, 1])
+                inbreeding[i] = _hamilton_kerr_inbreeding_half_founder(
+                    tau_p=tau[i, 0], lambda_p=lambda_[i, 0], ploidy_p=ploidy[p], kinship_pp=kinship[p, p],
+                    tau_q=tau[i, 1], lambda_q=lambda_[i, 1])
             elif p < 0 and tau[i, 0] > 0:
-                inbreeding[i] = _hamilton_kerr_inbreeding_half_founder(tau_p=tau[i, 1], lambda_p=lambda_[i, 1], ploidy_p=ploidy[q], kinship_pp=kinship[q, q], tau_q=tau[i, 0], lambda_q=lambda_[i, 0])
+                inbreeding[i] = _hamilton_kerr_inbreeding_half_founder(
+                    tau_p=tau[i, 1], lambda_p=lambda_[i, 1], ploidy_p=ploidy[q], kinship_pp=kinship[q, q],
+                    tau_q=tau[i, 0], lambda_q=lambda_[i, 0])
             else:
                 pq_key = _position_sort_pair(parent[i, 0], parent[i, 1], position)
                 kinship_pq = kinship[pq_key]
                 parent_kinship[i] = kinship_pq
-                inbreeding[i] = _hamilton_kerr_inbreeding_non_founder(tau_p=tau[i, 0], lambda_p=lambda_[i, 0], ploidy_p=ploidy[p], kinship_pp=kinship[p, p], tau_q=tau[i, 1], lambda_q=lambda_[i, 1], ploidy_q=ploidy[q], kinship_qq=kinship[q, q], kinship_pq=kinship_pq)
+                inbreeding[i] = _hamilton_kerr_inbreeding_non_founder(tau_p=tau[i, 0], lambda_p=lambda_[i, 0],
+                                                                      ploidy_p=ploidy[p], kinship_pp=kinship[p, p],
+                                                                      tau_q=tau[i, 1], lambda_q=lambda_[i, 1],
+                                                                      ploidy_q=ploidy[q], kinship_qq=kinship[q, q],
+                                                                      kinship_pq=kinship_pq)
         return (inbreeding, parent_kinship)
 
     @jit
@@ -587,7 +617,8 @@ def _kernels() -> dict:
         n = len(parent)
         mtx = np.zeros((n, n))
         for i in order:
-            _update_inverse_kinship(mtx, parent, self_kinship, parent_kinship, i, tau=tau, return_relationship=return_relationship)
+            _update_inverse_kinship(mtx, parent, self_kinship, parent_kinship, i, tau=tau,
+                                    return_relationship=return_relationship)
         return mtx
 
     @jit
@@ -877,7 +908,8 @@ def parent_indices(ds: xr.Dataset, *, sample_id: Hashable = "sample_id", parent_
     ids = to_numpy(variable(ds, sample_id, op=op).data)
     parents = variable(ds, parent_id, op=op)
     if parents.ndim != 2:
-        raise InputError(f"{op}: variable {parent_id!r} has dimensions {tuple(map(str, parents.dims))}, expected (samples, parents)")
+        raise InputError(f"{op}: variable {parent_id!r} has dimensions {tuple(map(str, parents.dims))}, "
+                         "expected (samples, parents)")
     parents = to_numpy(parents.data)
     indices = {s: i for i, s in enumerate(ids)}
     if missing in indices:
@@ -888,7 +920,8 @@ def parent_indices(ds: xr.Dataset, *, sample_id: Hashable = "sample_id", parent_
         try:
             out[i, j] = indices[p]
         except KeyError:
-            raise UnknownParentError(f"{op}: Parent identifier '{p}' (of {parent_id!r}) is not a known sample identifier") from None
+            raise UnknownParentError(
+                f"{op}: Parent identifier '{p}' (of {parent_id!r}) is not a known sample identifier") from None
     return _merge(ds, _new({"parent": (("samples", "parents"), out)}), merge)
 
 
@@ -912,7 +945,8 @@ def pedigree_kinship(ds: xr.Dataset, *, method: Literal["diploid", "Hamilton-Ker
                           "'founder_kinship' should equal the number of samples", DeprecationWarning, stacklevel=2)
             index = to_numpy(variable(ds, founder_indices, kind="iu", op=op).data)
             if kinship_.shape != (len(index), len(index)):
-                raise InputError(f"{op}: variables {founder_kinship!r} and {founder_indices!r} have mismatching dimensions")
+                raise InputError(
+                    f"{op}: variables {founder_kinship!r} and {founder_indices!r} have mismatching dimensions")
             if len(index) > n:
                 raise InputError(f"{op}: the number of founders ({len(index)}) exceeds the number of samples ({n})")
             kinship_ = kinship_.map_blocks(_founders_scattered, index=index, n=n, chunks=((n,), (n,)), dtype=np.float64)
@@ -937,7 +971,8 @@ def pedigree_kinship(ds: xr.Dataset, *, method: Literal["diploid", "Hamilton-Ker
             kinship = _one_block(_call(op, "project_kinship_Hamilton_Kerr"), (n, n), kinship_, parent_, tau, lambda_,
                                  allow_half_founders=allow_half_founders)
     elif method == EST_DIPLOID:
-        kinship = _square(_call(op, "kinship_diploid_chunk"), n, chunks, [parent_], allow_half_founders=allow_half_founders)
+        kinship = _square(_call(op, "kinship_diploid_chunk"), n, chunks, [parent_],
+                          allow_half_founders=allow_half_founders)
     else:
         kinship = _square(_call(op, "kinship_Hamilton_Kerr_chunk"), n, chunks, [parent_, tau, lambda_],
                           allow_half_founders=allow_half_founders)
@@ -1008,7 +1043,8 @@ def pedigree_inverse_kinship(ds: xr.Dataset, *, method: Literal["diploid", "Hami
     n = len(parent_)
     inverse = _call(op, "inverse_kinship_Hamilton_Kerr")
     dims = ("samples_0", "samples_1")
-    new = {"stat_pedigree_inverse_kinship": (dims, _one_block(inverse, (n, n), parent_, tau, self_kinship, parent_kinship))}
+    new = {"stat_pedigree_inverse_kinship": (
+        dims, _one_block(inverse, (n, n), parent_, tau, self_kinship, parent_kinship))}
     if return_relationship:
         new["stat_pedigree_inverse_relationship"] = (dims, _one_block(
             inverse, (n, n), parent_, tau, self_kinship, parent_kinship, return_relationship=True))
@@ -1026,9 +1062,11 @@ def pedigree_contribution(ds: xr.Dataset, *, method: Literal["even", "variable"]
     n, n_parent = parent_.shape
     if method == EST_EVEN:
         if ds.sizes.get("ploidy", 2) % 2:
-            raise InputError(f"{op}: the 'even' method requires an even-ploidy dataset, not ploidy {ds.sizes['ploidy']}")
+            raise InputError(
+                f"{op}: the 'even' method requires an even-ploidy dataset, not ploidy {ds.sizes['ploidy']}")
         if n_parent != 2:
-            raise InputError(f"{op}: the 'even' method requires that the 'parents' dimension has a length of 2, not {n_parent}")
+            raise InputError(
+                f"{op}: the 'even' method requires that the 'parents' dimension has a length of 2, not {n_parent}")
         share = da.ones_like(parent_, dtype=np.float64) / 2
     else:
         tau = _host(ds, stat_Hamilton_Kerr_tau, op, "u", 2)
@@ -1065,7 +1103,8 @@ def pedigree_sel(ds: xr.Dataset, *, samples, ancestor_depth: int = 0, descendant
     try:
         chosen = ds.samples.sel({"samples": samples}).values
     except (KeyError, IndexError) as e:
-        raise InputError(f"{op}: samples {list(np.atleast_1d(samples))} are not all in the dataset's samples ({e})") from None
+        raise InputError(
+            f"{op}: samples {list(np.atleast_1d(samples))} are not all in the dataset's samples ({e})") from None
     initial = ds.samples.isin(chosen).values
     keep = initial.copy()
     if ancestor_depth > 0:
@@ -1102,7 +1141,8 @@ def simulate_genedrop(ds: xr.Dataset, *, method: Literal["diploid", "Hamilton-Ke
     ds, parent_ = _with_parent(ds, parent, op)
     gt = variable(ds, call_genotype, kind="i", op=op)
     if gt.ndim != 3:
-        raise InputError(f"{op}: variable {call_genotype!r} has dimensions {tuple(map(str, gt.dims))}, expected (variants, samples, ploidy)")
+        raise InputError(f"{op}: variable {call_genotype!r} has dimensions {tuple(map(str, gt.dims))}, "
+                         "expected (variants, samples, ploidy)")
     data = gt.data if isinstance(gt.data, da.Array) else da.from_array(gt.data, chunks=(-1, -1, -1), asarray=False)
     data = data.rechunk({1: -1, 2: -1})
     if gt.shape[1] != len(parent_):
@@ -1127,7 +1167,8 @@ def simulate_genedrop(ds: xr.Dataset, *, method: Literal["diploid", "Hamilton-Ke
     sim = da.blockwise(_dropped, "vsk", data, "vsk", *small, seeds, "v", kernel=kernel, concatenate=True,
                        dtype=data.dtype, meta=data._meta)
     dims = gt.dims
-    new = _new({"call_genotype": (dims, sim), "call_genotype_mask": (dims, sim < 0), "call_genotype_fill": (dims, sim < -1)})
+    new = _new({"call_genotype": (dims, sim), "call_genotype_mask": (dims, sim < 0),
+                "call_genotype_fill": (dims, sim < -1)})
     return _merge(ds, new.assign_coords(gt.coords), merge)
 
 
