@@ -30,6 +30,18 @@ class LinAlgInputError(InputError, np.linalg.LinAlgError):
     full rank): also a ``LinAlgError``, so code written for sgkit catches it."""
 
 
+class UnknownKeyInputError(InputError, KeyError):
+    """Bad input that sgkit reports as a ``KeyError`` (a pedigree's parent that is no sample's)."""
+
+    def __str__(self) -> str:  # KeyError's would quote the message
+        return str(self.args[0])
+
+
+class MissingLibraryInputError(InputError, RuntimeError):
+    """An optional library a function needs is not installed (graphviz for ``display_pedigree``),
+    which sgkit reports as a ``RuntimeError``."""
+
+
 class FlowError(InputError):
     """A flow file that does not validate: each message names the file and the key."""
 

@@ -24,7 +24,7 @@ import xarray as xr
 
 from ...backend import meta, to_numpy, xp_of
 from ...deferred import module as _deferred
-from ...errors import InputError, NotImplementedInputError
+from ...errors import InputError, MissingLibraryInputError, NotImplementedInputError, UnknownKeyInputError
 from ._dataset import merge as _merge, variable
 
 da = _deferred("dask.array")  # imported when the first graph is built
@@ -53,17 +53,6 @@ COMMENTS = {  # sgkit's documentation of its variables, which it sets as their "
     "call_genotype_fill": "A flag for each allele position within mixed ploidy call genotypes\n"
     "indicating fill (non-allele) values of lower ploidy calls.",
 }
-
-
-class UnknownParentError(InputError, KeyError):
-    """A parent identifier that is no sample's: also a ``KeyError``, as sgkit raises."""
-
-    def __str__(self) -> str:  # KeyError's would quote the message
-        return str(self.args[0])
-
-
-class GraphvizMissingError(InputError, RuntimeError):
-    """``display_pedigree`` without the graphviz library: also a ``RuntimeError``, as sgkit raises."""
 
 
 def _new(variables: dict[str, tuple]) -> xr.Dataset:
@@ -920,7 +909,7 @@ def parent_indices(ds: xr.Dataset, *, sample_id: Hashable = "sample_id", parent_
         try:
             out[i, j] = indices[p]
         except KeyError:
-            raise UnknownParentError(
+            raise UnknownKeyInputError(
                 f"{op}: Parent identifier '{p}' (of {parent_id!r}) is not a known sample identifier") from None
     return _merge(ds, _new({"parent": (("samples", "parents"), out)}), merge)
 
@@ -1187,7 +1176,7 @@ def display_pedigree(ds: xr.Dataset, parent: Hashable = "parent", graph_attrs: d
     try:
         from graphviz import Digraph
     except ImportError:
-        raise GraphvizMissingError(f"{op}: Visualizing pedigrees requires the `graphviz` python library and the "
+        raise MissingLibraryInputError(f"{op}: Visualizing pedigrees requires the `graphviz` python library and the "
                                    "`graphviz` system library to be installed.") from None
     ds, parent_ = _with_parent(ds, parent, op)
     parent_ = to_numpy(parent_)
