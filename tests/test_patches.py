@@ -83,10 +83,17 @@ def test_nanquantile_is_numpys(blocks, method, q, axis):
                                    rtol=tol, atol=tol, equal_nan=True)
 
 
-def test_a_quantile_method_it_lacks_is_refused_by_name(blocks):
-    with pytest.raises(NotImplementedError, match="'hazen'") as e:
-        duck.nanquantile(blocks["float64"], 0.5, 0, method="hazen")
+def test_every_numpy_quantile_method_is_here_and_another_is_refused_by_name(blocks):
+    assert set(duck._METHODS) == _numpy_methods()
+    with pytest.raises(NotImplementedError, match="'hazel'") as e:
+        duck.nanquantile(blocks["float64"], 0.5, 0, method="hazel")
     assert isinstance(e.value, InputError)
+
+
+def _numpy_methods():
+    from numpy.lib import _function_base_impl
+
+    return set(_function_base_impl._QuantileMethods)
 
 
 def test_masked_lstsq_is_xarrays_column_fit():

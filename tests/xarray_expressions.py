@@ -99,6 +99,7 @@ EXPRESSIONS: dict = {
     "quantile": (lambda x, c: x.quantile(0.9, "time"), {}),
     "quantile_nearest": (lambda x, c: x.quantile([0.1, 0.9], "time", method="nearest"), {}),
     "quantile_midpoint_lat": (lambda x, c: x.quantile(0.5, "lat", method="midpoint"), {}),
+    "quantile_hazen": (lambda x, c: x.quantile([0.05, 0.95], "time", method="hazen"), {}),
     "polyfit": (lambda x, c: x.polyfit("time", 1).polyfit_coefficients, {}),
     "polyval": (lambda x, c: xr.polyval(x.lat, x.polyfit("lat", 2).polyfit_coefficients), {}),
     "idxmax_lat": (lambda x, c: x.idxmax("lat"), {}),

@@ -85,19 +85,59 @@ def _running_max(xp, a, axis: int):
     return out
 
 
-# numpy.quantile's methods that a position in the sorted values defines
-_METHODS = ("linear", "lower", "higher", "nearest", "midpoint")
+# numpy.quantile's methods (Hyndman and Fan's nine, and four of NumPy's own): those that take a
+# value of the data (an order statistic), and the (alpha, beta) of those that interpolate
+# between two by H&F's formula for the virtual index
+_ORDER = ("lower", "higher", "nearest", "inverted_cdf", "closest_observation")
+_ALPHA_BETA = {
+    "interpolated_inverted_cdf": (0.0, 1.0), "hazen": (0.5, 0.5), "weibull": (0.0, 0.0),
+    "median_unbiased": (1 / 3, 1 / 3), "normal_unbiased": (3 / 8, 3 / 8),
+}
+_METHODS = ("linear", "midpoint", "averaged_inverted_cdf", *_ORDER, *_ALPHA_BETA)
+
+
+def _virtual_index(xp, n, q, method: str):
+    """NumPy's virtual index of quantile ``q`` among ``n`` sorted values, and the weight of the
+    value after it (``numpy.lib._function_base_impl._QuantileMethods``); None for the methods
+    that take one value."""
+    if method == "linear":
+        v = (n - 1) * q
+        return v, v - xp.floor(v)
+    if method == "midpoint":
+        v = 0.5 * (xp.floor((n - 1) * q) + xp.ceil((n - 1) * q))
+        return v, xp.where(v % 1 == 0, 0.0, 0.5)
+    if method == "averaged_inverted_cdf":
+        v = n * q - 1
+        return v, xp.where(v - xp.floor(v) == 0, 0.5, 1.0)
+    alpha, beta = _ALPHA_BETA[method]
+    v = n * q + (alpha + q * (1 - alpha - beta)) - 1
+    return v, v - xp.floor(v)
+
+
+def _order_index(xp, n, q, method: str):
+    """The index of the value taken by a method of ``_ORDER``."""
+    if method == "lower":
+        return xp.floor((n - 1) * q)
+    if method == "higher":
+        return xp.ceil((n - 1) * q)
+    if method == "nearest":
+        return xp.around((n - 1) * q)  # half to even, as NumPy
+    index = n * q - 1 - (0.5 if method == "closest_observation" else 0.0)
+    below = xp.floor(index)
+    at = index - below == 0
+    if method == "closest_observation":  # H&F: the nearest even order statistic at g = 0
+        at &= below % 2 == 1
+    return xp.maximum(xp.where(at, below, below + 1), 0)
 
 
 def nanquantile(a, q, axis, method: str = "linear", keepdims: bool = False):
-    """``numpy.nanquantile(a, q, axis, method=method, keepdims=keepdims)`` for the methods of
-    ``_METHODS``: the quantile dimension first where ``q`` is a list, NaN where a cell has no
-    value that is not NaN."""
+    """``numpy.nanquantile(a, q, axis, method=method, keepdims=keepdims)``, for every method NumPy
+    has: the quantile dimension first where ``q`` is a list, NaN where a cell has no value that is
+    not NaN."""
     xp = xp_of(a)
     if method not in _METHODS:
         raise NotImplementedInputError(
-            f"quantile method {method!r} is not available for {type(a).__module__.split('.')[0]} arrays "
-            f"(available: {', '.join(_METHODS)})"
+            f"quantile method {method!r} is not one of NumPy's (available: {', '.join(_METHODS)})"
         )
     axes = tuple(sorted(ax % a.ndim for ax in ((axis,) if np.ndim(axis) == 0 else axis)))
     kept = [ax for ax in range(a.ndim) if ax not in axes]
@@ -108,30 +148,32 @@ def nanquantile(a, q, axis, method: str = "linear", keepdims: bool = False):
     qs = xp.asarray(q, dtype=np.float64)
     scalar = qs.ndim == 0
     qs = qs.reshape(-1)
-    position = (count[..., None] - 1) * qs  # the virtual index of numpy's method 7
-    if method == "lower":
-        position = xp.floor(position)
-    elif method == "higher":
-        position = xp.ceil(position)
-    elif method == "nearest":
-        position = xp.around(position)  # half to even, as NumPy
-    below = xp.clip(xp.floor(position), 0, None).astype(np.int64)
-    above = xp.minimum(below + 1, xp.maximum(count[..., None] - 1, 0))
-    low = xp.take_along_axis(ordered, below, axis=-1)
-    high = xp.take_along_axis(ordered, above, axis=-1)
-    # numpy's gamma: the fraction of the way to the next value (midpoint: half, unless on one)
-    t = xp.where(position == below, 0.0, 0.5) if method == "midpoint" else position - below
-    diff = high - low
-    out = xp.where(t >= 0.5, high - diff * (1 - t), low + diff * t)  # numpy's _lerp
+    n = count[..., None].astype(np.float64)
+    last = xp.maximum(n - 1, 0)
+    if method in _ORDER:
+        index = xp.clip(_order_index(xp, n, qs, method), 0, last).astype(np.int64)
+        out = xp.take_along_axis(ordered, index, axis=-1)
+    else:
+        v, t = _virtual_index(xp, n, qs, method)
+        # NumPy's neighbours: the last value past the end, the first before the start
+        below = xp.clip(xp.floor(v), 0, last)
+        above = xp.clip(xp.floor(v) + 1, 0, last)
+        below = xp.where(v >= n - 1, last, below).astype(np.int64)
+        above = xp.where(v >= n - 1, last, xp.where(v < 0, 0, above)).astype(np.int64)
+        low = xp.take_along_axis(ordered, below, axis=-1)
+        high = xp.take_along_axis(ordered, above, axis=-1)
+        diff = high - low
+        out = xp.where(t >= 0.5, high - diff * (1 - t), low + diff * t)  # numpy's _lerp
     out = xp.where(count[..., None] > 0, out, np.nan)
     out = xp.moveaxis(out, -1, 0)  # the quantiles first, as NumPy
     if keepdims:
         out = out.reshape(out.shape[:1] + tuple(1 if ax in axes else a.shape[ax] for ax in range(a.ndim)))
-    # NumPy's type: a float scalar q keeps float32, an array of q is float64 (NEP 50)
-    dtype = np.result_type(a.dtype, q if isinstance(q, (float, int, np.generic)) else getattr(q, "dtype", np.float64))
-    if method in ("lower", "higher", "nearest"):  # a value of a, in a's type
+    if method in _ORDER:  # a value of a, in a's type
         dtype = a.dtype
-    out = out.astype(dtype if dtype.kind in "fc" or method in ("lower", "higher", "nearest") else np.float64, copy=False)
+    else:  # NumPy's type: a float scalar q keeps float32, an array of q is float64 (NEP 50)
+        dtype = np.result_type(a.dtype, q if isinstance(q, (float, int, np.generic)) else getattr(q, "dtype", np.float64))
+        dtype = dtype if dtype.kind in "fc" else np.dtype(np.float64)
+    out = out.astype(dtype, copy=False)
     return out[0] if scalar else out
 
 
