@@ -285,15 +285,40 @@ def _weighted_quantile(original):
     @functools.wraps(original)
     def weighted_quantile(self, da, q, dim=None, skipna=None):
         if on_device(da.data) or on_device(self.weights.data):
-            from .errors import NotImplementedInputError
-
-            raise NotImplementedInputError(
-                "Weighted.quantile is not available on the GPU backend: xarray runs it by numpy.vectorize "
-                "on each row (mean, sum, std, var and sum_of_weights of weighted are)"
-            )
+            return _device_weighted_quantile(self, da, q, dim, skipna)
         return original(self, da, q, dim=dim, skipna=skipna)
 
     return weighted_quantile
+
+
+def _device_weighted_quantile(self, da, q, dim, skipna):
+    """xarray's ``Weighted._weighted_quantile`` on CuPy blocks: the same checks and alignment,
+    then :func:`pipeline.kernels.duck.weighted_quantile` on whole blocks, where xarray runs its
+    NumPy function row by row through ``numpy.vectorize``."""
+    from xarray.computation.apply_ufunc import apply_ufunc
+    from xarray.core import utils
+    from xarray.structure.alignment import align, broadcast
+
+    from .kernels import duck
+
+    if skipna is None and da.dtype.kind in "cfO":
+        skipna = True
+    q = np.atleast_1d(np.asarray(q, dtype=np.float64))
+    if q.ndim > 1:
+        raise ValueError("q must be a scalar or 1d")
+    if np.any((q < 0) | (q > 1)):
+        raise ValueError("q values must be between 0 and 1")
+    dim = list(da.dims) if dim is None else [dim] if utils.is_scalar(dim) else list(dim)
+    da, weights = align(da, self.weights, join="inner")
+    da, weights = broadcast(da, weights)
+    result = apply_ufunc(
+        lambda d, w: duck.weighted_quantile(d, w, q, bool(skipna), core=len(dim)),
+        da, weights, input_core_dims=[dim, dim], output_core_dims=[["quantile"]], output_dtypes=[np.float64],
+        dask_gufunc_kwargs=dict(output_sizes={"quantile": len(q)}), dask="parallelized",
+    )
+    if result.chunks is not None and not on_device(result.data):
+        result = result.copy(data=_keeps_device_meta(lambda a, b: b)(da.data, result.data))
+    return result.transpose("quantile", ...).assign_coords(quantile=q).squeeze()
 
 
 def _einsum_lookup():
@@ -349,8 +374,7 @@ PATCHES: dict[str, Patch] = {
         Patch(
             "xarray-weighted-quantile", "xarray.computation.weighted", "Weighted._weighted_quantile",
             ("self", "da", "q", "dim", "skipna"), _weighted_quantile,
-            "weighted quantile runs NumPy on each row through numpy.vectorize: refused by name on the "
-            "GPU rather than failing in CuPy",
+            "weighted quantile runs NumPy's sort and cumsum on each row through numpy.vectorize",
         ),
         *(
             Patch(

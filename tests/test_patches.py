@@ -129,6 +129,28 @@ def test_interp_linear_is_xarrays_interpolate_na(dtype):
     np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == "float32" else 1e-14, equal_nan=True)
 
 
+@pytest.mark.parametrize("q", [0.5, [0.0, 0.3, 1.0]])
+@pytest.mark.parametrize("skipna", [True, False])
+@pytest.mark.parametrize("dim", ["c", ("b", "c")])
+def test_weighted_quantile_is_xarrays(q, skipna, dim):
+    """The device path's computation and wiring, run here on Dask arrays of NumPy blocks."""
+    import xarray as xr
+
+    rng = np.random.default_rng(4)
+    d = rng.standard_normal((4, 6, 9))
+    d[rng.random(d.shape) < 0.2] = np.nan
+    d[0, 0] = np.nan
+    w = rng.random((6, 9))
+    w[:, 2] = 0  # a weight of zero counts for nothing
+    w[1] = 0  # nor a row of them
+    x = xr.DataArray(d, dims=("a", "b", "c"), coords={"c": np.arange(9)}).chunk(a=3)
+    weights = xr.DataArray(w, dims=("b", "c"))
+    want = x.compute().weighted(weights).quantile(q, dim=dim, skipna=skipna)
+    got = patches._device_weighted_quantile(x.weighted(weights), x, q, dim, skipna)
+    assert got.chunks is not None
+    xr.testing.assert_allclose(got.compute(), want, rtol=1e-12, atol=1e-14)
+
+
 def test_numpy_data_goes_to_the_originals(blocks):
     """The wrappers, made without CuPy: NumPy blocks are the originals' business."""
     for name, patch in patches.PATCHES.items():

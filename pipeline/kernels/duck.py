@@ -223,3 +223,35 @@ def interp_linear(y, x):
     with np.errstate(invalid="ignore", divide="ignore"):
         value = (ya - yb) / xp.where(inside, xa - xb, 1.0) * (x - xb) + yb
     return xp.where(inside, value.astype(y.dtype), y)
+
+
+def weighted_quantile(data, weights, q, skipna: bool, core: int = 1):
+    """xarray's ``Weighted.quantile`` of each cell over the last ``core`` axes of ``data`` and
+    ``weights`` (broadcast alike): Akinshin's weighted Hyndman-Fan method 7 with Kish's effective
+    sample size, as xarray's ``_weighted_quantile_1d`` computes it row by row, here for all rows at
+    once. The quantiles last; NaN where a row has no value of non-zero weight (or a NaN, unless
+    ``skipna``)."""
+    xp = xp_of(data)
+    shape = data.shape[: data.ndim - core]
+    weights = xp.broadcast_to(xp.asarray(weights, dtype=np.float64), data.shape).reshape(shape + (-1,))
+    data = data.reshape(shape + (-1,)).astype(np.float64, copy=False)
+    nan = xp.isnan(data)
+    bad = xp.zeros(shape, dtype=bool) if skipna else nan.any(axis=-1)
+    weights = xp.where(nan, 0.0, weights)
+    # a value of weight zero counts for nothing, as xarray drops it; put it last with the NaN
+    order = xp.argsort(xp.where(weights != 0, data, np.inf), axis=-1)
+    data = xp.take_along_axis(data, order, axis=-1)
+    weights = xp.take_along_axis(weights, order, axis=-1)
+    data = xp.where(weights != 0, data, 0.0)
+    total = weights.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        nw = total**2 / (weights**2).sum(axis=-1, keepdims=True)  # Kish's effective sample size
+        cum = xp.concatenate([xp.zeros(shape + (1,)), xp.cumsum(weights / total, axis=-1)], axis=-1)
+        qs = xp.asarray(q, dtype=np.float64).reshape(-1)
+        h = xp.clip((nw - 1) * qs + 1, 1, nw)[..., None]  # (..., quantiles, 1)
+        nw = nw[..., None]
+        u = xp.maximum((h - 1) / nw, xp.minimum(h / nw, cum[..., None, :]))
+        w = xp.diff(u * nw - h + 1, axis=-1)
+        out = (data[..., None, :] * w).sum(axis=-1)
+    empty = (total[..., 0] == 0) | bad
+    return xp.where(empty[..., None], np.nan, out)
