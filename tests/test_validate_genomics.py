@@ -1,6 +1,7 @@
 """`pipeline validate` on flows of Dataset ops (the genomics ops): each step's variables checked
-from the store's metadata by the table of what each op reads and adds
-(:mod:`pipeline.ops.genomics.variables`), and that table checked against what the ops do."""
+from the store's metadata by what each op declares it reads and adds (its ``@register``'s
+``variables``, :mod:`pipeline.ops.genomics.variables`), and those declarations checked against
+what the ops do and against sgkit's specs."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ ALT = "call_alternate_allele_count"
 HEAVY = ("dask.array", "numba", "cupy")
 
 
-# --- the table against the ops ---------------------------------------------------------------------
+# --- the declarations against the ops -----------------------------------------------------------------
 
 
 def _small():
@@ -110,6 +111,7 @@ SIZES = "sizes"  # a result that sizes alone refuse, which validation leaves alo
 
 
 def _declared(op: str, params: dict, ds):
+    assert gv.DECLARED[op] is ops_registry.get(op).variables
     try:
         return gv.apply(op, ops_registry.get(op).params(**params).model_dump(), gv.State.of(ds))
     except gv.Problem as e:
@@ -137,10 +139,11 @@ def _describe(state):
 
 
 @pytest.mark.parametrize("op, params, before", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_the_table_says_what_each_op_reads_and_adds(op, params, before):
+def test_each_op_declares_what_it_reads_and_adds(op, params, before):
     """For each op, on a small dataset as it is and with each variable removed, transposed or of
-    another type in turn: the table refuses exactly what the op refuses, and where both accept, it
-    gives the op's result: the same variables, dimensions, coordinates and kinds of values."""
+    another type in turn: its declaration refuses exactly what the op refuses, and where both
+    accept, it gives the op's result: the same variables, dimensions, coordinates and kinds of
+    values."""
     base = _small()
     for name, p in before:
         base = ops_registry.get(name).func(base, **p)
@@ -149,7 +152,7 @@ def test_the_table_says_what_each_op_reads_and_adds(op, params, before):
         if actual is SIZES:
             continue
         assert isinstance(actual, Exception) == isinstance(declared, Exception), (
-            f"{op}({params}) on the dataset {what}: the op gives {actual!r}, the table {declared!r}")
+            f"{op}({params}) on the dataset {what}: the op gives {actual!r}, its declaration {declared!r}")
         if isinstance(actual, Exception) or actual is None or declared is None:
             assert (actual is None) == (declared is None), f"{op}: a table on one side only ({what})"
             continue
@@ -158,8 +161,58 @@ def test_the_table_says_what_each_op_reads_and_adds(op, params, before):
             assert actual.variables[k].kind in v.kind, f"{op}: {k} is {actual.variables[k].dtype}, declared {v.kind}"
 
 
-def test_every_dataset_op_is_declared():
+def test_every_dataset_op_declares_its_variables():
+    """Every Dataset op declares its variables (and no op of one variable does); the view by name
+    holds the ops' declarations and the steps within them."""
     assert gv.undeclared(ops_registry.all_ops()) == []
+    dataset_ops = {o.name for o in ops_registry.all_ops() if o.dataset}
+    assert set(gv.DECLARED) == dataset_ops | {"genotype_coords"}
+    assert all(o.variables is None for o in ops_registry.all_ops() if not o.dataset)
+    with pytest.raises(ValueError, match="only a Dataset op declares variables"):
+        ops_registry.register(kernels=(), variables=gv.Declared())(lambda x: x)
+
+
+def _items(entry):
+    for item in (*entry.needs, *entry.adds):
+        if isinstance(item, (gv.Read, gv.Add)) and item.dims is not None:
+            yield item
+
+
+def _each(dims):
+    """Each tuple of dimension names that ``dims`` stands for: ROWS, or a set of a spec's, for each
+    of its names."""
+    from itertools import product
+
+    return set(product(*({gv.V, gv.W} if d == gv.ROWS else d - {None} if isinstance(d, set) else {d} for d in dims)))
+
+
+def test_the_declarations_agree_with_sgkits_specs():
+    """Where sgkit's specs describe a variable an op reads by its default name or adds, the
+    declaration agrees: what it adds has dimensions and a kind the spec allows; what it reads may
+    have every dimensions and kind the spec allows (and may take more)."""
+    from pipeline.ops.genomics import specs
+
+    registered = specs.SgkitVariables.registered_variables
+    checked = 0
+    for op, entry in gv.DECLARED.items():
+        defaults = gv.defaults(op)
+        for item in _items(entry):
+            name = gv._resolve(item.name, defaults)
+            spec = registered.get(name)
+            if spec is None or spec.dims is None:
+                continue
+            kinds = set(spec.kind) if spec.kind is not None else None
+            if isinstance(item, gv.Add):
+                for dims in _each(item.dims):
+                    assert len(specs.match_dims(dims, spec.dims)) == 1, f"{op}: adds {name} {dims}, sgkit's spec {spec.dims}"
+                assert kinds is None or item.kind in kinds, f"{op}: adds {name} of kind {item.kind}, sgkit's {spec.kind}"
+            else:
+                options = [o for dims in ([item.dims] if isinstance(item.dims, tuple) else item.dims) for o in _each(dims)]
+                for dims in _each(spec.dims):
+                    assert any(gv._dims_match(dims, o) for o in options), f"{op}: reads {name} {item.dims}, sgkit's {dims}"
+                assert kinds is None or kinds <= set(item.kind), f"{op}: reads {name} of kinds {item.kind}, sgkit's {spec.kind}"
+            checked += 1
+    assert checked > 40, checked
 
 
 # --- flows -----------------------------------------------------------------------------------------

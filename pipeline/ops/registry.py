@@ -9,7 +9,9 @@ op did not declare, so what an op declares is what runs. Kernel modules are impo
 so listing ops imports no kernel code.
 
 An op also declares what its result is (:class:`pipeline.ops.metadata.Produces`): the registered
-function sets those CF attributes on every result, so no op copies its input's attributes.
+function sets those CF attributes on every result, so no op copies its input's attributes. A
+Dataset op declares the variables it reads and adds (:mod:`pipeline.ops.genomics.variables`), which
+``pipeline validate`` walks a flow through.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Op:
     produces: Produces | None = None  # the attributes of its results
     dataset: bool = False  # takes and returns an xarray.Dataset (the genomics ops, as sgkit's), not a DataArray
     check: Callable | None = None  # (Meta, **params) -> Meta: the op's checks from metadata (pipeline.ops.shapes)
+    variables: Any = None  # a Dataset op's variables read and added (pipeline.ops.genomics.variables.Declared)
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -128,6 +131,7 @@ def register(
     description: str | None = None,
     dataset: bool = False,
     check: Callable | None = None,
+    variables: Any = None,
 ):
     """Decorator: register an op under its function's name.
 
@@ -137,6 +141,8 @@ def register(
     ``xarray.Dataset`` and returns one, as sgkit's functions do (:mod:`pipeline.ops.genomics`).
     ``check`` gives the Meta of its result from its input's, raising InputError as the op would
     (for ``pipeline validate``; ops without one may have theirs in :data:`pipeline.ops.shapes.CHECKS`).
+    ``variables``: a Dataset op's :class:`~pipeline.ops.genomics.variables.Declared`, what it reads
+    and adds, by variable, which ``pipeline validate`` checks a flow's steps by.
     """
     from .. import kernels as _kernels
 
@@ -145,12 +151,14 @@ def register(
     if not isinstance(kernels, dict):
         kernels = dict.fromkeys(_kernels.BACKENDS, tuple(kernels))
     kernels = {b: tuple(names) for b, names in kernels.items()}
+    if variables is not None and not dataset:
+        raise ValueError("only a Dataset op declares variables")
 
     def wrap(func: Callable) -> Callable:
         doc = inspect.getdoc(func) or ""
         desc = description or doc.split("\n\n")[0].replace("\n", " ")
         public = _annotated(func, produces) if produces is not None else func
-        op = Op(func.__name__, public, desc, _params_model(func), dict(kernels), produces, dataset, check)
+        op = Op(func.__name__, public, desc, _params_model(func), dict(kernels), produces, dataset, check, variables)
         if op.name in _REGISTRY:
             raise ValueError(f"op {op.name!r} is registered twice")
         _REGISTRY[op.name] = op

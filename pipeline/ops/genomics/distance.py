@@ -44,6 +44,7 @@ from ._dataset import as_dask, even_chunks, upper_mirrored
 from ._dataset import merge as _merge
 from ._dataset import variable as _variable
 from .pca import ALT, count_call_alternate_alleles
+from .variables import ALT_COUNTED, DOSAGE, Add, Declared, Read
 
 da = _deferred("dask.array")  # imported when the first graph is built
 
@@ -115,7 +116,10 @@ def _distance_tile(sums, *, kernel, metric: str, out_type, block_id=None):
     return kernel(sums, metric, block_id[0] == block_id[1], out_type)
 
 
-@register(kernels=("alternate_allele_count", "distance_sums", "distance_from_sums"), dataset=True)
+@register(kernels=("alternate_allele_count", "distance_sums", "distance_from_sums"), dataset=True, variables=Declared(
+    needs=(ALT_COUNTED, Read("{variable}", DOSAGE, "biuf")),
+    adds=(Add("stat_sample_distance", ("samples_0", "samples_1"), "f"),),  # not in sgkit's specs
+))
 def sample_distance(
     ds: xr.Dataset,
     metric: Literal["euclidean", "correlation"] = "euclidean",

@@ -22,7 +22,9 @@ from ...deferred import module as _deferred
 from ...errors import InputError
 from ...reduce.declare import declare
 from ..registry import register
+from . import specs
 from ._dataset import as_dask, backend_of_dataset, merge as merge_datasets, variable
+from .variables import DOSAGE, SAMPLE_COLUMNS, V, Add, Declared, Read, add
 
 da = _deferred("dask.array")  # imported when the first graph is built
 
@@ -56,7 +58,13 @@ def _linreg_task(kernel, g, w, gram, qyp, yps, dof: int):
     return kernel(g, w=w, gram=gram, qyp=qyp, yps=yps, dof=dof)
 
 
-@register(kernels=("linreg_block", "linreg_p_value"), dataset=True)
+@register(kernels=("linreg_block", "linreg_p_value"), dataset=True, variables=Declared(
+    needs=(Read("{dosage}", DOSAGE, "iuf"), Read("{covariates}", SAMPLE_COLUMNS, "iufb"),
+           Read("{traits}", SAMPLE_COLUMNS, "iufb")),
+    # sgkit's specs give the beta and t values no kind of values
+    adds=(Add("variant_linreg_beta", (V, "traits"), "f"), Add("variant_linreg_t_value", (V, "traits"), "f"),
+          add(specs.variant_linreg_p_value_spec)),
+))
 def gwas_linear_regression(
     ds: xr.Dataset,
     *,

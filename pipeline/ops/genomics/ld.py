@@ -27,7 +27,9 @@ from ...backend import to_backend, to_numpy
 from ...deferred import module as _deferred
 from ...errors import InputError
 from ..registry import register
+from . import specs
 from ._dataset import as_dask, backend_of_dataset, keep_positions, variable
+from .variables import DOSAGE, WINDOWS, Declared, Read, read
 
 da = _deferred("dask.array")  # imported when the first graph is built
 dd = _deferred("dask.dataframe")
@@ -127,7 +129,10 @@ def _ld_matrix(ds: xr.Dataset, dosage: str, threshold: float | None, variant_sco
     return dd.from_delayed(parts, meta=meta, verify_meta=False)
 
 
-@register(kernels=("ld_r2",), dataset=True)
+@register(kernels=("ld_r2",), dataset=True, variables=Declared(
+    needs=(*WINDOWS, Read("{dosage}", DOSAGE, "iuf"), read(specs.variant_score_spec, "{variant_score}")),
+    table=True,
+))
 def ld_matrix(
     ds: xr.Dataset, *, dosage: str = "call_dosage", threshold: float | None = None, variant_score: str | None = None
 ):
@@ -178,7 +183,9 @@ def _maximal_independent_set(df, backend: str) -> xr.Dataset:
     return xr.Dataset({"ld_prune_index_to_drop": ("variant_indexes", drop)})
 
 
-@register(kernels=("ld_r2", "maximal_independent_set", "take"), dataset=True)
+@register(kernels=("ld_r2", "maximal_independent_set", "take"), dataset=True, variables=Declared(
+    needs=(*WINDOWS, Read("{dosage}", DOSAGE, "iuf"), read(specs.variant_score_spec, "{variant_score}")),
+))
 def ld_prune(
     ds: xr.Dataset, *, dosage: str = "call_dosage", threshold: float = 0.2, variant_score: str | None = None
 ) -> xr.Dataset:

@@ -70,9 +70,11 @@ from ...deferred import module as _deferred
 from ...errors import InputError, LinAlgInputError
 from ...exec import spill
 from ..registry import register
+from . import specs
 from ._dataset import _transposed, as_dask, backend_of_dataset, even_chunks
 from ._dataset import merge as _merge
 from ._dataset import variable as _variable
+from .variables import ALT_COUNTED, DOSAGE, P, S, V, Add, Declared, Dim, Read, add
 
 da = _deferred("dask.array")  # imported when the first graph is built
 
@@ -97,7 +99,11 @@ MIN_SUBSPACE = 20
 # --- count_call_alternate_alleles ----------------------------------------------------------------
 
 
-@register(kernels=("alternate_allele_count",), dataset=True)
+@register(kernels=("alternate_allele_count",), dataset=True, variables=Declared(
+    # unsigned genotypes too, where sgkit's spec says signed
+    needs=(Read("{call_genotype}", (V, S, P), "iu"),),
+    adds=(Add(ALT, DOSAGE, "i"),),  # a variable sgkit's specs do not name
+))
 def count_call_alternate_alleles(ds: xr.Dataset, merge: bool = True, *, call_genotype: str = "call_genotype") -> xr.Dataset:
     """Number of alternate alleles in each call: sgkit's ``count_call_alternate_alleles``.
 
@@ -120,7 +126,14 @@ def count_call_alternate_alleles(ds: xr.Dataset, merge: bool = True, *, call_gen
 
 
 @register(kernels=("alternate_allele_count", "patterson_moments", "patterson_standardize", "patterson_gram",
-                  "sum_parts", "top_eigenpairs"), dataset=True)
+                  "sum_parts", "top_eigenpairs"), dataset=True, variables=Declared(
+    needs=(ALT_COUNTED, Read("{variable}", DOSAGE, "iuf"), Dim(P, unless="ploidy")),
+    adds=(
+        add(specs.sample_pca_projection_spec), add(specs.sample_pca_component_spec),
+        add(specs.sample_pca_explained_variance_spec), add(specs.sample_pca_explained_variance_ratio_spec),
+        add(specs.sample_pca_loading_spec),
+    ),
+))
 def pca(
     ds: xr.Dataset,
     n_components: int = 10,

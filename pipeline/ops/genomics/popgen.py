@@ -45,8 +45,10 @@ from ...deferred import module as _deferred
 from ...errors import InputError, NotImplementedInputError
 from ...reduce.windows import window_sums
 from ..registry import register
+from . import specs
 from ._dataset import as_dask, merge as _merge, variable
 from .stats import count_call_alleles
+from .variables import A, ANY, S, V, W, Add, Declared, Dim, Ensure, Read, absent, add, present, read
 from .window import has_windows
 
 da = _deferred("dask.array")  # imported when the first graph is built
@@ -148,7 +150,20 @@ def _genotype_counts(ds: xr.Dataset, cohort: np.ndarray, n_cohorts: int, kernel,
     return _by_cohort(as_dask(g), cohort, _count_block, n_cohorts, n_alleles, kernel=kernel, n_alleles=n_alleles)
 
 
-@register(kernels=COUNTING, dataset=True)
+@register(kernels=COUNTING, dataset=True, variables=Declared(
+    needs=(
+        # unsigned cohorts and counts too, where sgkit's specs say one kind
+        Read("{sample_cohort}", (S,), "iu"),
+        Ensure("{call_allele_count}", None),  # summed by cohort where there; else the genotypes are counted
+        Read("{call_allele_count}", (V, S, A), "iu", when=present("{call_allele_count}")),
+        read(specs.call_genotype_spec, "{call_genotype}", when=absent("{call_allele_count}")),
+        Dim(A, when=absent("{call_allele_count}")),
+    ),
+    # merged, with call_allele_count where counted from the genotypes, as sgkit defines it first
+    adds=(add(specs.cohort_allele_count_spec),
+          add(specs.call_allele_count_spec, when=lambda p, ds: p.get("merge", True) is not False
+              and absent("{call_allele_count}")(p, ds))),
+))
 def count_cohort_alleles(
     ds: xr.Dataset,
     *,
@@ -222,7 +237,11 @@ def _cohort_counts(ds: xr.Dataset, cohort_allele_count: str, op: str) -> tuple[x
     return ds, _whole(ac, (1, 2))
 
 
-@register(kernels=(*COUNTING, "diversity_terms", "window_sum"), dataset=True)
+@register(kernels=(*COUNTING, "diversity_terms", "window_sum"), dataset=True, variables=Declared(
+    needs=(Ensure("{cohort_allele_count}", "count_cohort_alleles"),
+           Read("{cohort_allele_count}", (V, "cohorts", A), "iu")),
+    adds=(add(specs.stat_diversity_spec),),
+))
 def diversity(ds: xr.Dataset, *, cohort_allele_count: str = "cohort_allele_count", merge: bool = True) -> xr.Dataset:
     """Genetic diversity (Tajima's pi) of each cohort, ``stat_diversity``: per variant the
     probability that two alleles drawn without replacement from the cohort's calls differ (NaN
@@ -240,7 +259,11 @@ def diversity(ds: xr.Dataset, *, cohort_allele_count: str = "cohort_allele_count
     return _merge(ds, new, merge)
 
 
-@register(kernels=(*COUNTING, "divergence_terms", "window_sum"), dataset=True)
+@register(kernels=(*COUNTING, "divergence_terms", "window_sum"), dataset=True, variables=Declared(
+    needs=(Ensure("{cohort_allele_count}", "count_cohort_alleles"),
+           Read("{cohort_allele_count}", (V, "cohorts", A), "iu")),
+    adds=(add(specs.stat_divergence_spec),),
+))
 def divergence(ds: xr.Dataset, *, cohort_allele_count: str = "cohort_allele_count", merge: bool = True) -> xr.Dataset:
     """Genetic divergence between each pair of cohorts, ``stat_divergence``: per variant the
     probability that an allele of cohort i and one of cohort j differ, and each cohort's
@@ -261,7 +284,10 @@ def divergence(ds: xr.Dataset, *, cohort_allele_count: str = "cohort_allele_coun
     return _merge(ds, new, merge)
 
 
-@register(kernels=(*COUNTING, "divergence_terms", "window_sum", "fst"), dataset=True)
+@register(kernels=(*COUNTING, "divergence_terms", "window_sum", "fst"), dataset=True, variables=Declared(
+    needs=(Ensure("{stat_divergence}", "divergence"), Read("{stat_divergence}", (ANY, "cohorts_0", "cohorts_1"), "f")),
+    adds=(Add("stat_Fst", (W, "cohorts_0", "cohorts_1"), "f"),),  # "windows" even per variant, as sgkit
+))
 def Fst(
     ds: xr.Dataset,
     *,
@@ -295,7 +321,18 @@ def _tajimas_block(div, S, n, *, kernel):
     return kernel(div, S.reshape(-1), n)
 
 
-@register(kernels=(*COUNTING, "diversity_terms", "segregating_sites", "window_sum", "tajimas_d"), dataset=True)
+@register(kernels=(*COUNTING, "diversity_terms", "segregating_sites", "window_sum", "tajimas_d"), dataset=True,
+          variables=Declared(
+    needs=(
+        # sgkit counts the variants' alleles from call_allele_count, which it defines first
+        Ensure("call_allele_count", "count_call_alleles", when=absent("{variant_allele_count}")),
+        Ensure("{variant_allele_count}", "count_variant_alleles", {"using": "call_genotype"}),
+        Ensure("{stat_diversity}", "diversity"),
+        Read("{variant_allele_count}", (V, A), "iu"),
+        read(specs.stat_diversity_spec, "{stat_diversity}"),
+    ),
+    adds=(add(specs.stat_Tajimas_D_spec),),
+))
 def Tajimas_D(
     ds: xr.Dataset,
     *,

@@ -16,8 +16,10 @@ import xarray as xr
 from ...backend import meta, to_numpy
 from ...errors import InputError
 from ..registry import register
+from . import specs
 from ._dataset import as_dask, backend_of_dataset, keep_positions, variable
 from ._dataset import variable as _variable
+from .variables import A, DOSAGE, STRINGS, V, Add, Declared, Ensure, Read, given, read
 
 __all__ = ["filter_samples", "filter_variants", "impute_mean"]
 
@@ -26,7 +28,18 @@ def _computed(x: xr.DataArray) -> np.ndarray:
     return np.asarray(to_numpy(x.data))
 
 
-@register(kernels=("take",), dataset=True)
+@register(kernels=("take",), dataset=True, variables=Declared(
+    needs=(
+        # strings of every kind, where sgkit's spec says objects or bytes
+        Read("variant_allele", (V, A), STRINGS, when=given("max_alleles")),
+        Ensure("variant_call_rate", "variant_stats", when=given("min_call_rate", "min_maf")),
+        Ensure("variant_allele_frequency", "variant_stats", when=given("min_call_rate", "min_maf")),
+        Ensure("variant_hwe_p_value", "hardy_weinberg_test", when=given("min_hwe_p")),
+        read(specs.variant_call_rate_spec, when=given("min_call_rate")),
+        read(specs.variant_allele_frequency_spec, when=given("min_maf")),
+        read(specs.variant_hwe_p_value_spec, when=given("min_hwe_p")),
+    ),
+))
 def filter_variants(
     ds: xr.Dataset,
     max_alleles: int | None = None,
@@ -79,7 +92,12 @@ def filter_variants(
     return keep_positions(ds, "variants", keep, filter_variants.op)
 
 
-@register(kernels=("take",), dataset=True)
+@register(kernels=("take",), dataset=True, variables=Declared(
+    needs=(
+        Ensure("sample_call_rate", "sample_stats", when=given("min_call_rate")),
+        read(specs.sample_call_rate_spec, when=given("min_call_rate")),
+    ),
+))
 def filter_samples(ds: xr.Dataset, min_call_rate: float | None = None) -> xr.Dataset:
     """Keep the samples whose call rate (``sample_call_rate``, from ``sample_stats`` when absent)
     is at least ``min_call_rate``."""
@@ -96,7 +114,10 @@ def filter_samples(ds: xr.Dataset, min_call_rate: float | None = None) -> xr.Dat
     return keep_positions(ds, "samples", keep, filter_samples.op)
 
 
-@register(kernels=("patterson_moments", "fill_missing"), dataset=True)
+@register(kernels=("patterson_moments", "fill_missing"), dataset=True, variables=Declared(
+    needs=(Read("{variable}", DOSAGE, "iuf"),),
+    adds=(Add("{variable}", DOSAGE, "f"),),
+))
 def impute_mean(ds: xr.Dataset, variable: str = "call_alternate_allele_count") -> xr.Dataset:
     """``variable`` (variants, samples) as float64 with each missing value (negative or NaN)
     replaced by its variant's mean over the called samples (NaN where none is called): the mean

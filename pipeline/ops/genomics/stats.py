@@ -49,8 +49,10 @@ from ...backend import backend_of, meta, to_backend
 from ...deferred import module as _deferred
 from ...errors import InputError, NotImplementedInputError
 from ..registry import register
+from . import specs
 from ._dataset import as_dask, backend_of_dataset, variable
 from ._dataset import merge as _merge
+from .variables import A, GENOTYPES, P, V, Add, Declared, Dim, Ensure, Keep, Read, add, equals, read, step
 
 da = _deferred("dask.array")  # imported when the first graph is built
 
@@ -185,7 +187,10 @@ def _derive(fn, counts, *args, dims: tuple[str, ...], dtype, backend: str, colum
 # --- the ops ------------------------------------------------------------------------------------------
 
 
-@register(kernels=("call_allele_counts",), dataset=True)
+@register(kernels=("call_allele_counts",), dataset=True, variables=Declared(
+    needs=(GENOTYPES, Dim(A)),
+    adds=(add(specs.call_allele_count_spec),),
+))
 def count_call_alleles(ds: xr.Dataset, call_genotype: str = "call_genotype", merge: bool = True) -> xr.Dataset:
     """Per-call allele counts, sgkit's ``count_call_alleles``: ``call_allele_count`` (variants,
     samples, alleles), uint8, the number of non-missing occurrences of each allele in each call."""
@@ -202,7 +207,16 @@ def count_call_alleles(ds: xr.Dataset, call_genotype: str = "call_genotype", mer
     return _merge(ds, new, merge)
 
 
-@register(kernels=("variant_call_counts",), dataset=True)
+@register(kernels=("variant_call_counts",), dataset=True, variables=Declared(
+    needs=(
+        Ensure("{call_allele_count}", "count_call_alleles", {"call_genotype": "{call_genotype}"},
+               when=equals(using="call_allele_count")),
+        read(specs.call_allele_count_spec, "{call_allele_count}", when=equals(using="call_allele_count")),
+        read(specs.call_genotype_spec, "{call_genotype}", when=equals(using="call_genotype")),
+        Dim(A),
+    ),
+    adds=(add(specs.variant_allele_count_spec),),
+))
 def count_variant_alleles(
     ds: xr.Dataset,
     call_genotype: str = "call_genotype",
@@ -233,7 +247,20 @@ def count_variant_alleles(
     return _merge(ds, new, merge)
 
 
-@register(kernels=("variant_call_counts",), dataset=True)
+@register(kernels=("variant_call_counts",), dataset=True, variables=Declared(
+    needs=(
+        GENOTYPES,
+        Ensure("{variant_allele_count}", "count_variant_alleles",
+               {"using": "call_genotype", "call_genotype": "{call_genotype}"}),
+        read(specs.variant_allele_count_spec, "{variant_allele_count}"),
+    ),
+    adds=(
+        add(specs.variant_n_called_spec), add(specs.variant_call_rate_spec), add(specs.variant_n_het_spec),
+        add(specs.variant_n_hom_ref_spec), add(specs.variant_n_hom_alt_spec), add(specs.variant_n_non_ref_spec),
+        add(specs.variant_allele_count_spec), add(specs.variant_allele_total_spec),
+        add(specs.variant_allele_frequency_spec),
+    ),
+))
 def variant_stats(
     ds: xr.Dataset,
     call_genotype: str = "call_genotype",
@@ -281,7 +308,13 @@ def variant_stats(
     return _merge(ds, new, merge)
 
 
-@register(kernels=("sample_call_counts",), dataset=True)
+@register(kernels=("sample_call_counts",), dataset=True, variables=Declared(
+    needs=(GENOTYPES,),
+    adds=(
+        add(specs.sample_n_called_spec), add(specs.sample_call_rate_spec), add(specs.sample_n_het_spec),
+        add(specs.sample_n_hom_ref_spec), add(specs.sample_n_hom_alt_spec), add(specs.sample_n_non_ref_spec),
+    ),
+))
 def sample_stats(ds: xr.Dataset, call_genotype: str = "call_genotype", merge: bool = True) -> xr.Dataset:
     """Quality-control statistics of each sample, sgkit's ``sample_stats``: ``sample_n_called``,
     ``sample_call_rate``, ``sample_n_het``, ``sample_n_hom_ref``, ``sample_n_hom_alt`` and
@@ -330,6 +363,16 @@ def genotype_ids(n_alleles: int, ploidy: int) -> np.ndarray:
     return np.array(["/".join(map(str, c)) for c in calls], dtype=f"U{width}")
 
 
+# sgkit's genotype_coords, run within count_variant_genotypes: genotype_id of Unicode strings alone,
+# of the two kinds sgkit's spec allows
+step("genotype_coords", Declared(
+    needs=(Dim(P), Dim(A)),
+    adds=(Add("genotype_id", ("genotypes",), "U"),
+          Add("genotypes", ("genotypes",), "U", coord=True, when=equals(assign_coords=True))),
+    defaults={"assign_coords": True, "merge": True},
+))
+
+
 def _genotype_coords(ds: xr.Dataset, assign_coords: bool = True) -> xr.Dataset:
     """``ds`` with ``genotype_id`` (and the ``genotypes`` coordinates), sgkit's ``genotype_coords``."""
     op = "count_variant_genotypes"
@@ -354,7 +397,16 @@ def _refused(counts, op: str, name: str):
     return counts[:, :-1].astype(np.uint64)
 
 
-@register(kernels=("variant_genotype_counts",), dataset=True)
+@register(kernels=("variant_genotype_counts",), dataset=True, variables=Declared(
+    needs=(
+        Ensure("{genotype_id}", "genotype_coords", {"assign_coords": "{assign_coords}"}),
+        read(specs.genotype_id_spec, "{genotype_id}"),
+        GENOTYPES,
+        Dim(A),
+    ),
+    # unsigned counts alone, of the two kinds sgkit's spec allows
+    adds=(Add("variant_genotype_count", (V, "genotypes"), "u"), Keep("genotypes", when=equals(assign_coords=True))),
+))
 def count_variant_genotypes(
     ds: xr.Dataset,
     call_genotype: str = "call_genotype",
@@ -396,7 +448,17 @@ def _hwe_p_values(kernel, het, hom1, hom2, op: str, name: str):
     return kernel(het, hom1, hom2)
 
 
-@register(kernels=("hwe_exact",), dataset=True)
+@register(kernels=("hwe_exact",), dataset=True, variables=Declared(
+    needs=(
+        Dim(P, unless="ploidy"),
+        Dim(A, unless="alleles"),
+        Ensure("{genotype_count}", "count_variant_genotypes"),
+        read(specs.variant_genotype_count_spec, "{genotype_count}"),
+        Read("genotypes", coord=True, hint="the genotype counts need their genotypes coordinate ('0/0', '0/1', '1/1')"),
+    ),
+    adds=(add(specs.variant_hwe_p_value_spec),),
+    normalize=lambda p: {**p, "genotype_count": p["genotype_count"] or "variant_genotype_count"},
+))
 def hardy_weinberg_test(
     ds: xr.Dataset,
     genotype_count: str | None = "variant_genotype_count",

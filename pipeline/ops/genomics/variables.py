@@ -1,17 +1,19 @@
-"""What each genomics op reads and adds, by variable: one table (:data:`DECLARED`), which
-``pipeline validate`` walks a flow of Dataset ops through from a store's metadata (names,
-dimensions, dtypes), nothing read and no graph built.
+"""What each genomics op reads and adds, by variable: each Dataset op declares it where it is
+defined, as the ``variables`` of its ``@register(...)`` (a :class:`Declared`), and ``pipeline
+validate`` walks a flow of Dataset ops through those declarations (:func:`apply`) from a store's
+metadata (names, dimensions, dtypes), nothing read and no graph built. :data:`DECLARED` is the
+view of them by op name.
 
-An op's entry lists, in the order the op checks them:
+A declaration lists, in the order the op checks them:
 
 - ``Read(name, dims, kind)``: a variable the op reads, which must be in the dataset with those
   dimensions (a tuple, or a list of tuples any of which will do; ``ANY`` is any one dimension,
   ``ROWS`` is ``windows`` in a windowed dataset, else ``variants``) and values of those NumPy kinds
   ("i" signed integers, "u" unsigned, "f" floats, "b" booleans, "OUST" strings);
 - ``Ensure(name, by)``: sgkit's ``define_variable_if_absent``: where the dataset lacks the
-  variable under its default name, the op computes it first with op ``by`` (whose own entry says
-  what that reads and adds; the computed variables are kept in the result, as sgkit merges them),
-  or, with ``by=None``, does without it; under another name it must be there;
+  variable under its default name, the op computes it first with op ``by`` (whose own declaration
+  says what that reads and adds; the computed variables are kept in the result, as sgkit merges
+  them), or, with ``by=None``, does without it; under another name it must be there;
 - ``Dim(name)``: a dimension the dataset must have (``unless`` a parameter gives its length);
 - ``CONTIGS``: the dataset must name its contigs (a ``contigs`` dimension, a ``contig_id``
   variable or a ``contigs`` attribute);
@@ -23,19 +25,27 @@ names, none where it is None. ``when`` makes an item conditional on the paramete
 (:func:`given`, :func:`equals`, :func:`present`, :func:`absent`). Filters and ``ld_prune`` add
 nothing: they keep the variables and change sizes, which validation leaves alone.
 
-The table follows the ops' code (``stats.py``, ``qc.py``, ``window.py``, ``pca.py``,
-``distance.py``, ``ld.py``, ``popgen.py``, ``gwas.py``): tests/test_validate_genomics.py runs each
-op on a small dataset with each of its variables removed, transposed or of another type in turn,
-and checks that the op fails exactly where :func:`apply` says it does, and that where it does not,
-its result has the variables, dimensions and kinds of values the table says.
+Where sgkit's specs (:mod:`.specs`) describe a variable as the op reads or gives it, the item is
+made from the spec (:func:`read`, :func:`add`); where the op accepts more kinds of values than the
+spec (unsigned counts and positions, strings of every kind) or gives one of the spec's kinds, or
+the spec names no kind, the item is written out, with a note. A step an op runs within that is no
+registered op (sgkit's ``genotype_coords``) is declared with :func:`step`.
+
+tests/test_validate_genomics.py runs each op on a small dataset with each of its variables
+removed, transposed or of another type in turn, and checks that the op fails exactly where
+:func:`apply` says it does, and that where it does not, its result has the variables, dimensions
+and kinds of values its declaration says.
 """
+
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ...errors import InputError
+from . import specs
 
 V, S, P, A, W = "variants", "samples", "ploidy", "alleles", "windows"
 ANY = "*"  # any one dimension
@@ -109,7 +119,7 @@ class Problem(InputError):
         self.param, self.missing, self.dim = param, missing, dim
 
 
-# --- the vocabulary of the table --------------------------------------------------------------------
+# --- the vocabulary of declarations -----------------------------------------------------------------
 
 Condition = Callable[[dict, State], bool]
 
@@ -187,193 +197,92 @@ class Declared:
     needs: tuple = ()
     adds: tuple = ()
     table: bool = False  # returns a table (a Dask DataFrame), not a Dataset
-    defaults: dict = field(default_factory=dict)  # parameters of an entry that is no registered op
+    defaults: dict = field(default_factory=dict)  # parameters of a step that is no registered op
     normalize: Callable[[dict], dict] | None = None  # parameters as the op reads them
 
 
-# --- the table -------------------------------------------------------------------------------------
+# --- sgkit's specs as items -------------------------------------------------------------------------
 
-GENOTYPES = Read("{call_genotype}", (V, S, P), "i")
+
+def _spec_dims(spec) -> tuple[str, ...]:
+    """A spec's dimensions as items name them: ``{"variants", "windows"}`` is :data:`ROWS`."""
+    dims = []
+    for d in spec.dims or ():
+        if d == {V, W}:
+            dims.append(ROWS)
+        elif isinstance(d, str):
+            dims.append(ANY if d == "*" else d)
+        else:
+            raise ValueError(f"the spec of {spec.default_name!r} has dimensions {spec.dims}, which items do not name")
+    return tuple(dims)
+
+
+def _spec_kind(spec) -> str:
+    return "".join(sorted(spec.kind)) if isinstance(spec.kind, set) else spec.kind
+
+
+def read(spec, name: str | None = None, **kw) -> Read:
+    """:class:`Read` of a variable with the dimensions and kinds of values of sgkit's ``spec``
+    (:mod:`.specs`), under ``name`` (a ``"{param}"``) or the spec's own."""
+    return Read(name or spec.default_name, _spec_dims(spec), _spec_kind(spec), **kw)
+
+
+def add(spec, **kw) -> Add:
+    """:class:`Add` of sgkit's ``spec``: its name, dimensions and kind of values (one, as the
+    result holds one; the checks of a later step read it as the dataset's dtype)."""
+    kind = _spec_kind(spec)
+    if kind is None or len(kind) != 1:
+        raise ValueError(f"the spec of {spec.default_name!r} gives kinds {spec.kind!r}: an added variable has one")
+    return Add(spec.default_name, _spec_dims(spec), kind, **kw)
+
+
+# --- the items the ops share ------------------------------------------------------------------------
+
+GENOTYPES = read(specs.call_genotype_spec, "{call_genotype}")
 DOSAGE = (V, S)
 SAMPLE_COLUMNS = [(S,), (S, ANY)]  # 1-D (samples) or 2-D (samples, columns), as sgkit's concat_2d
 WINDOWED = "the dataset must be windowed first: window_by_variant or window_by_position add window_start and window_stop"
+# unsigned bounds too, where sgkit's specs say signed
 WINDOWS = (Read("window_start", (W,), "iu", hint=WINDOWED), Read("window_stop", (W,), "iu", hint=WINDOWED))
-WINDOW_BOUNDS = (Add("window_contig", (W,), "i"), Add("window_start", (W,), "i"), Add("window_stop", (W,), "i"))
+WINDOW_BOUNDS = (add(specs.window_contig_spec), add(specs.window_start_spec), add(specs.window_stop_spec))
 ALT = "call_alternate_allele_count"
 ALT_COUNTED = Ensure("{variable}", "count_call_alternate_alleles")  # pca's and sample_distance's
 
-DECLARED: dict[str, Declared] = {
-    # stats.py
-    "count_call_alleles": Declared(
-        needs=(GENOTYPES, Dim(A)),
-        adds=(Add("call_allele_count", (V, S, A), "u"),),
-    ),
-    "count_variant_alleles": Declared(
-        needs=(
-            Ensure("{call_allele_count}", "count_call_alleles", {"call_genotype": "{call_genotype}"},
-                   when=equals(using="call_allele_count")),
-            Read("{call_allele_count}", (V, S, A), "u", when=equals(using="call_allele_count")),
-            Read("{call_genotype}", (V, S, P), "i", when=equals(using="call_genotype")),
-            Dim(A),
-        ),
-        adds=(Add("variant_allele_count", (V, A), "u"),),
-    ),
-    "variant_stats": Declared(
-        needs=(
-            GENOTYPES,
-            Ensure("{variant_allele_count}", "count_variant_alleles",
-                   {"using": "call_genotype", "call_genotype": "{call_genotype}"}),
-            Read("{variant_allele_count}", (V, A), "u"),
-        ),
-        adds=(
-            Add("variant_n_called", (V,), "i"), Add("variant_call_rate", (V,), "f"),
-            Add("variant_n_het", (V,), "i"), Add("variant_n_hom_ref", (V,), "i"),
-            Add("variant_n_hom_alt", (V,), "i"), Add("variant_n_non_ref", (V,), "i"),
-            Add("variant_allele_count", (V, A), "u"), Add("variant_allele_total", (V,), "i"),
-            Add("variant_allele_frequency", (V, A), "f"),
-        ),
-    ),
-    "sample_stats": Declared(
-        needs=(GENOTYPES,),
-        adds=(
-            Add("sample_n_called", (S,), "i"), Add("sample_call_rate", (S,), "f"), Add("sample_n_het", (S,), "i"),
-            Add("sample_n_hom_ref", (S,), "i"), Add("sample_n_hom_alt", (S,), "i"),
-            Add("sample_n_non_ref", (S,), "i"),
-        ),
-    ),
-    "genotype_coords": Declared(  # sgkit's genotype_coords, within count_variant_genotypes
-        needs=(Dim(P), Dim(A)),
-        adds=(Add("genotype_id", ("genotypes",), "U"),
-              Add("genotypes", ("genotypes",), "U", coord=True, when=equals(assign_coords=True))),
-        defaults={"assign_coords": True, "merge": True},
-    ),
-    "count_variant_genotypes": Declared(
-        needs=(
-            Ensure("{genotype_id}", "genotype_coords", {"assign_coords": "{assign_coords}"}),
-            Read("{genotype_id}", ("genotypes",), "SU"),
-            GENOTYPES,
-            Dim(A),
-        ),
-        adds=(Add("variant_genotype_count", (V, "genotypes"), "u"), Keep("genotypes", when=equals(assign_coords=True))),
-    ),
-    "hardy_weinberg_test": Declared(
-        needs=(
-            Dim(P, unless="ploidy"),
-            Dim(A, unless="alleles"),
-            Ensure("{genotype_count}", "count_variant_genotypes"),
-            Read("{genotype_count}", (V, "genotypes"), "iu"),
-            Read("genotypes", coord=True, hint="the genotype counts need their genotypes coordinate ('0/0', '0/1', '1/1')"),
-        ),
-        adds=(Add("variant_hwe_p_value", (V,), "f"),),
-        normalize=lambda p: {**p, "genotype_count": p["genotype_count"] or "variant_genotype_count"},
-    ),
-    # qc.py
-    "filter_variants": Declared(
-        needs=(
-            Read("variant_allele", (V, A), STRINGS, when=given("max_alleles")),
-            Ensure("variant_call_rate", "variant_stats", when=given("min_call_rate", "min_maf")),
-            Ensure("variant_allele_frequency", "variant_stats", when=given("min_call_rate", "min_maf")),
-            Ensure("variant_hwe_p_value", "hardy_weinberg_test", when=given("min_hwe_p")),
-            Read("variant_call_rate", (V,), "f", when=given("min_call_rate")),
-            Read("variant_allele_frequency", (V, A), "f", when=given("min_maf")),
-            Read("variant_hwe_p_value", (V,), "f", when=given("min_hwe_p")),
-        ),
-    ),
-    "filter_samples": Declared(
-        needs=(
-            Ensure("sample_call_rate", "sample_stats", when=given("min_call_rate")),
-            Read("sample_call_rate", (S,), "f", when=given("min_call_rate")),
-        ),
-    ),
-    "impute_mean": Declared(
-        needs=(Read("{variable}", DOSAGE, "iuf"),),
-        adds=(Add("{variable}", DOSAGE, "f"),),
-    ),
-    # window.py
-    "window_by_variant": Declared(
-        needs=(CONTIGS, Read("{variant_contig}", (V,), "iu")),
-        adds=WINDOW_BOUNDS,
-    ),
-    "window_by_position": Declared(
-        needs=(CONTIGS, Read("{variant_contig}", (V,), "iu"), Read("{variant_position}", (V,), "iu"),
-               Read("{window_start_position}", (V,), "iu")),
-        adds=WINDOW_BOUNDS,
-    ),
-    "window_by_genome": Declared(
-        needs=(Dim(V),),
-        adds=(Add("window_start", (W,), "i"), Add("window_stop", (W,), "i")),
-    ),
-    # pca.py, distance.py
-    "count_call_alternate_alleles": Declared(
-        needs=(Read("{call_genotype}", (V, S, P), "iu"),),
-        adds=(Add(ALT, DOSAGE, "i"),),
-    ),
-    "pca": Declared(
-        needs=(ALT_COUNTED, Read("{variable}", DOSAGE, "iuf"), Dim(P, unless="ploidy")),
-        adds=(
-            Add("sample_pca_projection", (S, "components"), "f"), Add("sample_pca_component", (V, "components"), "f"),
-            Add("sample_pca_explained_variance", ("components",), "f"),
-            Add("sample_pca_explained_variance_ratio", ("components",), "f"),
-            Add("sample_pca_loading", (V, "components"), "f"),
-        ),
-    ),
-    "sample_distance": Declared(
-        needs=(ALT_COUNTED, Read("{variable}", DOSAGE, "biuf")),
-        adds=(Add("stat_sample_distance", ("samples_0", "samples_1"), "f"),),
-    ),
-    # ld.py
-    "ld_matrix": Declared(
-        needs=(*WINDOWS, Read("{dosage}", DOSAGE, "iuf"), Read("{variant_score}", (V,), "f")),
-        table=True,
-    ),
-    "ld_prune": Declared(
-        needs=(*WINDOWS, Read("{dosage}", DOSAGE, "iuf"), Read("{variant_score}", (V,), "f")),
-    ),
-    # popgen.py
-    "count_cohort_alleles": Declared(
-        needs=(
-            Read("{sample_cohort}", (S,), "iu"),
-            Ensure("{call_allele_count}", None),  # summed by cohort where there; else the genotypes are counted
-            Read("{call_allele_count}", (V, S, A), "iu", when=present("{call_allele_count}")),
-            Read("{call_genotype}", (V, S, P), "i", when=absent("{call_allele_count}")),
-            Dim(A, when=absent("{call_allele_count}")),
-        ),
-        # merged, with call_allele_count where counted from the genotypes, as sgkit defines it first
-        adds=(Add("cohort_allele_count", (V, "cohorts", A), "u"),
-              Add("call_allele_count", (V, S, A), "u", when=lambda p, ds: p.get("merge", True) is not False
-                  and absent("{call_allele_count}")(p, ds))),
-    ),
-    "diversity": Declared(
-        needs=(Ensure("{cohort_allele_count}", "count_cohort_alleles"), Read("{cohort_allele_count}", (V, "cohorts", A), "iu")),
-        adds=(Add("stat_diversity", (ROWS, "cohorts"), "f"),),
-    ),
-    "divergence": Declared(
-        needs=(Ensure("{cohort_allele_count}", "count_cohort_alleles"), Read("{cohort_allele_count}", (V, "cohorts", A), "iu")),
-        adds=(Add("stat_divergence", (ROWS, "cohorts_0", "cohorts_1"), "f"),),
-    ),
-    "Fst": Declared(
-        needs=(Ensure("{stat_divergence}", "divergence"), Read("{stat_divergence}", (ANY, "cohorts_0", "cohorts_1"), "f")),
-        adds=(Add("stat_Fst", (W, "cohorts_0", "cohorts_1"), "f"),),  # "windows" even per variant, as sgkit
-    ),
-    "Tajimas_D": Declared(
-        needs=(
-            # sgkit counts the variants' alleles from call_allele_count, which it defines first
-            Ensure("call_allele_count", "count_call_alleles", when=absent("{variant_allele_count}")),
-            Ensure("{variant_allele_count}", "count_variant_alleles", {"using": "call_genotype"}),
-            Ensure("{stat_diversity}", "diversity"),
-            Read("{variant_allele_count}", (V, A), "iu"),
-            Read("{stat_diversity}", (ROWS, "cohorts"), "f"),
-        ),
-        adds=(Add("stat_Tajimas_D", (ROWS, "cohorts"), "f"),),
-    ),
-    # gwas.py
-    "gwas_linear_regression": Declared(
-        needs=(Read("{dosage}", DOSAGE, "iuf"), Read("{covariates}", SAMPLE_COLUMNS, "iufb"),
-               Read("{traits}", SAMPLE_COLUMNS, "iufb")),
-        adds=(Add("variant_linreg_beta", (V, "traits"), "f"), Add("variant_linreg_t_value", (V, "traits"), "f"),
-              Add("variant_linreg_p_value", (V, "traits"), "f")),
-    ),
-}
+
+# --- the declarations, read from the ops ------------------------------------------------------------
+
+_STEPS: dict[str, Declared] = {}  # steps within ops that are no registered op, by name
+
+
+def step(name: str, declared: Declared) -> Declared:
+    """Declare ``name``, a step an op runs within that is no registered op (sgkit's
+    ``genotype_coords``), for :class:`Ensure` items to name."""
+    if name in _STEPS:
+        raise ValueError(f"step {name!r} is declared twice")
+    _STEPS[name] = declared
+    return declared
+
+
+class _Declarations(Mapping):
+    """Op (or step) name -> its :class:`Declared`: the ``variables`` of each registered Dataset op
+    (:func:`pipeline.ops.registry.register`), and the steps of :func:`step`."""
+
+    def _all(self) -> dict[str, Declared]:
+        from ... import ops  # importing the ops registers them
+
+        return {**{o.name: o.variables for o in ops.all_ops() if o.variables is not None}, **_STEPS}
+
+    def __getitem__(self, name: str) -> Declared:
+        return self._all()[name]
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+DECLARED: Mapping[str, Declared] = _Declarations()
 
 
 # --- applying it ------------------------------------------------------------------------------------
@@ -409,7 +318,7 @@ def _dims_match(have: tuple, want: tuple) -> bool:
 
 
 def defaults(op: str) -> dict:
-    """An entry's parameters with nothing given: the registered op's defaults."""
+    """A declared op's parameters with nothing given: the registered op's defaults."""
     entry = DECLARED[op]
     if entry.defaults:
         return dict(entry.defaults)
@@ -421,7 +330,7 @@ def defaults(op: str) -> dict:
 
 def apply(op: str, params: dict, ds: State, *, via: str = "") -> State | None:
     """The dataset after op ``op`` with ``params`` (all of them, defaults included) on ``ds``,
-    from the table: :class:`Problem` where a variable it reads is missing or not as it must be.
+    from its declaration: :class:`Problem` where a variable it reads is missing or not as it must be.
     None for an op that returns a table, not a Dataset."""
     entry = DECLARED[op]
     if entry.normalize is not None:
@@ -513,6 +422,7 @@ def _kinds(kind: str) -> str:
 
 
 def undeclared(ops) -> list[str]:
-    """The names of Dataset ops among ``ops`` (registered :class:`~pipeline.ops.registry.Op`) the table lacks."""
-    return [o.name for o in ops if o.dataset and o.name not in DECLARED]
+    """The names of Dataset ops among ``ops`` (registered :class:`~pipeline.ops.registry.Op`) that
+    declare no variables."""
+    return [o.name for o in ops if o.dataset and o.variables is None]
 

@@ -19,7 +19,9 @@ import xarray as xr
 from ...backend import to_numpy
 from ...errors import InputError
 from ..registry import register
+from . import specs
 from ._dataset import merge as _merge, variable
+from .variables import CONTIGS, V, WINDOW_BOUNDS, Declared, Dim, Read, add, read
 
 COMMENTS = {  # sgkit's documentation of its variables, which it sets as their "comment"
     "window_contig": "The contig index of each window.",
@@ -79,7 +81,10 @@ def _windows(ds: xr.Dataset, bounds: np.ndarray, windows_of, merge: bool) -> xr.
     return _merge(ds, new, merge)
 
 
-@register(kernels=(), dataset=True)
+@register(kernels=(), dataset=True, variables=Declared(
+    needs=(CONTIGS, read(specs.variant_contig_spec, "{variant_contig}")),
+    adds=WINDOW_BOUNDS,
+))
 def window_by_variant(
     ds: xr.Dataset,
     *,
@@ -106,7 +111,12 @@ def window_by_variant(
     return _windows(ds, bounds, windows_of, merge)
 
 
-@register(kernels=(), dataset=True)
+@register(kernels=(), dataset=True, variables=Declared(
+    # unsigned positions too, where sgkit's spec says signed
+    needs=(CONTIGS, read(specs.variant_contig_spec, "{variant_contig}"), Read("{variant_position}", (V,), "iu"),
+           Read("{window_start_position}", (V,), "iu")),
+    adds=WINDOW_BOUNDS,
+))
 def window_by_position(
     ds: xr.Dataset,
     *,
@@ -222,7 +232,10 @@ def _texts(values: np.ndarray) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in values.tolist()]
 
 
-@register(kernels=(), dataset=True)
+@register(kernels=(), dataset=True, variables=Declared(
+    needs=(Dim(V),),
+    adds=(add(specs.window_start_spec), add(specs.window_stop_spec)),
+))
 def window_by_genome(ds: xr.Dataset, *, merge: bool = True) -> xr.Dataset:
     """One window of every variant, for statistics of the whole genome: ``window_start`` and
     ``window_stop`` (windows), int64, and no ``window_contig`` (as sgkit)."""
