@@ -250,7 +250,7 @@ def cmd_import_vcf(args) -> int:
     t = time.perf_counter()
     path = import_vcf(
         args.vcf, args.path, variant_chunk=args.variant_chunk, sample_chunk=args.sample_chunk, zarr_format=args.zarr_format,
-        workers=args.workers, overwrite=args.overwrite, progress=_progress(args),
+        workers=args.workers, overwrite=args.overwrite, progress=_progress(args), samples_table=args.samples_table,
     )
     print(f"wrote {path} ({directory_bytes(path) / 1e9:.3f} GB stored) in {time.perf_counter() - t:.1f} s")
     return EXIT_OK
@@ -379,6 +379,9 @@ def parser() -> argparse.ArgumentParser:
     iv.add_argument("--zarr-format", type=int, choices=(2, 3), default=2, help="2 (default, as bio2zarr) or 3")
     iv.add_argument("--workers", type=int, default=0, help="worker processes (default 0: this process)")
     iv.add_argument("--overwrite", action="store_true", help="replace a store pipeline imported there")
+    iv.add_argument("--samples-table", metavar="FILE", default=None,
+                    help="a TSV or CSV file keyed by sample ID whose columns (cohort, traits, covariates) are added as "
+                    "per-sample variables")
     iv.add_argument("--no-progress", action="store_true")
     iv.set_defaults(func=cmd_import_vcf)
 

@@ -230,8 +230,22 @@ def _sample_arrays(root: Path, ts, mapping, seed: int) -> dict[str, tuple[np.nda
     }
 
 
-def _write_arrays(root: Path, arrays: dict, samples_chunk: int) -> None:
-    """Each array beside bio2zarr's, in the store's Zarr format, with bio2zarr's default codec."""
+def _write_table(root: Path, table) -> None:
+    """A sample table's variables, matched to the store's samples, beside bio2zarr's arrays."""
+    import zarr
+
+    from .sources.samples import variables
+
+    group = zarr.open_group(root, mode="r")
+    ids = group["sample_id"]
+    found = variables(table, ids[...].tolist(), set(group.array_keys()))
+    arrays = {name: (values, ("samples",), attrs.pop("description")) for name, (values, attrs) in found.items()}
+    _write_arrays(root, arrays, ids.chunks[0], attrs={name: attrs for name, (_, attrs) in found.items()})
+
+
+def _write_arrays(root: Path, arrays: dict, samples_chunk: int, attrs: dict | None = None) -> None:
+    """Each array beside bio2zarr's, in the store's Zarr format, with bio2zarr's default codec
+    (``attrs``: more attributes of some arrays, by name)."""
     import numcodecs
     import zarr
 
@@ -253,6 +267,7 @@ def _write_arrays(root: Path, arrays: dict, samples_chunk: int) -> None:
                                  fill_value=None, **extra)
         arr[...] = values
         arr.attrs["description"] = description
+        arr.attrs.update((attrs or {}).get(name, {}))
         if v2:
             arr.attrs["_ARRAY_DIMENSIONS"] = list(dims)
 
@@ -338,6 +353,7 @@ def import_vcf(
     workers: int = 0,
     overwrite: bool = False,
     progress: bool = False,
+    samples_table: str | os.PathLike | None = None,
 ) -> Path:
     """Convert a VCF (or BCF) file to a VCF Zarr store at ``path`` with bio2zarr's ``explode``
     and ``encode`` (``vcf2zarr``), all or nothing; return the path.
@@ -346,6 +362,8 @@ def import_vcf(
     or ``.csi`` beside it), as bio2zarr requires. Chunks default to bio2zarr's (1,000 variants x
     10,000 samples); ``workers`` processes encode in parallel (0: this one). The intermediate
     (columnar) copy is written beside the output, in a hidden directory removed at the end.
+    ``samples_table``: a sample table (:mod:`pipeline.sources.samples`) whose variables
+    (``sample_cohort``, traits, covariates) are written into the store with the rest.
     A missing, unreadable or invalid file raises InputError naming it.
     """
     vcf = Path(vcf)
@@ -360,6 +378,11 @@ def import_vcf(
         raise InputError(f"zarr_format must be 2 or 3, got {zarr_format!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise InputError(f"workers must be 0 (this process) or a number of processes, got {workers!r}")
+    table = None
+    if samples_table is not None:  # checked on its own before the (long) conversion
+        from .sources.samples import read_table
+
+        table = read_table(samples_table)
     _require("bio2zarr.vcf", "cyvcf2")
     import bio2zarr.vcf
 
@@ -376,6 +399,8 @@ def import_vcf(
             )
         except (ValueError, OSError, KeyError, IndexError) as e:
             raise InputError(f"{vcf}: could not be converted to VCF Zarr ({type(e).__name__}: {e})") from e
+        if table is not None:
+            _write_table(partial, table)
         _consolidate(partial)
     return final
 

@@ -87,6 +87,8 @@ class Source(_Strict):
     variables: list[str] | None = Field(default=None, min_length=1)
     chunks: dict[str, int] | None = None
     demo: DemoSource | None = None
+    # a sample table (TSV or CSV) whose columns become per-sample variables of the dataset
+    samples: str | None = None
 
     @model_validator(mode="after")
     def _one(self):
@@ -94,6 +96,9 @@ class Source(_Strict):
             raise PydanticCustomError("source_variable", "required key is missing (or give variables: the arrays of a dataset, for Dataset ops)")
         if self.variable is not None and self.variables is not None:
             raise PydanticCustomError("source_variable", "give either variable (one array) or variables (a dataset's arrays), not both")
+        if self.samples is not None and self.variables is None:
+            raise PydanticCustomError("source_samples", "a sample table adds variables to a dataset: give variables (a VCF "
+                                      "Zarr store's arrays), not variable")
         return self
 
     @property
@@ -159,6 +164,8 @@ def _messages(file: str, err: ValidationError, prefix: tuple = (), model: type[B
         msg = e["msg"]
         if e["type"] == "source_variable":
             loc = _loc((*prefix, *e["loc"], "variable"))
+        if e["type"] == "source_samples":
+            loc = _loc((*prefix, *e["loc"], "samples"))
         if e["type"] == "extra_forbidden":
             msg = "unknown key" + _did_you_mean(str(e["loc"][-1]), _keys(model, e["loc"][:-1]), "keys")
         elif e["type"] == "missing":
@@ -343,6 +350,7 @@ class BuiltFlow:
     parts: dict[str, set[str]] = field(default_factory=dict)
     source_attrs: dict = field(default_factory=dict)  # the source store's global attributes
     open_seconds: float = 0.0  # opening the source (its metadata; nothing is read)
+    from_table: tuple[str, ...] = ()  # the source's variables that the sample table gave
 
 
 def with_source(flow: Flow, path: str | Path) -> Flow:
@@ -379,6 +387,31 @@ def _check_source_path(flow: Flow) -> None:
     if not Path(src.path).exists() and "://" not in src.path:
         hint = " (add a 'demo' entry to the source to generate it)" if src.demo is None else ""
         raise FlowError(f"{flow._file}: source.path: {src.path}: no such file or directory{hint}")
+    if src.samples is not None and not Path(src.samples).exists():
+        raise FlowError(f"{flow._file}: source.samples: {src.samples}: no such file (expected a sample table, TSV or CSV)")
+
+
+def _sample_table(flow: Flow):
+    """The flow's sample table, read and checked on its own (None where it has none)."""
+    from .sources.samples import read_table
+
+    if flow.source.samples is None:
+        return None
+    try:
+        return read_table(flow.source.samples)
+    except InputError as e:
+        raise FlowError(f"{flow._file}: source.samples: {e}") from None
+
+
+def _with_table(flow: Flow, ds: xr.Dataset, table, existing=None) -> xr.Dataset:
+    """``ds`` with the sample table's variables (the table matched to the store's samples);
+    ``existing``: the store's variables, which the table may not replace (default: ``ds``'s)."""
+    from .sources.samples import attach
+
+    try:
+        return attach(ds, table, existing)
+    except InputError as e:
+        raise FlowError(f"{flow._file}: source.samples: {e}") from None
 
 
 def check_data(flow: Flow) -> dict[str, int]:
@@ -466,7 +499,10 @@ def _check_dataset(flow: Flow) -> dict[str, int]:
     from .ops.genomics.variables import State
 
     src, f = flow.source, flow._file
+    table = _sample_table(flow)
     with _open_metadata(flow) as ds:
+        if table is not None:
+            ds = _with_table(flow, ds, table)
         for name in src.variables:
             if name not in ds.data_vars:
                 raise FlowError(f"{f}: source.variables: {src.path}: no variable {name!r} "
@@ -565,12 +601,22 @@ def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
     target = B.resolve(backend or flow.backend)
     src, f = flow.source, flow._file
     _check_source_path(flow)
+    table = _sample_table(flow)
+    names = src.variables or [src.variable]
+    if table is not None:  # the table's variables come from the table, matched to the store's sample_id
+        names = [v for v in names if v not in table.names] + ["sample_id"] * ("sample_id" not in names)
     t_open = time.perf_counter()
     try:
-        ds = open_dataset(src.path, backend=target, chunks=src.chunks, variables=src.variables or [src.variable])
+        ds = open_dataset(src.path, backend=target, chunks=src.chunks, variables=names)
     except InputError as e:
         key = ("source.variables" if src.dataset else "source.variable") if "no variable" in str(e) else "source.path"
         raise FlowError(f"{f}: {key}: {e}") from None
+    if table is not None:
+        with _open_metadata(flow) as store:  # the table may not replace a variable the flow does not read either
+            existing = set(map(str, store.variables))
+        ds = _with_table(flow, ds, table, existing)
+        if "sample_id" not in src.variables:
+            ds = ds.drop_vars("sample_id")
     t_open = time.perf_counter() - t_open
     if src.dataset:  # each step's variables, before a filter's statistics run over the data
         from .ops.genomics.variables import State
@@ -604,7 +650,8 @@ def build_flow(flow: Flow, backend: str | None = None) -> BuiltFlow:
             raise FlowError(f"{f}: {key}: the result is named {name!r}, which is also one of its coordinates "
                             f"({', '.join(map(str, x.coords))}); set sink.name (or the step's name) to another name")
         result = x.rename(name)
-    return BuiltFlow(flow, target, results["source"], result, parts, dict(ds.attrs), t_open)
+    return BuiltFlow(flow, target, results["source"], result, parts, dict(ds.attrs), t_open,
+                     tuple(table.names) if table is not None else ())
 
 
 def _dataset_result(flow: Flow, result: xr.Dataset, source: xr.Dataset) -> xr.Dataset:
@@ -649,6 +696,8 @@ def fingerprint(flow: Flow, arrays: list[str] | None = None) -> str:
 def _audit(flow: Flow, arrays: list[str]) -> dict:
     """The report's fingerprints: of each input, of all inputs, and of the flow with its inputs."""
     inputs = [path_fingerprint(flow.source.path, arrays)]
+    if flow.source.samples is not None:  # a run depends on the table's values as on the store's
+        inputs.append(path_fingerprint(flow.source.samples))
     of_inputs = combined([i["fingerprint"] for i in inputs])
     return {"inputs": inputs, "inputs_fingerprint": of_inputs, "fingerprint": combined([flow._sha256, of_inputs])}
 
@@ -815,7 +864,8 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume, im
         )
     by_part = {part: _timing(t) for part, t in attribute(times, built.parts).items()}
 
-    stored_read = sum(_stored_bytes(flow.source.path, v) for v in (flow.source.variables or [flow.source.variable]))
+    stored_read = sum(_stored_bytes(flow.source.path, v) for v in (flow.source.variables or [flow.source.variable])
+                      if v not in built.from_table)
     nbytes_read = int(built.source.nbytes)
     src_array = source_array(built.source)
     steps = []
