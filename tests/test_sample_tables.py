@@ -20,6 +20,8 @@ import pipeline.genomics as sg
 from pipeline import cli
 from pipeline.demo_genomics import import_vcf
 
+from .conftest import requires_gpu
+
 pytest.importorskip("bio2zarr")
 pytest.importorskip("cyvcf2")
 
@@ -258,3 +260,21 @@ def test_flow_errors_name_the_table(tmp_path, store):
     r = _pipeline("validate", flow.name, cwd=tmp_path)
     assert r.returncode == 2 and "gwas.yaml: source.samples: a sample table adds variables to a dataset" in r.stderr, r.stderr
     assert not (tmp_path / "out.zarr").exists()
+
+
+# --- on the GPU -------------------------------------------------------------------------------------------
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_table_variables_live_on_the_gpu_in_the_stores_sample_chunks(tmp_path, store):
+    from pipeline import backend as B
+    from pipeline.flows import build_flow, load_flow
+
+    table = _write_table(tmp_path / "samples.tsv", _rows(list(range(N_SAMPLES))[::-1]))
+    flow = load_flow(_flow("gwas", tmp_path, store, table, path=str(store), samples=str(table)))
+    cpu, gpu = build_flow(flow, "cpu").source, build_flow(flow, "gpu").source
+    for v in ("sample_trait", "sample_covariate"):
+        assert B.backend_of(gpu[v]) == "gpu" and B.backend_of(cpu[v]) == "cpu"
+        assert gpu[v].data.chunks == (gpu["call_genotype"].data.chunks[1],)
+        np.testing.assert_array_equal(B.to_numpy(gpu[v].data), cpu[v].values)
