@@ -255,6 +255,9 @@ def test_flow_errors_name_the_table(tmp_path, store):
     assert r.returncode == 2
     assert "samples.tsv: column 'id' would replace the variable 'sample_id' the store already has" in r.stderr, r.stderr
     doc = yaml.safe_load(flow.read_text())
+    flow.write_text(yaml.safe_dump({**doc, "source": {**doc["source"], "samples": "nope.tsv"}}))
+    r = _pipeline("validate", flow.name, cwd=tmp_path)
+    assert r.returncode == 2 and "gwas.yaml: source.samples: nope.tsv: no such file" in r.stderr, r.stderr
     doc["source"] = {"path": doc["source"]["path"], "variable": "call_genotype", "samples": "samples.tsv"}
     flow.write_text(yaml.safe_dump(doc))
     r = _pipeline("validate", flow.name, cwd=tmp_path)
