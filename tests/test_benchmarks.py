@@ -218,3 +218,27 @@ def test_genomics_linalg_smoke(tmp_path):
     counts = bench.counts_block(np, 5, 50, 40, seed=0)
     assert counts.dtype == np.int8 and set(np.unique(counts)) == {0, 1, 2}
     assert (counts.min(axis=1) < counts.max(axis=1)).all()
+
+
+@pytest.mark.skipif(shutil.which("plink2") is None, reason="PLINK 2 (plink2) not on PATH")
+def test_plink2_smoke(tmp_path):
+    """PLINK 2 and pipeline on the same msprime genotypes (VCF -> .pgen, VCF -> VCF Zarr): every
+    operation timed as a process and its results agreeing; the data reused by a second run."""
+    pytest.importorskip("msprime")
+    pytest.importorskip("bio2zarr.vcf")
+    bench = load("plink2")
+    argv = ["--samples", "150", "--variants", "800", "--workdir", str(tmp_path), "--workers", "1",
+            "--json", str(tmp_path / "plink2.json")]
+    out = bench.main(argv)
+    assert [r["operation"] for r in out["rows"]] == list(bench.OPS)
+    for r in out["rows"]:
+        assert r["agrees"] and r["plink2_seconds"] > 0 and r["pipeline_seconds"] > 0, r
+    assert out["ok"] and set(out["prepared_seconds"]) == {"vcf_seconds", "import_vcf", "make_pgen"}
+    assert json.loads((tmp_path / "plink2.json").read_text())["rows"] == out["rows"]
+    rows = [ln for ln in (tmp_path / "data.vcf").read_text().splitlines() if not ln.startswith("#")]
+    with_missing = sum("./." in ln for ln in rows)  # 80 variants (10 %) draw missing calls at 2 %
+    assert len(rows) == 800 and 60 < with_missing <= 80
+    glm = next(r for r in out["rows"] if r["operation"] == "glm")["agreement"]
+    assert f"({800 - with_missing} complete variants)" in glm  # compared where PLINK 2 and pipeline see the same calls
+    again = bench.main(argv[:-2] + ["--ops", "freq"])  # the VCF, the store and the .pgen are reused
+    assert again["prepared_seconds"] == {} and again["rows"][0]["agrees"]

@@ -1,0 +1,396 @@
+"""pipeline against PLINK 2 on the same msprime genotypes, each tool reading its own format.
+
+The genotypes (``--samples`` x ``--variants``, 25,000 x 200,000 by default) are simulated once by
+msprime (:func:`pipeline.demo_genomics.simulate`: the demo's three populations), keeping the
+first ``--variants`` biallelic sites, and written once as a VCF. A fraction ``--missing-variants``
+of the variants (chosen by the seed) has calls missing whole (``./.``) at the rate ``--missing``;
+the other variants are complete. A quantitative trait (the alternate-allele dosage at ten causal
+variants, three covariates and noise) is simulated from the seed into ``samples.tsv`` (for
+pipeline) and into PLINK's ``trait.pheno`` and ``covar.cov`` (the same values). Then, untimed:
+
+- ``pipeline import-vcf data.vcf data.vcz --samples-table samples.tsv`` (bio2zarr's vcf2zarr, its
+  chunks: 1,000 variants x 10,000 samples);
+- ``plink2 --vcf data.vcf --make-pgen`` (PLINK 2's .pgen/.pvar/.psam).
+
+Everything is kept under ``--workdir`` and reused by a later run with the same sizes and seed.
+Each operation is then timed as a whole process, first run, one process after the other:
+
+============  =====================================  ==============================================
+operation     PLINK 2 (``--threads`` all cores)      pipeline (a fresh process on ``--backend``)
+============  =====================================  ==============================================
+freq          ``--freq``                             ``count_variant_alleles``
+missing       ``--missing``                          ``variant_stats`` + ``sample_stats``
+hardy         ``--hardy``                            ``hardy_weinberg_test``
+pca           ``--pca approx 10``                    ``filter_variants`` (polymorphic),
+                                                     ``count_call_alternate_alleles``,
+                                                     ``impute_mean``, ``pca`` (randomized, 10)
+glm           ``--glm hide-covar`` with ``--pheno``  ``count_call_alternate_alleles``,
+              and ``--covar``                        ``impute_mean``, ``gwas_linear_regression``
+============  =====================================  ==============================================
+
+and the results compared:
+
+- alternate-allele frequencies and missing rates (variants and samples): equal to PLINK 2's
+  printed rounding (6 significant digits: relative 1e-5);
+- HWE p-values: both are Wigginton, Cutler and Abecasis's exact test (PLINK 2's two-sided
+  p-value, sgkit's algorithm): relative 1e-4 where p > 1e-300 (PLINK 2 prints 6 digits, and sums
+  the probabilities in its own order, with a tolerance for ties of 1 + 1e-7);
+- PCA: PLINK 2's eigenvalues are those of the GRM (standardized by ``sqrt(2p(1-p))``, divided by
+  the variants M); sgkit's Patterson scaling divides by ``sqrt(p(1-p))`` and its explained
+  variance is the variance of the projections (divided by the samples n), so PLINK 2's
+  eigenvalue is ``n / (2 M)`` times pipeline's explained variance. Both mean-impute missing calls
+  and both are approximate: PLINK 2's block Krylov method, and a randomized SVD with
+  ``n_iter=4`` power iterations here (sgkit's default of none is 20-45 % off on the small run, 4
+  are within 1 % of the exact eigenvalues). The first 3 (the structure of 3 populations) within
+  2 %, all 10 within 10 % (those past the structure are noise eigenvalues, close together, where
+  approximate methods differ most);
+- GLM: betas and p-values of the trait on the variants with no missing call within relative
+  1e-3 (print rounding; the t-test is the same). Where calls are missing PLINK 2 leaves the
+  samples out of that variant's regression and pipeline imputes the variant's mean, so those
+  variants are reported (largest difference) but not held to the tolerance.
+
+It prints one table: operation, PLINK 2 seconds, pipeline seconds, speed-up, agreement.
+
+    python benchmarks/plink2.py --workdir /tmp/plink2-bench --backend gpu --json plink2.json
+
+Verified small run (CPU backend, 2 cores, PLINK v2.00a3.5 from Debian 12; not the issue's size,
+which is meant for the GPU machine):
+
+    python benchmarks/plink2.py --samples 500 --variants 5000 --backend cpu --workdir /tmp/p2
+
+TABLE
+
+PLINK 2 on the GPU machine (no downloads there): on a machine with Debian's packages,
+``apt-get download plink2 liblapack3 libblas3 libgfortran5 libquadmath0 libdeflate0`` (``apt-cache
+depends plink2``: libblas3 and liblapack3, libdeflate0, libzstd1, zlib1g and libc6;
+``ldd /usr/lib/plink2/plink2-avx2`` adds libgfortran5 and libquadmath0 through LAPACK), carry the
+.deb files over and unpack them all into one folder with ``for f in *.deb; do dpkg -x $f
+plink2pkg; done``. ``plink2pkg/usr/bin/plink2`` is Debian's dispatch script (it picks
+``plink2pkg/usr/lib/plink2/plink2-avx2`` on an AVX2 machine); ``--plink2
+plink2pkg/usr/bin/plink2`` runs it with ``LD_LIBRARY_PATH`` set to the unpacked libraries
+(``usr/lib/x86_64-linux-gnu`` and its ``blas`` and ``lapack`` folders), which this script adds
+itself where the binary sits in such a tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+OPS = ("freq", "missing", "hardy", "pca", "glm")
+COVARIATES = ("age", "sex", "normal")
+CAUSAL = 10
+BLOCK = 256  # variants formatted at a time
+TOLERANCES = {"freq": 1e-5, "missing": 1e-5, "hardy": 1e-4, "glm": 1e-3}
+
+
+# --- the data ---------------------------------------------------------------------------------------
+
+
+def _biallelic_sites(samples: int, variants: int, seed: int):
+    """The tree sequence, and the ids of its first ``variants`` biallelic sites."""
+    from pipeline.demo_genomics import simulate
+
+    n = variants
+    while True:
+        ts = simulate(samples, n, seed)
+        sites = [v.site.id for v in ts.variants() if len(v.alleles) == 2 and None not in v.alleles]
+        if len(sites) >= variants:
+            return ts, np.asarray(sites[:variants])
+        n = int(n * 1.1) + 10
+
+
+def write_data(work: Path, samples: int, variants: int, seed: int, missing: float, missing_variants: float) -> bool:
+    """The VCF and the trait and covariates (for pipeline and PLINK 2), once for these arguments
+    (False where they were there already)."""
+    params = dict(samples=samples, variants=variants, seed=seed, missing=missing, missing_variants=missing_variants)
+    done = work / "data.json"
+    if done.exists() and json.loads(done.read_text()) == params:
+        return False
+    for name in ("data.vcf", "data.vcz", "data.pgen", "data.pvar", "data.psam", "samples.tsv", "plink2", "pipeline"):
+        path = work / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    ts, sites = _biallelic_sites(samples, variants, seed)
+    rng = np.random.default_rng([seed, 45])
+    with_missing = np.sort(rng.choice(variants, size=round(missing_variants * variants), replace=False))
+    causal = set(rng.choice(np.setdiff1d(np.arange(variants), with_missing), size=min(CAUSAL, variants), replace=False).tolist())
+    ids = [f"tsk_{i}" for i in range(samples)]
+    dosage = np.zeros(samples)
+    wanted = np.zeros(ts.num_sites, dtype=bool)
+    wanted[sites] = True
+    missing_row = np.zeros(variants, dtype=bool)
+    missing_row[with_missing] = True
+    effects = rng.normal(scale=0.5, size=CAUSAL)
+    with open(work / "data.vcf", "wb") as f:
+        f.write(("##fileformat=VCFv4.3\n"
+                 f"##contig=<ID=1,length={int(ts.sequence_length) + 1}>\n"
+                 '##FORMAT=<ID=GT,Number=1,Type=String,Description="Genotype">\n'
+                 "#CHROM\tPOS\tID\tREF\tALT\tQUAL\tFILTER\tINFO\tFORMAT\t" + "\t".join(ids) + "\n").encode())
+        text = np.empty((samples, 4), dtype=np.uint8)
+        text[:, 1], text[:, 3] = ord("|"), ord("\t")
+        k, e = 0, 0
+        for v in ts.variants():
+            if not wanted[v.site.id]:
+                continue
+            g = v.genotypes.reshape(samples, 2)
+            if k in causal:
+                dosage += effects[e] * g.sum(axis=1)
+                e += 1
+            text[:, 0], text[:, 2] = g[:, 0] + ord("0"), g[:, 1] + ord("0")
+            text[:, 1] = ord("|")
+            if missing_row[k]:
+                gone = rng.random(samples) < missing
+                text[gone, 0], text[gone, 1], text[gone, 2] = ord("."), ord("/"), ord(".")
+            text[-1, 3] = ord("\n")
+            ref, alt = v.alleles
+            f.write(f"1\t{int(v.site.position) + 1}\t.\t{ref}\t{alt}\t.\tPASS\t.\tGT\t".encode())
+            f.write(text.tobytes())
+            text[-1, 3] = ord("\t")
+            k += 1
+    covariates = np.column_stack([rng.normal(size=samples), rng.integers(0, 2, size=samples), rng.normal(size=samples)])
+    trait = dosage + covariates @ rng.normal(scale=0.3, size=3) + rng.normal(size=samples)
+    with open(work / "samples.tsv", "w") as tsv, open(work / "trait.pheno", "w") as pheno, \
+            open(work / "covar.cov", "w") as cov:
+        tsv.write("sample_id\ttrait\t" + "\t".join(COVARIATES) + "\n")
+        pheno.write("#IID\ttrait\n")
+        cov.write("#IID\t" + "\t".join(COVARIATES) + "\n")
+        for i, name in enumerate(ids):
+            c = "\t".join(repr(float(x)) for x in covariates[i])
+            tsv.write(f"{name}\t{float(trait[i])!r}\t{c}\n")
+            pheno.write(f"{name}\t{float(trait[i])!r}\n")
+            cov.write(f"{name}\t{c}\n")
+    done.write_text(json.dumps(params))
+    return True
+
+
+def plink2_env(binary: str) -> dict:
+    """The environment for ``binary``: with the libraries of a Debian package tree it sits in
+    (unpacked by ``dpkg -x``) on ``LD_LIBRARY_PATH``."""
+    env = dict(os.environ)
+    path = shutil.which(binary)
+    if path is None:
+        raise SystemExit(f"{binary}: no such PLINK 2 binary (--plink2; the module docstring says how to unpack one)")
+    # usr/bin/plink2 -> usr/lib/plink2/simd-dispatch: the tree's root is two levels above usr/bin
+    root = Path(path).absolute().parent.parent
+    libs = [root / "lib" / "x86_64-linux-gnu" / sub for sub in ("", "blas", "lapack")]
+    libs = [str(p) for p in libs if p.is_dir() and root != Path("/usr")]
+    if libs:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")])
+    return env
+
+
+def convert(work: Path, plink2: str, env: dict, workers: int) -> dict:
+    """VCF Zarr (bio2zarr, through ``pipeline import-vcf``) and .pgen (PLINK 2), untimed but
+    reported; each made once."""
+    seconds = {}
+    if not (work / "data.vcz").exists():
+        t = time.perf_counter()
+        _run([sys.executable, "-m", "pipeline", "import-vcf", str(work / "data.vcf"), str(work / "data.vcz"),
+              "--samples-table", str(work / "samples.tsv"), "--workers", str(workers), "--no-progress"])
+        seconds["import_vcf"] = time.perf_counter() - t
+    if not (work / "data.pgen").exists():
+        t = time.perf_counter()
+        _run([plink2, "--vcf", str(work / "data.vcf"), "--make-pgen", "--threads", str(os.cpu_count()),
+              "--out", str(work / "data")], env=env)
+        seconds["make_pgen"] = time.perf_counter() - t
+    return seconds
+
+
+def _run(cmd: list[str], env: dict | None = None) -> None:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+
+
+# --- PLINK 2 ----------------------------------------------------------------------------------------
+
+PLINK_ARGS = {
+    "freq": ["--freq"],
+    "missing": ["--missing"],
+    "hardy": ["--hardy"],
+    "pca": ["--pca", "approx", "10"],
+    "glm": ["--glm", "hide-covar", "--pheno", "trait.pheno", "--covar", "covar.cov"],
+}
+
+
+def run_plink2(op: str, work: Path, plink2: str, env: dict) -> float:
+    out = work / "plink2" / op
+    out.parent.mkdir(exist_ok=True)
+    args = [a if not a.endswith((".pheno", ".cov")) else str(work / a) for a in PLINK_ARGS[op]]
+    cmd = [plink2, "--pfile", str(work / "data"), *args, "--threads", str(os.cpu_count()), "--out", str(out)]
+    t = time.perf_counter()
+    _run(cmd, env=env)
+    return time.perf_counter() - t
+
+
+def _table(path: Path) -> dict:
+    """A PLINK 2 output table, by column (numbers as float64 where they are numbers)."""
+    lines = path.read_text().splitlines()
+    names = lines[0].lstrip("#").split("\t")
+    rows = [ln.split("\t") for ln in lines[1:]]
+    out = {}
+    for i, name in enumerate(names):
+        col = [r[i] for r in rows]
+        try:
+            out[name] = np.array([np.nan if x == "NA" else float(x) for x in col])
+        except ValueError:
+            out[name] = np.array(col)
+    return out
+
+
+def read_plink2(op: str, work: Path) -> dict:
+    base = work / "plink2" / op
+    if op == "freq":
+        return {"alt_freq": _table(base.with_suffix(".afreq"))["ALT_FREQS"]}
+    if op == "missing":
+        return {"variant_missing": _table(base.with_suffix(".vmiss"))["F_MISS"],
+                "sample_missing": _table(base.with_suffix(".smiss"))["F_MISS"]}
+    if op == "hardy":
+        return {"hwe_p": _table(base.with_suffix(".hardy"))["P"]}
+    if op == "pca":
+        return {"eigenvalues": np.loadtxt(base.with_suffix(".eigenval"), ndmin=1)}
+    t = _table(Path(f"{base}.trait.glm.linear"))
+    sign = np.where(t["A1"] == t["ALT"], 1.0, -1.0)  # the effect of the alternate allele
+    return {"beta": t["BETA"] * sign, "p": t["P"]}
+
+
+# --- pipeline (in a process of its own) ---------------------------------------------------------------
+
+
+def pipeline_one(op: str, store: str, backend: str, out: str) -> None:
+    import pipeline
+    import pipeline.genomics as sg
+
+    ds = sg.load_dataset(store, backend=backend)
+    scalars = {}
+    if op == "freq":
+        ac = sg.count_variant_alleles(ds, merge=False).variant_allele_count
+        result = {"alt_freq": ac[:, 1] / ac.sum("alleles")}
+    elif op == "missing":
+        result = {"variant_missing": 1 - sg.variant_stats(ds, merge=False).variant_call_rate,
+                  "sample_missing": 1 - sg.sample_stats(ds, merge=False).sample_call_rate}
+    elif op == "hardy":
+        result = {"hwe_p": sg.hardy_weinberg_test(ds, merge=False).variant_hwe_p_value}
+    else:
+        if op == "pca":
+            # Patterson's scale needs variation: the variants polymorphic among the called samples
+            ds = sg.filter_variants(ds, min_maf=1e-12)
+        ds = sg.impute_mean(sg.count_call_alternate_alleles(ds))
+        if op == "pca":
+            ds = ds.assign(call_alternate_allele_count=ds.call_alternate_allele_count.chunk({"samples": -1}))
+            r = sg.pca(ds, n_components=10, algorithm="randomized", n_iter=4, merge=False)
+            result = {"explained_variance": r.sample_pca_explained_variance}
+            scalars = {"variants": ds.sizes["variants"]}
+        else:
+            r = sg.gwas_linear_regression(ds, dosage="call_alternate_allele_count", traits=["sample_trait"],
+                                          covariates=[f"sample_{c}" for c in COVARIATES], merge=False)
+            result = {"beta": r.variant_linreg_beta[:, 0], "p": r.variant_linreg_p_value[:, 0]}
+    values = pipeline.compute([v.data for v in result.values()])
+    np.savez(out, **scalars, **{k: np.asarray(pipeline.to_numpy(v), dtype=np.float64) for k, v in zip(result, values)})
+
+
+def run_pipeline(op: str, work: Path, backend: str) -> float:
+    out = work / "pipeline" / f"{op}.npz"
+    out.parent.mkdir(exist_ok=True)
+    cmd = [sys.executable, __file__, "--one", op, "--workdir", str(work), "--backend", backend]
+    t = time.perf_counter()
+    _run(cmd)
+    return time.perf_counter() - t
+
+
+# --- the comparison -----------------------------------------------------------------------------------
+
+
+def _rel(a: np.ndarray, b: np.ndarray, floor: float = 0.0) -> float:
+    """Largest relative difference where both are finite (inf where they are NaN in different places)."""
+    if a.shape != b.shape or not np.array_equal(np.isnan(a), np.isnan(b)):
+        return np.inf
+    ok = ~np.isnan(a) & (np.abs(b) > floor)
+    if not ok.any():
+        return 0.0
+    return float(np.max(np.abs(a[ok] - b[ok]) / np.maximum(np.abs(b[ok]), 1e-12)))
+
+
+def compare(op: str, plink: dict, ours: dict, complete: np.ndarray, samples: int, variants: int) -> tuple[bool, str]:
+    """(agrees, the words for the table)."""
+    if op == "pca":
+        ev = ours["explained_variance"] * samples / (2 * ours["variants"])
+        rel = np.abs(ev - plink["eigenvalues"]) / plink["eigenvalues"]
+        ok = rel[:3].max() < 0.02 and rel.max() < 0.1
+        return bool(ok), f"eigenvalues: first 3 {rel[:3].max():.1e}, all 10 {rel.max():.1e}"
+    if op == "glm":
+        beta, p = _rel(ours["beta"][complete], plink["beta"][complete]), _rel(ours["p"][complete], plink["p"][complete], 1e-300)
+        rest = ~complete
+        other = ""
+        if rest.any():
+            r = np.corrcoef(ours["beta"][rest], plink["beta"][rest])[0, 1]
+            other = f"; {rest.sum()} with missing calls: correlation of betas {r:.4f}"
+        return bool(max(beta, p) < TOLERANCES[op]), f"beta {beta:.1e}, p {p:.1e} ({complete.sum()} complete variants){other}"
+    worst = {k: _rel(ours[k], plink[k], 1e-300 if op == "hardy" else 0.0) for k in plink}
+    return bool(max(worst.values()) < TOLERANCES[op]), ", ".join(f"{k} {v:.1e}" for k, v in worst.items())
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--samples", type=int, default=25_000)
+    p.add_argument("--variants", type=int, default=200_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--missing", type=float, default=0.02, help="fraction of calls missing in the variants that have some")
+    p.add_argument("--missing-variants", type=float, default=0.1, help="fraction of variants with missing calls")
+    p.add_argument("--workdir", default="plink2-bench", help="the data and results (reused where they match)")
+    p.add_argument("--backend", default="cpu", choices=("cpu", "gpu"))
+    p.add_argument("--plink2", default="plink2", help="the PLINK 2 binary (default plink2 on PATH)")
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--workers", type=int, default=os.cpu_count(), help="bio2zarr's processes for the import")
+    p.add_argument("--json")
+    p.add_argument("--one", choices=OPS, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    work = Path(a.workdir).absolute()
+    if a.one:
+        pipeline_one(a.one, str(work / "data.vcz"), a.backend, str(work / "pipeline" / f"{a.one}.npz"))
+        return {}
+    env = plink2_env(a.plink2)
+    work.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    written = write_data(work, a.samples, a.variants, a.seed, a.missing, a.missing_variants)
+    prepared = ({"vcf_seconds": time.perf_counter() - t} if written else {}) | convert(work, a.plink2, env, a.workers)
+    if prepared:
+        print("prepared (untimed in the table): " + ", ".join(f"{k} {v:.1f} s" for k, v in prepared.items()), flush=True)
+    vmiss = None
+    rows = []
+    print(f"{'operation':9s} {'PLINK 2 s':>10s} {'pipeline s':>11s} {'speed-up':>9s}  agreement", flush=True)
+    for op in a.ops.split(","):
+        plink_s = run_plink2(op, work, a.plink2, env)
+        ours_s = run_pipeline(op, work, a.backend)
+        plink = read_plink2(op, work)
+        with np.load(work / "pipeline" / f"{op}.npz") as z:
+            ours = dict(z)
+        if vmiss is None:  # the variants with no missing call, from PLINK 2's own count
+            if not (work / "plink2" / "missing.vmiss").exists():
+                run_plink2("missing", work, a.plink2, env)
+            vmiss = read_plink2("missing", work)["variant_missing"]
+        ok, words = compare(op, plink, ours, vmiss == 0, a.samples, a.variants)
+        rows.append({"operation": op, "plink2_seconds": plink_s, "pipeline_seconds": ours_s,
+                     "speedup": plink_s / ours_s, "agrees": ok, "agreement": words})
+        print(f"{op:9s} {plink_s:10.2f} {ours_s:11.2f} {plink_s / ours_s:8.2f}x  {'ok' if ok else 'DIFFERS'}: {words}",
+              flush=True)
+    out = {"samples": a.samples, "variants": a.variants, "backend": a.backend, "threads": os.cpu_count(),
+           "prepared_seconds": prepared, "rows": rows, "ok": all(r["agrees"] for r in rows)}
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main().get("ok", True) else 1)
