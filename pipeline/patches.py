@@ -223,17 +223,22 @@ def _device_idxminmax(*, array, func, dim, skipna, fill_value, keep_attrs):
     return res
 
 
+def _device_meta(out, like):
+    """``out``, a Dask array of CuPy blocks where ``like`` is on the device, given CuPy's meta where
+    dask inferred NumPy's (a later step looks at the meta to choose how to treat its blocks,
+    :func:`on_device` among them)."""
+    if on_device(like) and hasattr(out, "_meta") and not on_device(out) and out.dtype.kind in "biufc":
+        out._meta = _cupy().empty((0,) * out.ndim, dtype=out.dtype)
+    return out
+
+
 def _keeps_device_meta(original):
-    """``original(a, ...)``, whose result's ``_meta`` dask infers as NumPy whatever ``a``'s blocks
-    are, with the meta of ``a``'s backend: its blocks are CuPy's (a later step looks at the meta
-    to choose how to treat them, :func:`on_device` among them)."""
+    """``original(a, ...)``, whose result's meta dask infers as NumPy whatever ``a``'s blocks are,
+    with the meta of ``a``'s backend (:func:`_device_meta`)."""
 
     @functools.wraps(original)
     def wrapper(a, *args, **kwargs):
-        out = original(a, *args, **kwargs)
-        if on_device(a) and hasattr(out, "_meta") and not on_device(out) and out.dtype.kind in "biufc":
-            out._meta = _cupy().empty((0,) * out.ndim, dtype=out.dtype)
-        return out
+        return _device_meta(original(a, *args, **kwargs), a)
 
     return wrapper
 
@@ -276,8 +281,8 @@ def _device_interp_na(self, dim, use_coordinate, limit, keep_attrs):
         self, index, input_core_dims=[[dim], [dim]], output_core_dims=[[dim]], output_dtypes=[self.dtype],
         dask="parallelized", keep_attrs=_get_keep_attrs(default=True) if keep_attrs is None else keep_attrs,
     ).transpose(*self.dims)
-    if out.chunks is not None and not on_device(out.data):
-        out = out.copy(data=_keeps_device_meta(lambda a, b: b)(self.data, out.data))
+    if out.chunks is not None:
+        out = out.copy(data=_device_meta(out.data, self.data))
     return out if valids is None else out.where(valids)
 
 
@@ -316,8 +321,8 @@ def _device_weighted_quantile(self, da, q, dim, skipna):
         da, weights, input_core_dims=[dim, dim], output_core_dims=[["quantile"]], output_dtypes=[np.float64],
         dask_gufunc_kwargs=dict(output_sizes={"quantile": len(q)}), dask="parallelized",
     )
-    if result.chunks is not None and not on_device(result.data):
-        result = result.copy(data=_keeps_device_meta(lambda a, b: b)(da.data, result.data))
+    if result.chunks is not None:
+        result = result.copy(data=_device_meta(result.data, da.data))
     return result.transpose("quantile", ...).assign_coords(quantile=q).squeeze()
 
 

@@ -112,6 +112,10 @@ EXPRESSIONS: dict = {
     "bfill_limit": (lambda x, c: x.bfill("time", limit=3), {}),
     "interpolate_na": (lambda x, c: x.chunk(lat=-1).interpolate_na("lat"), {}),
     "interpolate_na_limit": (lambda x, c: x.chunk(time=-1).interpolate_na("time", limit=2), {}),
+    "interpolate_na_nearest": (
+        lambda x, c: x.chunk(lat=-1).interpolate_na("lat", method="nearest"),
+        {"gpu": "interpolate_na by methods other than linear runs SciPy on each row"},
+    ),
     "differentiate": (lambda x, c: x.differentiate("lat"), {"reference": "dask"}),
     "integrate": (lambda x, c: x.integrate("lat"), {}),
     # two arrays
