@@ -3,7 +3,8 @@
 A reduction is declared once, as an :class:`Aggregation`, in the manner of flox and cubed:
 
 - ``chunk`` names the kernel (:func:`pipeline.kernels.get`) that reduces one block to a *partial*:
-  a dict of small arrays, its ``fields``, accumulated in float64;
+  a dict of small arrays, its ``fields``, accumulated in float64 (or, for counts, in int64, added
+  exactly: :func:`integer_sum`, the genomics counts);
 - ``combine`` merges partials, and ``identity`` is each field's value where there is no data;
 - ``finalize`` turns the last partial into the result;
 - ``scan``, for reductions whose result in one bin depends on data past the bin's own blocks
@@ -222,6 +223,8 @@ def reduce(
     keepdims: bool = False,
     split_every: int | None = None,
     output_size: int = 1,
+    width: int | None = None,
+    on: str | None = None,
 ) -> da.Array:
     """Reduce ``x`` over ``axis`` with the blueprint ``agg``, blocks reduced by ``kernel`` (the
     blueprint's chunk kernel for ``x``'s backend); the result keeps ``x``'s backend.
@@ -229,6 +232,11 @@ def reduce(
     Weights come as a Dask array that broadcasts to ``x`` (``weights``), or as one small NumPy
     array that broadcasts to every block of ``x`` (``weights_const``), moved to the block's
     backend in the task.
+
+    ``width``: the chunk kernel turns the last axis of ``x`` (in one chunk, not reduced) into
+    ``width`` columns (the genotype counts: a call's ploidy into its counts), and so does the
+    result. ``on``: the result's backend, where not ``x``'s (the genotype counts finish on the
+    host, where their statistics are derived: a few integers a variant or sample).
     """
     if agg.pairwise:
         raise ValueError(f"{agg.name} merges partials by group: use group_reduce or binned_reduce")
@@ -236,7 +244,10 @@ def reduce(
     axis = tuple(sorted(a % x.ndim for a in axis))
     params = dict(agg.params)
     backend = backend_of(x)
-    xp_out = backend_module(backend)  # the result's array module
+    on = on or backend
+    xp_out = backend_module(on)  # the result's array module
+    if width is not None and (x.numblocks[-1] != 1 or x.ndim - 1 in axis):
+        raise ValueError(f"{agg.name}: the last axis becomes the counts: it must be in one chunk, not reduced")
     weighted = weights is not None or weights_const is not None
 
     def chunk(block, weights_block=None, axis=None, keepdims=True, computing_meta=False):
@@ -267,7 +278,10 @@ def reduce(
         out = _step(finalize, where)(partial, axis) if isinstance(finalize, str) else finalize(partial)
         if not keepdims:
             out = out.squeeze(axis=axis)
-        return xp_out.asarray(out.astype(dtype, copy=False))  # finished on the host: to the device
+        out = out.astype(dtype, copy=False)
+        if on == "cpu" and where != "cpu":  # large partials merged on the device, the result wanted on the host
+            return to_numpy(out)
+        return xp_out.asarray(out)  # finished on the host: to the device
 
     if weights is not None:
         weights = broadcast_view(weights, x.shape)  # as dask's reduction would, declared a view
@@ -284,11 +298,32 @@ def reduce(
         split_every=split_every,
         concatenate=False,
         name=agg.name,
-        meta=backend_meta(backend_of(x), dtype, out_ndim),
+        meta=backend_meta(on, dtype, out_ndim),
         weights=weights,
         output_size=output_size,
     )
+    if width is not None:  # dask takes the last axis for the input's; it holds the counts
+        out._chunks = (*out.chunks[:-1], (width,))
+        ann = out.__dask_graph__().layers[out.name].collection_annotations
+        if ann is not None:
+            ann.update(shape=out.shape, chunks=out.chunks, chunksize=out.chunksize)
     return _declare_partials(out, agg, x)
+
+
+class FieldKernel:
+    """A kernel that reduces a block over the axis it was written for (each genotype count kernel
+    knows the axis it counts over) to one array, called as the blueprint calls a chunk kernel,
+    ``kernel(block, axis, **params)``: the array is the partial's one field ``field``. Keeps the
+    kernel's name, which :func:`reduce` checks. (A module-level class, so that tasks holding it
+    pickle by reference.)"""
+
+    def __init__(self, kernel: Callable, field: str):
+        self.kernel, self.field = kernel, field
+        if hasattr(kernel, "name"):
+            self.name = kernel.name
+
+    def __call__(self, block, axis, **params):
+        return {self.field: self.kernel(block, **params)}
 
 
 # --- reductions by group along one axis ---------------------------------------------------------
@@ -487,10 +522,26 @@ def binned_reduce(x: da.Array, agg: Aggregation, bins: np.ndarray, nbins: int, a
 
 F8 = "float64"
 I4 = "int32"
+I8 = "int64"
 
 
 def _sum_fields(p, axis):
     return {k: v.sum(axis=axis, keepdims=True) for k, v in p.items()}
+
+
+# integer counts: int64 partials (not float64 accumulators), added exactly in any order
+
+
+def _total(p):
+    return p["total"]
+
+
+def integer_sum(name: str, chunk: str, **params) -> Aggregation:
+    """Sum over axes of the int64 counts that the kernel ``chunk`` makes of each block (the
+    genotype counts of :mod:`pipeline.ops.genomics.stats`, its kernel wrapped in
+    :class:`FieldKernel` with the field ``total``): the partials stay int64, so any chunking and
+    any order of the tree gives the same integers."""
+    return Aggregation(name, chunk, _sum_fields, _total, fields={"total": I8}, identity={"total": 0}, params=params)
 
 
 # mean and variance: count, mean and sum of squared deviations, merged stably

@@ -5,8 +5,9 @@ variants and samples, genotype counts and the Hardy-Weinberg exact test.
 Every count comes from one pass over ``call_genotype`` by a kernel of
 :mod:`pipeline.kernels.genotypes` (Numba on the CPU; on the GPU CUDA C for int8 diploid
 biallelic calls, Numba CUDA for the others), block by block: counts per variant are summed over
-blocks of samples, counts per sample over blocks of variants, by Dask's sum of int64 partials on
-the host, so any chunking gives the same integers. The ratios derived from them (call rates,
+blocks of samples, counts per sample over blocks of variants, by the reduction blueprint
+(:func:`pipeline.reduce.aggregation.integer_sum`: int64 partials, declared to the memory plan as
+the climate reductions' are, merged on the host), so any chunking gives the same integers. The ratios derived from them (call rates,
 allele frequencies) are sgkit's float64 formulas on those integers, on the host too; each
 output goes to the dataset's backend.
 
@@ -48,6 +49,7 @@ import xarray as xr
 from ...backend import backend_of, meta, to_backend
 from ...deferred import module as _deferred
 from ...errors import InputError, NotImplementedInputError
+from ...reduce import aggregation as agg
 from ..registry import register
 from . import specs
 from ._dataset import as_dask, backend_of_dataset, variable
@@ -106,23 +108,20 @@ def _absent(ds: xr.Dataset, name: str, default: str, op: str) -> bool:
 
 
 def _variant_counts(op, kernel: str, G, n_alleles: int, n_counts: int, backend: str):
-    """(variants, n_counts) int64 on the host: the per-variant kernel on each block, summed over
-    blocks of samples (exactly)."""
-    parts = da.map_blocks(
-        op.kernel(kernel, backend), G, n_alleles,
-        chunks=(G.chunks[0], (1,) * G.numblocks[1], (n_counts,)), dtype=np.int64, meta=meta(backend, np.int64, 3),
-    )
-    return to_backend(parts, "cpu").sum(axis=1)
+    """(variants, n_counts) int64 on the host: the per-variant kernel on each block, its int64
+    partials summed over blocks of samples (exactly) by the reduction blueprint, which declares
+    them to the memory plan."""
+    counts = agg.integer_sum(f"pipeline-{kernel.replace('_', '-')}", kernel, n_alleles=n_alleles)
+    return agg.reduce(G, counts, (1,), kernel=agg.FieldKernel(op.kernel(kernel, backend), "total"),
+                      dtype=np.int64, width=n_counts, on="cpu")
 
 
 def _sample_counts(op, G, backend: str):
     """(samples, 3) int64 on the host: hom ref, hom alt, het per sample, summed over blocks of
-    variants."""
-    parts = da.map_blocks(
-        op.kernel("sample_call_counts", backend), G,
-        chunks=((1,) * G.numblocks[0], G.chunks[1], (CLASSES,)), dtype=np.int64, meta=meta(backend, np.int64, 3),
-    )
-    return to_backend(parts, "cpu").sum(axis=0)
+    variants as :func:`_variant_counts` sums over blocks of samples."""
+    counts = agg.integer_sum("pipeline-sample-call-counts", "sample_call_counts")
+    return agg.reduce(G, counts, (0,), kernel=agg.FieldKernel(op.kernel("sample_call_counts", backend), "total"),
+                      dtype=np.int64, width=CLASSES, on="cpu")
 
 
 # --- what the statistics derive from the counts ---------------------------------------------------
