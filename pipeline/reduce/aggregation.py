@@ -536,12 +536,14 @@ def _total(p):
     return p["total"]
 
 
-def integer_sum(name: str, chunk: str, **params) -> Aggregation:
-    """Sum over axes of the int64 counts that the kernel ``chunk`` makes of each block (the
-    genotype counts of :mod:`pipeline.ops.genomics.stats`, its kernel wrapped in
-    :class:`FieldKernel` with the field ``total``): the partials stay int64, so any chunking and
-    any order of the tree gives the same integers."""
-    return Aggregation(name, chunk, _sum_fields, _total, fields={"total": I8}, identity={"total": 0}, params=params)
+def integer_sum(name: str, chunk: str, dtype=I8, **params) -> Aggregation:
+    """Sum over axes of the integer counts (int64, or ``dtype``) that the kernel ``chunk`` makes of
+    each block, its partial's one field ``total`` (the genotype counts of
+    :mod:`pipeline.ops.genomics.stats`, their kernels wrapped in :class:`FieldKernel`; the cohort
+    allele counts of :mod:`pipeline.ops.genomics.popgen`): the partials stay integers, so any
+    chunking and any order of the tree gives the same counts."""
+    return Aggregation(name, chunk, _sum_fields, _total, fields={"total": np.dtype(dtype).name}, identity={"total": 0},
+                       params=params)
 
 
 # mean and variance: count, mean and sum of squared deviations, merged stably

@@ -4,7 +4,8 @@
 Every statistic starts from the allele counts of each cohort at each variant
 (``cohort_allele_count``, variants x cohorts x alleles), counted in one pass over the int8
 genotype calls: a task counts one block of (variants, samples) for all cohorts at once, and the
-counts of the blocks of samples add up (a Dask sum), so no (variants, samples, alleles) array of
+counts of the blocks of samples add up (the reduction blueprint's
+:func:`~pipeline.reduce.aggregation.integer_sum`, as the counts of :mod:`.stats`), so no (variants, samples, alleles) array of
 per-call counts is made for them (sgkit counts from one, ``call_allele_count``, and keeps it in
 its result: merged results hold it here too, as a graph of its own that costs nothing unless it
 is computed; where the dataset already holds it, it is summed by cohort instead, as sgkit does).
@@ -43,6 +44,7 @@ import xarray as xr
 from ...backend import backend_of, meta as backend_meta, to_backend, to_numpy, xp_of
 from ...deferred import module as _deferred
 from ...errors import InputError, NotImplementedInputError
+from ...reduce import aggregation as agg
 from ...reduce.windows import window_sums
 from ..registry import register
 from . import specs
@@ -104,29 +106,34 @@ def _with_call_counts(ds: xr.Dataset, call_genotype: str = "call_genotype") -> x
     return ds if "call_allele_count" in ds else count_call_alleles(ds, call_genotype=call_genotype)
 
 
-def _count_block(block, cohort, *, kernel, n_cohorts: int, n_alleles: int):
-    return kernel(block, cohort, n_cohorts, n_alleles)[:, None]
+class _CohortKernel:
+    """A cohort kernel (``cohort_allele_count``, ``cohort_sum``) called as the reduction blueprint
+    calls a weighted chunk kernel: the samples' cohorts come as the weights (broadcast over the
+    block, a view), and the block's counts (variants, cohorts, alleles) are the partial's one
+    field, cohorts and alleles in one last axis (the blueprint's ``width``). Keeps the kernel's
+    name; module-level, so that tasks holding it pickle by reference."""
+
+    def __init__(self, kernel):
+        self.kernel, self.name = kernel, kernel.name
+
+    def __call__(self, block, cohorts, axis, **params):
+        counts = self.kernel(block, cohorts[0, :, 0], **params)
+        return {"total": counts.reshape(counts.shape[0], 1, -1)}
 
 
-def _sum_block(block, cohort, *, kernel, n_cohorts: int):
-    return kernel(block, cohort, n_cohorts)[:, None]
-
-
-def _by_cohort(x: "da.Array", cohort: np.ndarray, fn, n_cohorts: int, width: int, **kwargs) -> "da.Array":
-    """Counts (variants, cohorts, ``width`` alleles) of a (variants, samples, k) array: ``fn``
-    makes each block's counts, those of the blocks along the samples are added up."""
+def _by_cohort(x: "da.Array", cohort: np.ndarray, kernel, n_cohorts: int, width: int, **params) -> "da.Array":
+    """Counts (variants, cohorts, ``width`` alleles) of a (variants, samples, k) array: ``kernel``
+    makes each block's counts, and those of the blocks along the samples are added up by the
+    reduction blueprint (uint64 partials, declared to the memory plan; merged on the host where
+    small: on CuPy the sum and its copy compiled kernels of their own on a fresh machine)."""
     backend = backend_of(x)
     x = x.rechunk({2: -1})
-    coh = to_backend(da.from_array(cohort, chunks=(x.chunks[1],)), backend)
-    parts = da.blockwise(
-        fn, "vsca", x, "vsk", coh, "s", new_axes={"c": n_cohorts, "a": width}, adjust_chunks={"s": 1},
-        concatenate=True, dtype=COUNT, meta=backend_meta(backend, COUNT, 4), n_cohorts=n_cohorts, **kwargs,
-    )
-    if parts.numblocks[1] == 1:
-        return parts[:, 0]
-    # the blocks' counts (a few MB) added on the host: on CuPy the sum and its copy compiled
-    # kernels of their own on a fresh machine, in the first run's path
-    return to_backend(to_backend(parts, "cpu").sum(axis=1, dtype=COUNT), backend)
+    coh = to_backend(da.from_array(cohort[:, None], chunks=(x.chunks[1], 1)), backend)
+    counts = agg.integer_sum(f"pipeline-{kernel.name.replace('_', '-')}", kernel.name, dtype=COUNT,
+                             n_cohorts=n_cohorts, **params)
+    flat = agg.reduce(x, counts, (1,), kernel=_CohortKernel(kernel), dtype=COUNT, width=n_cohorts * width,
+                      weights=agg.broadcast_view(coh, x.shape, chunks=x.chunks))
+    return flat.reshape(flat.shape[0], n_cohorts, width)
 
 
 def _cohorts(ds: xr.Dataset, sample_cohort: str, op: str) -> tuple[np.ndarray, int]:
@@ -147,7 +154,7 @@ def _genotype_counts(ds: xr.Dataset, cohort: np.ndarray, n_cohorts: int, kernel,
                      call_genotype: str = "call_genotype") -> "da.Array":
     g = variable(ds, call_genotype, ("variants", "samples", "ploidy"), "i", op=op)
     n_alleles = _n_alleles(ds, op)
-    return _by_cohort(as_dask(g), cohort, _count_block, n_cohorts, n_alleles, kernel=kernel, n_alleles=n_alleles)
+    return _by_cohort(as_dask(g), cohort, kernel, n_cohorts, n_alleles, n_alleles=n_alleles)
 
 
 @register(kernels=COUNTING, dataset=True, variables=Declared(
@@ -186,8 +193,7 @@ def count_cohort_alleles(
     if call_allele_count in ds:
         ac = variable(ds, call_allele_count, ("variants", "samples", "alleles"), "iu", op=name)
         backend = backend_of(ac)
-        counts = _by_cohort(as_dask(ac), cohort, _sum_block, n_cohorts, ac.sizes["alleles"],
-                            kernel=op.kernel("cohort_sum", backend))
+        counts = _by_cohort(as_dask(ac), cohort, op.kernel("cohort_sum", backend), n_cohorts, ac.sizes["alleles"])
     else:
         if call_allele_count != "call_allele_count":
             raise InputError(f"{name}: the dataset has no variable {call_allele_count!r}")
