@@ -2,15 +2,19 @@
 
 The genotypes (``--samples`` x ``--variants``, 25,000 x 200,000 by default) are simulated once by
 msprime (:func:`pipeline.demo_genomics.simulate`: the demo's three populations), keeping the
-first ``--variants`` biallelic sites, and written once as a VCF. A fraction ``--missing-variants``
-of the variants (chosen by the seed) has calls missing whole (``./.``) at the rate ``--missing``;
-the other variants are complete. A quantitative trait (the alternate-allele dosage at ten causal
-variants, three covariates and noise) is simulated from the seed into ``samples.tsv`` (for
-pipeline) and into PLINK's ``trait.pheno`` and ``covar.cov`` (the same values). Then, untimed:
+first ``--variants`` biallelic sites, and written once as a PLINK 1 fileset (``data.bed``, the
+alternate allele as A1). A VCF of 25,000 samples is 20 GB of text for 200,000 variants, and
+bio2zarr's vcf2zarr reads an unindexed VCF in one process, which is why the genotypes travel as
+the .bed (1.25 GB). A fraction ``--missing-variants`` of the variants (chosen by the seed) has
+calls missing whole at the rate ``--missing``; the other variants are complete. A quantitative
+trait (the alternate-allele dosage at ten causal variants, three covariates and noise) is
+simulated from the seed into ``samples.tsv`` (for pipeline, attached to the store at load by
+:func:`pipeline.sources.samples.attach`, inside the timed process) and into PLINK's
+``trait.pheno`` and ``covar.cov`` (the same values). Then, untimed:
 
-- ``pipeline import-vcf data.vcf data.vcz --samples-table samples.tsv`` (bio2zarr's vcf2zarr, its
-  chunks: 1,000 variants x 10,000 samples);
-- ``plink2 --vcf data.vcf --make-pgen`` (PLINK 2's .pgen/.pvar/.psam).
+- ``bio2zarr.plink.convert`` (bio2zarr's ``plink2zarr`` with its defaults: Zarr v2, chunks of
+  1,000 variants x 10,000 samples), which makes the VCF Zarr that pipeline reads;
+- ``plink2 --bfile data --make-pgen`` (PLINK 2's .pgen/.pvar/.psam).
 
 Everything is kept under ``--workdir`` and reused by a later run with the same sizes and seed.
 Each operation is then timed as a whole process, first run, one process after the other:
@@ -80,7 +84,7 @@ plink2pkg/usr/bin/plink2`` runs it with ``LD_LIBRARY_PATH`` set to the unpacked 
 (``usr/lib/x86_64-linux-gnu`` and its ``blas`` and ``lapack`` folders), which this script adds
 itself where the binary sits in such a tree. The image must supply libc6 (glibc 2.34 or later:
 the newest symbol version the binary and libgfortran5 ask for), zlib1g, libzstd1 and libgcc-s1.
-msprime, bio2zarr and cyvcf2 (the genomics extra) are needed there too, carried as wheels. On
+msprime, tskit and bio2zarr are needed there too, carried as wheels. On
 the GPU machine, then:
 
     python3 benchmarks/plink2.py --backend gpu --plink2 plink2pkg/usr/bin/plink2 --workdir /tmp/p2 --json plink2.json
@@ -113,23 +117,41 @@ def _biallelic_sites(samples: int, variants: int, seed: int):
     """The tree sequence, and the ids of its first ``variants`` biallelic sites."""
     from pipeline.demo_genomics import simulate
 
-    n = variants
+    n = int(variants * 1.02) + 10  # about 1 % of msprime's sites have more than one mutation
     while True:
         ts = simulate(samples, n, seed)
-        sites = [v.site.id for v in ts.variants() if len(v.alleles) == 2 and None not in v.alleles]
+        one = np.bincount(ts.mutations_site, minlength=ts.num_sites) == 1  # one mutation: two alleles
+        sites = np.flatnonzero(one)
         if len(sites) >= variants:
-            return ts, np.asarray(sites[:variants])
+            return ts, sites[:variants]
         n = int(n * 1.1) + 10
 
 
+# PLINK 1's two bits for an alternate-allele dosage (A1, the alternate allele, counted):
+# 0b00 two A1, 0b10 one, 0b11 none, 0b01 missing
+BED_CODE = np.array([0b11, 0b10, 0b00], dtype=np.uint8)
+MISSING_CODE = 0b01
+
+
+def _bed_rows(dosage: np.ndarray) -> np.ndarray:
+    """(variants, samples) dosages (-1 missing) packed four samples a byte, the first sample in
+    the lowest bits (PLINK 1's variant-major .bed)."""
+    code = np.where(dosage < 0, MISSING_CODE, BED_CODE[np.clip(dosage, 0, 2)]).astype(np.uint8)
+    pad = (-code.shape[1]) % 4
+    code = np.pad(code, ((0, 0), (0, pad)), constant_values=MISSING_CODE).reshape(code.shape[0], -1, 4)
+    return code[..., 0] | (code[..., 1] << 2) | (code[..., 2] << 4) | (code[..., 3] << 6)
+
+
 def write_data(work: Path, samples: int, variants: int, seed: int, missing: float, missing_variants: float) -> bool:
-    """The VCF and the trait and covariates (for pipeline and PLINK 2), once for these arguments
-    (False where they were there already)."""
+    """The genotypes as a PLINK 1 fileset (``data.bed``/``.bim``/``.fam``), and the trait and
+    covariates (for pipeline and PLINK 2), once for these arguments (False where they were there
+    already)."""
     params = dict(samples=samples, variants=variants, seed=seed, missing=missing, missing_variants=missing_variants)
     done = work / "data.json"
     if done.exists() and json.loads(done.read_text()) == params:
         return False
-    for name in ("data.vcf", "data.vcz", "data.pgen", "data.pvar", "data.psam", "samples.tsv", "plink2", "pipeline"):
+    for name in ("data.bed", "data.bim", "data.fam", "data.vcz", "data.pgen", "data.pvar", "data.psam",
+                 "samples.tsv", "plink2", "pipeline"):
         path = work / name
         if path.is_dir():
             shutil.rmtree(path)
@@ -138,52 +160,50 @@ def write_data(work: Path, samples: int, variants: int, seed: int, missing: floa
     ts, sites = _biallelic_sites(samples, variants, seed)
     rng = np.random.default_rng([seed, 45])
     with_missing = np.sort(rng.choice(variants, size=round(missing_variants * variants), replace=False))
-    causal = set(rng.choice(np.setdiff1d(np.arange(variants), with_missing), size=min(CAUSAL, variants), replace=False).tolist())
+    causal = np.sort(rng.choice(np.setdiff1d(np.arange(variants), with_missing), size=min(CAUSAL, variants),
+                                replace=False))
+    effects = rng.normal(scale=0.5, size=len(causal))
     ids = [f"tsk_{i}" for i in range(samples)]
     dosage = np.zeros(samples)
-    wanted = np.zeros(ts.num_sites, dtype=bool)
-    wanted[sites] = True
+    wanted = np.full(ts.num_sites, -1, dtype=np.int64)
+    wanted[sites] = np.arange(variants)
     missing_row = np.zeros(variants, dtype=bool)
     missing_row[with_missing] = True
-    effects = rng.normal(scale=0.5, size=CAUSAL)
-    with open(work / "data.vcf", "wb") as f:
-        f.write(("##fileformat=VCFv4.3\n"
-                 f"##contig=<ID=1,length={int(ts.sequence_length) + 1}>\n"
-                 '##FORMAT=<ID=GT,Number=1,Type=String,Description="Genotype">\n'
-                 "#CHROM\tPOS\tID\tREF\tALT\tQUAL\tFILTER\tINFO\tFORMAT\t" + "\t".join(ids) + "\n").encode())
-        text = np.empty((samples, 4), dtype=np.uint8)
-        text[:, 1], text[:, 3] = ord("|"), ord("\t")
-        k, e = 0, 0
+    effect = dict(zip(causal.tolist(), effects))
+    rows = np.empty((BLOCK, samples), dtype=np.int8)
+    with open(work / "data.bed", "wb") as bed, open(work / "data.bim", "w") as bim:
+        bed.write(b"\x6c\x1b\x01")
+        n = 0
         for v in ts.variants():
-            if not wanted[v.site.id]:
+            k = wanted[v.site.id]
+            if k < 0:
                 continue
-            g = v.genotypes.reshape(samples, 2)
-            if k in causal:
-                dosage += effects[e] * g.sum(axis=1)
-                e += 1
-            text[:, 0], text[:, 2] = g[:, 0] + ord("0"), g[:, 1] + ord("0")
-            text[:, 1] = ord("|")
+            d = v.genotypes.reshape(samples, 2).sum(axis=1, dtype=np.int8)
+            if k in effect:
+                dosage += effect[k] * d
             if missing_row[k]:
-                gone = rng.random(samples) < missing
-                text[gone, 0], text[gone, 1], text[gone, 2] = ord("."), ord("/"), ord(".")
-            text[-1, 3] = ord("\n")
+                d[rng.random(samples) < missing] = -1
+            rows[n] = d
+            n += 1
             ref, alt = v.alleles
-            f.write(f"1\t{int(v.site.position) + 1}\t.\t{ref}\t{alt}\t.\tPASS\t.\tGT\t".encode())
-            f.write(text.tobytes())
-            text[-1, 3] = ord("\t")
-            k += 1
+            bim.write(f"1\tv{k}\t0\t{int(v.site.position) + 1}\t{alt}\t{ref}\n")
+            if n == BLOCK or k == variants - 1:
+                bed.write(_bed_rows(rows[:n]).tobytes())
+                n = 0
+    with open(work / "data.fam", "w") as fam:
+        fam.writelines(f"{name}\t{name}\t0\t0\t0\t-9\n" for name in ids)
     covariates = np.column_stack([rng.normal(size=samples), rng.integers(0, 2, size=samples), rng.normal(size=samples)])
     trait = dosage + covariates @ rng.normal(scale=0.3, size=3) + rng.normal(size=samples)
     with open(work / "samples.tsv", "w") as tsv, open(work / "trait.pheno", "w") as pheno, \
             open(work / "covar.cov", "w") as cov:
         tsv.write("sample_id\ttrait\t" + "\t".join(COVARIATES) + "\n")
-        pheno.write("#IID\ttrait\n")
-        cov.write("#IID\t" + "\t".join(COVARIATES) + "\n")
+        pheno.write("#FID\tIID\ttrait\n")
+        cov.write("#FID\tIID\t" + "\t".join(COVARIATES) + "\n")
         for i, name in enumerate(ids):
             c = "\t".join(repr(float(x)) for x in covariates[i])
             tsv.write(f"{name}\t{float(trait[i])!r}\t{c}\n")
-            pheno.write(f"{name}\t{float(trait[i])!r}\n")
-            cov.write(f"{name}\t{c}\n")
+            pheno.write(f"{name}\t{name}\t{float(trait[i])!r}\n")
+            cov.write(f"{name}\t{name}\t{c}\n")
     done.write_text(json.dumps(params))
     return True
 
@@ -205,17 +225,20 @@ def plink2_env(binary: str) -> dict:
 
 
 def convert(work: Path, plink2: str, env: dict, workers: int) -> dict:
-    """VCF Zarr (bio2zarr, through ``pipeline import-vcf``) and .pgen (PLINK 2), untimed but
+    """VCF Zarr (bio2zarr's ``plink2zarr``, its defaults: chunks of 1,000 variants x 10,000
+    samples) and .pgen (``plink2 --bfile --make-pgen``) from the one PLINK 1 fileset, untimed but
     reported; each made once."""
     seconds = {}
     if not (work / "data.vcz").exists():
         t = time.perf_counter()
-        _run([sys.executable, "-m", "pipeline", "import-vcf", str(work / "data.vcf"), str(work / "data.vcz"),
-              "--samples-table", str(work / "samples.tsv"), "--workers", str(workers), "--no-progress"])
-        seconds["import_vcf"] = time.perf_counter() - t
+        _run([sys.executable, "-c", "import sys; from bio2zarr import plink; "
+              "plink.convert(sys.argv[1], sys.argv[2], worker_processes=int(sys.argv[3]))",
+              str(work / "data"), str(work / "data.vcz.partial"), str(workers)])
+        (work / "data.vcz.partial").rename(work / "data.vcz")
+        seconds["bio2zarr"] = time.perf_counter() - t
     if not (work / "data.pgen").exists():
         t = time.perf_counter()
-        _run([plink2, "--vcf", str(work / "data.vcf"), "--make-pgen", "--threads", str(os.cpu_count()),
+        _run([plink2, "--bfile", str(work / "data"), "--make-pgen", "--threads", str(os.cpu_count()),
               "--out", str(work / "data")], env=env)
         seconds["make_pgen"] = time.perf_counter() - t
     return seconds
@@ -286,7 +309,10 @@ def pipeline_one(op: str, store: str, backend: str, out: str) -> None:
     import pipeline
     import pipeline.genomics as sg
 
+    from pipeline.sources import samples
+
     ds = sg.load_dataset(store, backend=backend)
+    ds = samples.attach(ds, samples.read_table(Path(store).parent / "samples.tsv"))
     scalars = {}
     if op == "freq":
         ac = sg.count_variant_alleles(ds, merge=False).variant_allele_count
@@ -369,6 +395,7 @@ def main(argv=None) -> dict:
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--workers", type=int, default=os.cpu_count(), help="bio2zarr's processes for the import")
     p.add_argument("--json")
+    p.add_argument("--prepare-only", action="store_true", help="make the data and the two formats, time nothing")
     p.add_argument("--one", choices=OPS, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     work = Path(a.workdir).absolute()
@@ -379,9 +406,11 @@ def main(argv=None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     written = write_data(work, a.samples, a.variants, a.seed, a.missing, a.missing_variants)
-    prepared = ({"vcf_seconds": time.perf_counter() - t} if written else {}) | convert(work, a.plink2, env, a.workers)
+    prepared = ({"simulate_and_bed": time.perf_counter() - t} if written else {}) | convert(work, a.plink2, env, a.workers)
     if prepared:
         print("prepared (untimed in the table): " + ", ".join(f"{k} {v:.1f} s" for k, v in prepared.items()), flush=True)
+    if a.prepare_only:
+        return {}
     vmiss = None
     rows = []
     print(f"{'operation':9s} {'PLINK 2 s':>10s} {'pipeline s':>11s} {'speed-up':>9s}  agreement", flush=True)
