@@ -231,7 +231,12 @@ def _cohort_and_variant_counts(ds: xr.Dataset, kernel_of) -> xr.Dataset:
 
 
 def _windowed(ds: xr.Dataset, x: "da.Array", kernel) -> "da.Array":
-    """``x`` (variants, ...) summed over the dataset's windows."""
+    """``x`` (variants, ...) summed over the dataset's windows.
+
+    Not the blueprint's ``binned_reduce``, which puts each step in one bin: sgkit's windows may
+    overlap (``window_by_variant`` with a step below the size, ``window_by_position``) and leave
+    variants out, so :func:`~pipeline.reduce.windows.window_sums` adds each block's pieces of every
+    window it overlaps, and declares those partials to the memory plan itself."""
     starts = np.asarray(to_numpy(ds["window_start"].data)).astype(np.int64, copy=False)
     stops = np.asarray(to_numpy(ds["window_stop"].data)).astype(np.int64, copy=False)
     return window_sums(x, starts, stops, kernel=kernel)
