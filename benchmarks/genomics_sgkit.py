@@ -12,12 +12,31 @@ pipeline.genomics`` (the names and parameters are sgkit's), each in a fresh proc
 - ``distance``: ``pairwise_distance`` (euclidean) between the first ``--distance-samples``
   samples over the first ``--distance-variants`` variants.
 
+The functions pipeline added for sgkit 0.10's API, in groups chosen with ``--groups`` (the default
+is the five above):
+
+- ``frequencies``: ``call_allele_frequencies``, ``cohort_allele_frequencies``,
+  ``individual_heterozygosity``, ``observed_heterozygosity``, ``infer_call_ploidy``,
+  ``infer_variant_ploidy``, ``filter_partial_calls``, ``convert_call_to_index``;
+- ``haplotypes``: ``window_by_variant`` (1,000 variants), then ``Garud_H`` and ``pbs`` of the
+  cohorts (0, 1, 2);
+- ``relatedness``: ``identity_by_state``, ``Weir_Goudet_beta``, ``genomic_relationship`` (VanRaden,
+  of the dosage) and ``pc_relate`` (on the samples' 4 PCs from ``pca``);
+- ``regenie``: ``regenie`` of ``sample_trait`` on the dosage with ``sample_covariate``, the variants
+  split into two contigs, then ``regenie_loco_regression`` with its LOCO predictions.
+
+``relatedness`` and ``regenie`` work on the first ``--distance-samples`` samples and, of the
+variants polymorphic among those, the first ``--distance-variants``: sgkit's matrices and ridge
+regressions take minutes beyond a few thousand.
+
 Every group works on the store's biallelic variants (the HWE test and PCA need them); for ``pca``
 and ``gwas`` missing calls count as the reference allele and monomorphic variants are left out,
 as sgkit's PCA requires. That selection is made once, before any timing, the same for both. A
 process times its import and opening, the first run of its group and a second (warm) run; the
 parent times the whole process and checks that pipeline's results equal sgkit's (or, without
-sgkit, the first tool's).
+sgkit, the first tool's): value by value, NaN in the same places, for results of up to
+``COMPARED`` values, otherwise by digests (sums, largest magnitudes, NaN counts). The difference
+printed is the largest relative to the reference's largest magnitude, and names its result.
 
 A tool named ``pipeline-gpu@4GB`` runs under that device budget (``pipeline.gpu.memory-limit``;
 ``pipeline-cpu@4GB``: ``pipeline.cpu.memory-limit``), to show an out-of-core run; pipeline's
@@ -26,7 +45,10 @@ processes report the most device memory CuPy's pool held and the host's peak res
 
 sgkit 0.10 pins zarr<3; its code runs on current numpy/dask/xarray when installed without its
 pins (``pip install --no-deps --target DIR sgkit==0.10.0 scikit-learn``; ``--sgkit DIR``), and
-reads the store through xarray (zarr 3 reads Zarr v2 stores).
+reads the store through xarray (zarr 3 reads Zarr v2 stores). On current xarray, though, sgkit's
+``pc_relate`` is NaN everywhere (its arithmetic of xarray with Dask masked arrays loses the mask):
+for ``relatedness``, ``--sgkit-python`` runs sgkit's processes with another interpreter, one with
+sgkit's pinned dependencies (xarray 2025.3, zarr 2, which read the demo's Zarr v2 store).
 
     python benchmarks/genomics_sgkit.py STORE --sgkit DIR --json genomics.json
 """
@@ -38,10 +60,18 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 T_START = time.perf_counter()
 GROUPS = ("counting", "popgen", "gwas", "pca", "distance")
+# sgkit 0.10's functions added to pipeline.genomics: chosen with --groups, not run by default
+ADDED = ("frequencies", "haplotypes", "relatedness", "regenie")
+# the groups on the first --distance-samples samples and --distance-variants variants
+SUBSET = ("relatedness", "regenie")
+DOSAGE = ("gwas", "pca", "distance") + SUBSET
+# results of up to this many values are compared value by value; larger ones by their digests
+COMPARED = 1 << 25
 
 
 def _select(ds, sg_name: str):
@@ -69,7 +99,17 @@ def _dosage(ds, compute):
     return ds.assign(call_dosage=ds["call_alternate_allele_count"].astype("float64"))
 
 
+def _subset(ds, distance_shape, compute):
+    """The first samples, then the dosage with the variants polymorphic among them (PCA needs
+    them), then the first variants of those."""
+    nv, ns = distance_shape
+    ds = _dosage(ds.isel(samples=slice(0, ns)), compute)
+    return ds.isel(variants=slice(0, nv))
+
+
 def _analysis(group: str, sg, ds, distance_shape, pca_algorithm: str = "tsqr"):
+    import numpy as np
+
     if group == "counting":
         v = sg.variant_stats(ds, merge=False)
         s = sg.sample_stats(ds, merge=False)
@@ -91,12 +131,53 @@ def _analysis(group: str, sg, ds, distance_shape, pca_algorithm: str = "tsqr"):
         nv, ns = distance_shape
         x = ds.call_dosage[:nv, :ns].T.chunk({"variants": 1000})
         return {"distance": sg.pairwise_distance(x.data, metric="euclidean")}
+    if group == "frequencies":
+        cp = sg.infer_call_ploidy(ds)
+        fp = sg.filter_partial_calls(ds, merge=False)
+        return {"call_allele_frequency": sg.call_allele_frequencies(ds, merge=False).call_allele_frequency,
+                "cohort_allele_frequency": sg.cohort_allele_frequencies(ds, merge=False).cohort_allele_frequency,
+                "call_heterozygosity": sg.individual_heterozygosity(ds, merge=False).call_heterozygosity,
+                "stat_observed_heterozygosity": sg.observed_heterozygosity(ds, merge=False).stat_observed_heterozygosity,
+                "call_ploidy": cp.call_ploidy, "variant_ploidy": sg.infer_variant_ploidy(cp, merge=False).variant_ploidy,
+                "call_genotype_complete": fp.call_genotype_complete,
+                "call_genotype_complete_mask": fp.call_genotype_complete_mask,
+                "call_genotype_index": sg.convert_call_to_index(ds, merge=False).call_genotype_index}
+    if group == "haplotypes":
+        w = sg.window_by_variant(ds, size=1000)
+        h = sg.Garud_H(w, merge=False)
+        return {k: h[k] for k in ("stat_Garud_h1", "stat_Garud_h12", "stat_Garud_h123", "stat_Garud_h2_h1")} | {
+            "stat_pbs": sg.pbs(w, cohorts=[(0, 1, 2)], merge=False).stat_pbs}
+    if group == "relatedness":
+        ibs = sg.identity_by_state(ds)
+        d = ds.assign(variant_ancestral_frequency=ds.call_dosage.mean("samples") / 2)
+        grm = sg.genomic_relationship(d, call_dosage="call_dosage", estimator="VanRaden",
+                                      ancestral_frequency="variant_ancestral_frequency", ploidy=2, merge=False)
+        # pc_relate on the samples' PCs, as sgkit's documentation shows
+        d = ds.assign(call_alternate_allele_count=ds.call_alternate_allele_count.chunk({"samples": -1}))
+        pcs = sg.pca(d, n_components=4, algorithm=pca_algorithm, merge=False).sample_pca_projection
+        phi = sg.pc_relate(ds.assign(sample_pca_projection=pcs), merge=False).pc_relate_phi
+        return {"stat_identity_by_state": ibs.stat_identity_by_state,
+                "stat_Weir_Goudet_beta": sg.Weir_Goudet_beta(ibs, merge=False).stat_Weir_Goudet_beta,
+                "stat_genomic_relationship": grm.stat_genomic_relationship, "pc_relate_phi": phi}
+    if group == "regenie":
+        # two contigs, the variants' halves: the LOCO predictions need more than one
+        n = ds.sizes["variants"]
+        d = ds.drop_dims("contigs").assign(variant_contig=("variants", (2 * np.arange(n) // n).astype(ds.variant_contig.dtype)))
+        r = sg.regenie(d, dosage="call_dosage", covariates="sample_covariate", traits="sample_trait", merge=False)
+        loco = sg.regenie_loco_regression(d.assign(regenie_loco_prediction=r.regenie_loco_prediction), dosage="call_dosage",
+                                          covariates="sample_covariate", traits="sample_trait", merge=False)
+        return {"regenie_base_prediction": r.regenie_base_prediction,
+                "regenie_meta_prediction": r.regenie_meta_prediction,
+                "regenie_loco_prediction": r.regenie_loco_prediction,
+                "variant_linreg_beta": loco.variant_linreg_beta, "variant_linreg_p_value": loco.variant_linreg_p_value}
     raise ValueError(group)
 
 
-def one(tool: str, group: str, store: str, distance_shape, pca_algorithm: str = "tsqr", runs: int = 2) -> dict:
+def one(tool: str, group: str, store: str, distance_shape, pca_algorithm: str = "tsqr", runs: int = 2,
+        values_dir: str | None = None) -> dict:
     """Run ``group`` with ``tool`` in this process: seconds of import + open, first run, warm run
-    (None where ``runs`` is 1)."""
+    (None where ``runs`` is 1). The results of up to ``COMPARED`` values go to
+    ``values_dir/TOOL.GROUP.npz``, for the parent to compare value by value."""
     import numpy as np
 
     base = tool.split("@")[0]
@@ -116,7 +197,9 @@ def one(tool: str, group: str, store: str, distance_shape, pca_algorithm: str = 
         compute, to_numpy = (lambda *xs: pipeline.compute(list(xs))), pipeline.to_numpy
     t_ready = time.perf_counter()
     ds = _select(ds, tool)
-    if group in ("gwas", "pca", "distance"):
+    if group in SUBSET:
+        ds = _subset(ds, distance_shape, compute)
+    elif group in DOSAGE:
         ds = _dosage(ds, compute)
     t_selected = time.perf_counter()
     times, values = [], None
@@ -131,6 +214,8 @@ def one(tool: str, group: str, store: str, distance_shape, pca_algorithm: str = 
 
             compile_first = compile_seconds()  # compiling (or loading) kernels, in the first run
         values = {k: np.asarray(to_numpy(r), dtype=np.float64) for k, r in zip(keys, results)}
+    if values_dir:
+        np.savez(_values_path(values_dir, tool, group), **{k: v for k, v in values.items() if v.size <= COMPARED})
     memory = {}
     if base != "sgkit":
         from pipeline.exec.memory import usage
@@ -144,15 +229,33 @@ def one(tool: str, group: str, store: str, distance_shape, pca_algorithm: str = 
                            int(np.isnan(v).sum()), list(v.shape)] for k, v in values.items()}}
 
 
-def _agree(a: dict, b: dict) -> str:
-    """Worst relative difference of the digests (sums, largest magnitudes, NaN counts)."""
-    worst = 0.0
+def _values_path(values_dir: str, tool: str, group: str) -> str:
+    return os.path.join(values_dir, f"{tool}.{group}.npz")
+
+
+def _agree(a: dict, b: dict, values_dir: str | None = None) -> str:
+    """Worst difference relative to the largest magnitude of the reference, value by value where
+    both saved the values (NaN in the same places), otherwise of the digests (sums, largest
+    magnitudes, NaN counts)."""
+    import numpy as np
+
+    saved = [np.load(_values_path(values_dir, r["tool"], r["group"])) if values_dir else {} for r in (a, b)]
+    worst, worst_key = 0.0, ""
     for k, (s1, m1, n1, sh1) in a["digest"].items():
         s2, m2, n2, sh2 = b["digest"][k]
         if sh1 != sh2 or n1 != n2:
             return f"{k}: shapes {sh1}/{sh2} or NaNs {n1}/{n2} differ"
-        worst = max(worst, abs(s1 - s2) / max(abs(s2), 1e-300), abs(m1 - m2) / max(abs(m2), 1e-300))
-    return f"{worst:.1e}"
+        scale = max(abs(m2), 1e-300)
+        if k in saved[0] and k in saved[1]:
+            x, y = saved[0][k], saved[1][k]
+            if not (np.isnan(x) == np.isnan(y)).all():
+                return f"{k}: NaNs in other places"
+            diff = float(np.nanmax(np.abs(x - y), initial=0.0)) / scale
+        else:
+            diff = max(abs(s1 - s2) / max(abs(s2), 1e-300), abs(m1 - m2) / scale)
+        if diff > worst or not worst_key:
+            worst, worst_key = diff, k
+    return f"{worst:.1e} ({worst_key})"
 
 
 def main(argv=None) -> int:
@@ -160,6 +263,8 @@ def main(argv=None) -> int:
     p.add_argument("store")
     p.add_argument("--sgkit", help="a folder holding sgkit (prepended to sgkit's PYTHONPATH)")
     p.add_argument("--groups", default=",".join(GROUPS))
+    p.add_argument("--sgkit-python", default=sys.executable,
+                   help="the Python that runs sgkit's processes (one with sgkit's pinned dependencies)")
     p.add_argument("--tools", default="pipeline-gpu,pipeline-cpu,sgkit")
     p.add_argument("--distance-variants", type=int, default=20_000)
     p.add_argument("--distance-samples", type=int, default=2_000)
@@ -169,12 +274,23 @@ def main(argv=None) -> int:
                    help="runs of sgkit in each process (1: its first only)")
     p.add_argument("--json")
     p.add_argument("--one", nargs=2, metavar=("TOOL", "GROUP"), help=argparse.SUPPRESS)
+    p.add_argument("--values-dir", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     shape = (a.distance_variants, a.distance_samples)
     if a.one:
         runs = a.sgkit_runs if a.one[0] == "sgkit" else 2
-        print("RESULT " + json.dumps(one(a.one[0], a.one[1], a.store, shape, a.pca_algorithm, runs)), flush=True)
+        r = one(a.one[0], a.one[1], a.store, shape, a.pca_algorithm, runs, a.values_dir)
+        print("RESULT " + json.dumps(r), flush=True)
         return 0
+    with tempfile.TemporaryDirectory() as values_dir:
+        rows = _compare(a, shape, values_dir)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+def _compare(a, shape, values_dir: str) -> list:
     rows = []
     for group in a.groups.split(","):
         by_tool = {}
@@ -185,19 +301,19 @@ def main(argv=None) -> int:
                 env[f"DASK_PIPELINE__{side}__MEMORY_LIMIT"] = tool.split("@", 1)[1]
             if tool == "sgkit" and a.sgkit:
                 env["PYTHONPATH"] = os.pathsep.join([a.sgkit, env.get("PYTHONPATH", "")])
-            cmd = [sys.executable, __file__, a.store, "--one", tool, group, "--distance-variants", str(shape[0]),
+            cmd = [a.sgkit_python if tool == "sgkit" else sys.executable, __file__, a.store, "--one", tool, group, "--distance-variants", str(shape[0]),
                    "--distance-samples", str(shape[1]), "--pca-algorithm", a.pca_algorithm,
-                   "--sgkit-runs", str(a.sgkit_runs)]
+                   "--sgkit-runs", str(a.sgkit_runs), "--values-dir", values_dir]
             t = time.perf_counter()
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
             except subprocess.TimeoutExpired:
-                print(f"{group:9s} {tool:13s} timed out after {a.timeout:.0f} s", flush=True)
+                print(f"{group:11s} {tool:13s} timed out after {a.timeout:.0f} s", flush=True)
                 continue
             wall = time.perf_counter() - t
             line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode or not line:
-                print(f"{group:9s} {tool:13s} failed: {proc.stderr.strip()[-1500:]}", flush=True)
+                print(f"{group:11s} {tool:13s} failed: {proc.stderr.strip()[-1500:]}", flush=True)
                 continue
             r = json.loads(line[-1][7:]) | {"process_seconds": wall}
             by_tool[tool] = r
@@ -210,7 +326,7 @@ def main(argv=None) -> int:
                 held += f", device pool peak {r['memory']['gpu_pool_peak_bytes'] / 1e9:.2f} GB"
             if r["memory"].get("host_peak_rss_bytes"):
                 held += f", host peak RSS {r['memory']['host_peak_rss_bytes'] / 1e9:.2f} GB"
-            print(f"{group:9s} {tool:13s} process {wall:7.2f} s  first {r['first_seconds']:7.3f} s  warm {warm} s"
+            print(f"{group:11s} {tool:13s} process {wall:7.2f} s  first {r['first_seconds']:7.3f} s  warm {warm} s"
                   f"  (import+open {r['import_open_seconds']:.2f} s, selection {r['select_seconds']:.2f} s{held})", flush=True)
         ref_name = "sgkit" if "sgkit" in by_tool else next(iter(by_tool), None)
         ref = by_tool.get(ref_name)
@@ -218,17 +334,14 @@ def main(argv=None) -> int:
             if ref is None or tool == ref_name:
                 continue
             r["agrees_with"] = ref_name
-            r["agrees_with_sgkit" if ref_name == "sgkit" else "agrees_with_first"] = diff = _agree(r, ref)
+            r["agrees_with_sgkit" if ref_name == "sgkit" else "agrees_with_first"] = diff = _agree(r, ref, values_dir)
             # sgkit's warm run, or its only run where it ran once
             ref_warm = ref["warm_seconds"] or ref["first_seconds"]
             warm = f"{ref_warm / r['warm_seconds']:.1f}x" if r["warm_seconds"] else "-"
-            print(f"{group:9s} {tool:13s} vs {ref_name}: first {ref['first_seconds'] / r['first_seconds']:.1f}x, "
+            print(f"{group:11s} {tool:13s} vs {ref_name}: first {ref['first_seconds'] / r['first_seconds']:.1f}x, "
                   f"warm {warm}, process {ref['process_seconds'] / r['process_seconds']:.1f}x; "
                   f"results differ by {diff}", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

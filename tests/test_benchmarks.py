@@ -242,3 +242,49 @@ def test_plink2_smoke(tmp_path):
     assert f"({800 - with_missing} complete variants)" in glm  # compared where PLINK 2 and pipeline see the same calls
     again = bench.main(argv[:-2] + ["--ops", "freq"])  # the VCF, the store and the .pgen are reused
     assert again["prepared_seconds"] == {} and again["rows"][0]["agrees"]
+
+
+def test_genomics_sgkit_added_groups(tmp_path, capsys):
+    """The groups of sgkit's added functions run on a tiny demo store: through the CLI's processes
+    (a matrix group, compared value by value between two runs of pipeline), and in this process."""
+    from pipeline.demo_genomics import write_genomics_demo
+
+    store = tmp_path / "g.vcz"
+    write_genomics_demo(store, samples=40, variants=1200, seed=2)
+    bench = load("genomics_sgkit")
+    assert bench.main([str(store), "--tools", "pipeline-cpu,pipeline-cpu@1GB", "--groups", "relatedness",
+                       "--distance-samples", "30", "--distance-variants", "400", "--json", str(tmp_path / "g.json")]) == 0
+    rows = json.loads((tmp_path / "g.json").read_text())
+    assert [(r["tool"], r["group"]) for r in rows] == [("pipeline-cpu", "relatedness"), ("pipeline-cpu@1GB", "relatedness")]
+    assert rows[1]["agrees_with_first"] == "0.0e+00 (stat_identity_by_state)", capsys.readouterr().out
+    shapes = {k: d[3] for k, d in rows[0]["digest"].items()}
+    assert shapes == {k: [30, 30] for k in ("stat_identity_by_state", "stat_Weir_Goudet_beta", "stat_genomic_relationship", "pc_relate_phi")}
+    assert rows[0]["digest"]["pc_relate_phi"][2] == 0  # no NaN
+
+    # the biallelic variants of the 1,200 (2 windows of 1,000 variants); 400 in the subset
+    for group, name, shape in [("frequencies", "cohort_allele_frequency", [None, 3, 2]),
+                               ("haplotypes", "stat_pbs", [2, 3, 3, 3]),
+                               ("regenie", "variant_linreg_p_value", [400, 2])]:
+        r = bench.one("pipeline-cpu", group, str(store), (400, 30), runs=1, values_dir=str(tmp_path))
+        assert r["first_seconds"] > 0 and r["warm_seconds"] is None
+        got = r["digest"][name][3]
+        assert len(got) == len(shape) and all(n in (None, d) for n, d in zip(shape, got)), (group, got)
+        saved = np.load(tmp_path / f"pipeline-cpu.{group}.npz")
+        assert set(saved.files) == set(r["digest"])
+    pbs = np.load(tmp_path / "pipeline-cpu.haplotypes.npz")["stat_pbs"]
+    assert np.isfinite(pbs[:, 0, 1, 2]).all() and np.isnan(pbs).sum() == pbs.size - 2  # only the triple asked for
+
+
+def test_genomics_sgkit_agree_value_by_value(tmp_path):
+    """Results are compared value by value where saved: NaN in other places is a difference the
+    digests (the same sums and NaN counts) would not see."""
+    bench = load("genomics_sgkit")
+    x, y = np.array([1.0, np.nan, 1.0]), np.array([1.0, 1.0, np.nan])
+    rows = []
+    for tool, v in (("a", x), ("b", y)):
+        np.savez(tmp_path / f"{tool}.g.npz", m=v)
+        rows.append({"tool": tool, "group": "g", "digest": {"m": [2.0, 1.0, 1, [3]]}})
+    assert bench._agree(rows[0], rows[1], str(tmp_path)) == "m: NaNs in other places"
+    assert bench._agree(rows[0], rows[1]) == "0.0e+00 (m)"  # digests only
+    np.savez(tmp_path / "b.g.npz", m=x + 1e-3)
+    assert bench._agree(rows[0], rows[1], str(tmp_path)) == "1.0e-03 (m)"
