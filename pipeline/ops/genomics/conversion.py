@@ -211,7 +211,9 @@ def _ploidy_of(ds: xr.Dataset, call_genotype: str, call_ploidy: str, along: str,
     first = cp.isel({along: 0})
     if _mixed_ploidy(ds, call_genotype):
         fixed = (first == cp).all(dim=along)
-        return ds, xr.where(fixed, first, -1)
+        # -1 as an array of first's backend: with a Python scalar, xarray's where gives Dask
+        # arrays of CuPy blocks a NumPy meta
+        return ds, xr.where(fixed, first, _full_like(first, -1))
     return ds, _full_like(first, g.sizes["ploidy"])
 
 
