@@ -51,6 +51,12 @@ for ``relatedness``, ``--sgkit-python`` runs sgkit's processes with another inte
 sgkit's pinned dependencies (xarray 2025.3, zarr 2, which read the demo's Zarr v2 store).
 
     python benchmarks/genomics_sgkit.py STORE --sgkit DIR --json genomics.json
+
+The added functions, pipeline on the GPU against sgkit's first run, store built in the same line
+(about 130 s on 16 cores and one H200: the store about 10 s; sgkit's first runs, half of them
+Numba compiling, about 70 s; pipeline's processes about 50 s):
+
+    python -m pipeline demo --kind genomics data/added.vcz --samples 10000 --variants 20000 --no-progress && python benchmarks/genomics_sgkit.py data/added.vcz --sgkit-python SGKIT_VENV/bin/python --tools pipeline-gpu,sgkit --sgkit-runs 1 --groups frequencies,haplotypes,relatedness,regenie --distance-samples 1000 --distance-variants 4000 --json added.json
 """
 
 from __future__ import annotations

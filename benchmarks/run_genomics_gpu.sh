@@ -8,7 +8,11 @@
 # A larger store: REPS=10 repeats the demo store 10 times along variants (benchmarks/tile_genomics.py;
 # 25,000 x 200,000 is 10 GB of genotypes). Other settings: GROUPS_, TOOLS (pipeline-gpu@3.4GB: under
 # that device budget), PCA_ALGO (tsqr, randomized), SGKIT_RUNS (1: sgkit's first run only),
-# DIST_SAMPLES, DIST_VARIANTS, BENCH_TIMEOUT (seconds for the whole comparison).
+# DIST_SAMPLES, DIST_VARIANTS, BENCH_TIMEOUT (seconds for the whole comparison), SGKIT_PYTHON (a
+# Python with sgkit and its pinned dependencies, for sgkit's processes).
+# The functions added for sgkit 0.10's API, pipeline's GPU against sgkit's first run:
+#   SAMPLES=10000 VARIANTS=20000 GROUPS_=frequencies,haplotypes,relatedness,regenie TOOLS=pipeline-gpu,sgkit \
+#   SGKIT_RUNS=1 DIST_SAMPLES=1000 DIST_VARIANTS=4000 SGKIT_PYTHON=venv/bin/python bash benchmarks/run_genomics_gpu.sh bench
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 what=${1:-all}
@@ -37,6 +41,7 @@ if [ -n "${demo:-}" ]; then wait "$demo"; fi
 grep -E "Elapsed|Maximum resident|genotype_bytes" "$OUT/demo.txt"; du -sh "$STORE" 2>/dev/null
 if [ "$what" != tests ] && [ -d "$STORE" ]; then
   timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/genomics_sgkit.py "$STORE" ${SGKIT_PATH:+--sgkit "$SGKIT_PATH"} \
+    ${SGKIT_PYTHON:+--sgkit-python "$SGKIT_PYTHON"} \
     --groups "${GROUPS_:-counting,popgen,gwas,pca,distance}" --tools "${TOOLS:-pipeline-gpu,pipeline-cpu,sgkit}" \
     --pca-algorithm "${PCA_ALGO:-tsqr}" --sgkit-runs "${SGKIT_RUNS:-2}" \
     --distance-samples "${DIST_SAMPLES:-2000}" --distance-variants "${DIST_VARIANTS:-20000}" \
