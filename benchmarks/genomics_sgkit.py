@@ -21,7 +21,8 @@ is the five above):
 - ``haplotypes``: ``window_by_variant`` (1,000 variants), then ``Garud_H`` and ``pbs`` of the
   cohorts (0, 1, 2);
 - ``relatedness``: ``identity_by_state``, ``Weir_Goudet_beta``, ``genomic_relationship`` (VanRaden,
-  of the dosage) and ``pc_relate`` (on the samples' 4 PCs from ``pca``);
+  of the dosage) and its ``invert_relationship_matrix``, and ``pc_relate`` (on the samples' 4 PCs
+  from ``pca``);
 - ``regenie``: ``regenie`` of ``sample_trait`` on the dosage with ``sample_covariate``, the variants
   split into two contigs, then ``regenie_loco_regression`` with its LOCO predictions.
 
@@ -157,14 +158,16 @@ def _analysis(group: str, sg, ds, distance_shape, pca_algorithm: str = "tsqr"):
         ibs = sg.identity_by_state(ds)
         d = ds.assign(variant_ancestral_frequency=ds.call_dosage.mean("samples") / 2)
         grm = sg.genomic_relationship(d, call_dosage="call_dosage", estimator="VanRaden",
-                                      ancestral_frequency="variant_ancestral_frequency", ploidy=2, merge=False)
+                                      ancestral_frequency="variant_ancestral_frequency", ploidy=2)
+        inverse = sg.invert_relationship_matrix(grm, relationship="stat_genomic_relationship", merge=False)
         # pc_relate on the samples' PCs, as sgkit's documentation shows
         d = ds.assign(call_alternate_allele_count=ds.call_alternate_allele_count.chunk({"samples": -1}))
         pcs = sg.pca(d, n_components=4, algorithm=pca_algorithm, merge=False).sample_pca_projection
         phi = sg.pc_relate(ds.assign(sample_pca_projection=pcs), merge=False).pc_relate_phi
         return {"stat_identity_by_state": ibs.stat_identity_by_state,
                 "stat_Weir_Goudet_beta": sg.Weir_Goudet_beta(ibs, merge=False).stat_Weir_Goudet_beta,
-                "stat_genomic_relationship": grm.stat_genomic_relationship, "pc_relate_phi": phi}
+                "stat_genomic_relationship": grm.stat_genomic_relationship,
+                "stat_inverse_relationship": inverse.stat_inverse_relationship, "pc_relate_phi": phi}
     if group == "regenie":
         # two contigs, the variants' halves: the LOCO predictions need more than one
         n = ds.sizes["variants"]

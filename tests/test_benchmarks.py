@@ -222,10 +222,11 @@ def test_genomics_linalg_smoke(tmp_path):
 
 @pytest.mark.skipif(shutil.which("plink2") is None, reason="PLINK 2 (plink2) not on PATH")
 def test_plink2_smoke(tmp_path):
-    """PLINK 2 and pipeline on the same msprime genotypes (VCF -> .pgen, VCF -> VCF Zarr): every
-    operation timed as a process and its results agreeing; the data reused by a second run."""
+    """PLINK 2 and pipeline on the same msprime genotypes (PLINK 1 .bed -> .pgen, .bed -> VCF Zarr
+    by bio2zarr): every operation timed as a process and its results agreeing; the data reused by
+    a second run."""
     pytest.importorskip("msprime")
-    pytest.importorskip("bio2zarr.vcf")
+    pytest.importorskip("bio2zarr.plink")
     bench = load("plink2")
     argv = ["--samples", "150", "--variants", "800", "--workdir", str(tmp_path), "--workers", "1",
             "--json", str(tmp_path / "plink2.json")]
@@ -233,14 +234,17 @@ def test_plink2_smoke(tmp_path):
     assert [r["operation"] for r in out["rows"]] == list(bench.OPS)
     for r in out["rows"]:
         assert r["agrees"] and r["plink2_seconds"] > 0 and r["pipeline_seconds"] > 0, r
-    assert out["ok"] and set(out["prepared_seconds"]) == {"vcf_seconds", "import_vcf", "make_pgen"}
+        assert set(r["pipeline_phases"]) == set(bench.PHASES) and r["pipeline_seconds"] > r["pipeline_phases"]["first"]
+    assert out["ok"] and set(out["prepared_seconds"]) == {"simulate_and_bed", "bio2zarr", "make_pgen"}
     assert json.loads((tmp_path / "plink2.json").read_text())["rows"] == out["rows"]
-    rows = [ln for ln in (tmp_path / "data.vcf").read_text().splitlines() if not ln.startswith("#")]
-    with_missing = sum("./." in ln for ln in rows)  # 80 variants (10 %) draw missing calls at 2 %
-    assert len(rows) == 800 and 60 < with_missing <= 80
+    bed = np.fromfile(tmp_path / "data.bed", dtype=np.uint8)
+    assert bed[:3].tolist() == [0x6C, 0x1B, 0x01] and bed.size == 3 + 800 * 38  # 150 samples: 38 bytes a variant
+    codes = (bed[3:].reshape(800, 38)[..., None] >> np.array([0, 2, 4, 6], np.uint8)) & 3
+    with_missing = int((codes.reshape(800, -1)[:, :150] == bench.MISSING_CODE).any(axis=1).sum())
+    assert 60 < with_missing <= 80  # 80 variants (10 %) draw missing calls at 2 %
     glm = next(r for r in out["rows"] if r["operation"] == "glm")["agreement"]
     assert f"({800 - with_missing} complete variants)" in glm  # compared where PLINK 2 and pipeline see the same calls
-    again = bench.main(argv[:-2] + ["--ops", "freq"])  # the VCF, the store and the .pgen are reused
+    again = bench.main(argv[:-2] + ["--ops", "freq"])  # the .bed, the store and the .pgen are reused
     assert again["prepared_seconds"] == {} and again["rows"][0]["agrees"]
 
 
@@ -258,7 +262,8 @@ def test_genomics_sgkit_added_groups(tmp_path, capsys):
     assert [(r["tool"], r["group"]) for r in rows] == [("pipeline-cpu", "relatedness"), ("pipeline-cpu@1GB", "relatedness")]
     assert rows[1]["agrees_with_first"] == "0.0e+00 (stat_identity_by_state)", capsys.readouterr().out
     shapes = {k: d[3] for k, d in rows[0]["digest"].items()}
-    assert shapes == {k: [30, 30] for k in ("stat_identity_by_state", "stat_Weir_Goudet_beta", "stat_genomic_relationship", "pc_relate_phi")}
+    assert shapes == {k: [30, 30] for k in ("stat_identity_by_state", "stat_Weir_Goudet_beta", "stat_genomic_relationship",
+                                                   "stat_inverse_relationship", "pc_relate_phi")}
     assert rows[0]["digest"]["pc_relate_phi"][2] == 0  # no NaN
 
     # the biallelic variants of the 1,200 (2 windows of 1,000 variants); 400 in the subset
