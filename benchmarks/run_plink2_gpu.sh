@@ -5,11 +5,11 @@
 #      in the background while
 #   2. the genomics GPU tests run (TESTS, a pytest selection);
 #   3. then the timed comparison (BACKEND: gpu, or cpu to try it), each operation a whole fresh process (benchmarks/plink2.py).
-# Usage: OUT=dir DEBS=dir SAMPLES=25000 VARIANTS=200000 bash benchmarks/run_plink2_gpu.sh
+# Usage: OUT=dir DEBS=dir SAMPLES=25000 VARIANTS=200000 [OPS=pca,glm] bash benchmarks/run_plink2_gpu.sh
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 SAMPLES=${SAMPLES:-25000}; VARIANTS=${VARIANTS:-200000}; WORK=${WORK:-/tmp/plink2-bench}
-TESTS=${TESTS:-tests/test_genomics_sgkit_a.py tests/test_genomics_sgkit_b.py tests/test_genomics_sgkit_c.py tests/test_sample_tables.py}
+TESTS=${TESTS-tests/test_genomics_sgkit_a.py tests/test_genomics_sgkit_b.py tests/test_genomics_sgkit_c.py tests/test_sample_tables.py}
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 pkg=/tmp/plink2pkg; mkdir -p "$pkg"
 for f in "${DEBS:-.extra}"/*.deb; do dpkg -x "$f" "$pkg"; done
@@ -24,4 +24,4 @@ fi
 wait "$prep"
 grep -E "prepared|Elapsed|Maximum resident|Error|error" "$OUT/prepare.txt" | head -20
 du -sh "$WORK"/data.* 2>/dev/null
-timeout "${BENCH_TIMEOUT:-400}" python3 benchmarks/plink2.py "${args[@]}" --json "$OUT/plink2.json" 2>&1 | tee "$OUT/plink2.txt"
+timeout "${BENCH_TIMEOUT:-400}" python3 benchmarks/plink2.py "${args[@]}" --ops "${OPS:-freq,missing,hardy,pca,glm}" --json "$OUT/plink2.json" 2>&1 | tee "$OUT/plink2.txt"

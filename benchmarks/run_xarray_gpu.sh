@@ -9,7 +9,7 @@
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 SHAPE=${SHAPE:-1460,721,1440}; WORK=${WORK:-/tmp/xarray_gpu}
-TESTS=${TESTS:-tests/test_xarray_api.py tests/test_patches.py tests/test_generic_steps.py}
+TESTS=${TESTS-tests/test_xarray_api.py tests/test_patches.py tests/test_generic_steps.py}
 ONLY=${ONLY:-groupby_month_mean,groupby_season_std,groupby_anomaly,resample_YS_max,resample_MS_mean,rolling_mean_center,coarsen_mean,weighted_mean,polyfit,idxmax_lat,ffill,cumsum,count_above,where_mean,std}
 PROCESSES=${PROCESSES:-groupby_month_mean,resample_YS_max,weighted_mean}
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt" 2>&1

@@ -336,30 +336,10 @@ def test_pipeline_ops_lists_the_generic_steps(tmp_path):
 # --- the GPU --------------------------------------------------------------------------------------------
 
 
-# what xarray cannot yet do on Dask arrays of CuPy chunks (seen with xarray 2026.9, CuPy 14)
-NOT_ON_CUPY_YET = {
-    "median": "xarray's median of a Dask array gives a NumPy _meta (its chunks are CuPy)",
-    "first": "xarray's nanfirst converts CuPy chunks to NumPy",
-    "last": "xarray's nanlast converts CuPy chunks to NumPy",
-    "quantile": "xarray's quantile calls NumPy's nanquantile or mixes NumPy arrays into CuPy chunks",
-}
-ROLLING_NOT_ON_CUPY_YET = ("mean", "sum", "min", "max")  # std, var and count run
-
-
-def _gpu_case(case):
-    op, params, _ = case
-    how = params["how"]
-    reason = NOT_ON_CUPY_YET.get(how)
-    if op == "weighted":
-        reason = "xarray's weighted mixes NumPy arrays into CuPy chunks"
-    elif op == "rolling" and how in ROLLING_NOT_ON_CUPY_YET:
-        reason = "xarray's rolling reductions of Dask arrays mix NumPy arrays into CuPy chunks"
-    marks = [pytest.mark.xfail(strict=False, reason=reason)] if reason else []
-    return pytest.param(case, id=_id(case), marks=marks)
-
-
+# every step and reduction, median, first/last, quantile, rolling and weighted included (through
+# pipeline.patches: open_dataset's GPU arrays get them, and on_backend too)
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [_gpu_case(c) for c in CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, id=_id(c)) for c in CASES])
 def test_on_the_gpu_results_stay_cupy_and_equal_the_cpu(case):
     op, params, reference = case
     cp = pytest.importorskip("cupy")

@@ -96,6 +96,17 @@ def _validated(op, **params) -> dict:
         raise InputError("; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())) from None
 
 
+def _checked(op, x: xr.DataArray, **p) -> None:
+    """``op``'s checks of ``x`` (:func:`pipeline.ops._common._check`); on GPU data, also
+    pipeline's changes to xarray and dask that xarray's methods need there (:mod:`pipeline.patches`),
+    which ``open_dataset`` makes for its arrays, and an array moved to the GPU otherwise has not."""
+    _check(op, x, **p)
+    if backend_of(x) == "gpu":
+        from .. import patches
+
+        patches.apply()
+
+
 def _reduced(obj, how: str, q=None, **dims):
     """``obj.<how>()`` (``obj.quantile(q)``) of an xarray object, skipna as xarray's default."""
     if how == "quantile":
@@ -306,7 +317,7 @@ def resample(x: xr.DataArray, freq: Frequency, how: _how(REDUCTIONS), q: Q = Non
     """
     x = _data_array(x)
     p = _validated(resample.op, freq=freq, how=how, q=q, dim=dim)
-    _check(resample.op, x, **p)
+    _checked(resample.op, x, **p)
     return _reduced(x.resample({dim: freq}), how, p["q"])
 
 
@@ -332,7 +343,7 @@ def groupby(x: xr.DataArray, group: Dim, how: _how(REDUCTIONS), q: Q = None) -> 
     """
     x = _data_array(x)
     p = _validated(groupby.op, group=group, how=how, q=q)
-    _check(groupby.op, x, **p)
+    _checked(groupby.op, x, **p)
     if group in x.coords and group not in x.indexes:
         # labels, not data: xarray finds the groups on the host, and refuses a lazy coordinate
         x = x.assign_coords({group: x[group].copy(data=to_numpy(x[group].data))})
@@ -362,7 +373,7 @@ def rolling(
     """
     x = _data_array(x)
     p = _validated(rolling.op, window=window, how=how, dim=dim, center=center, min_periods=min_periods)
-    _check(rolling.op, x, **p)
+    _checked(rolling.op, x, **p)
     return _reduced(x.rolling({dim: window}, center=center, min_periods=min_periods), how)
 
 
@@ -390,7 +401,7 @@ def coarsen(
     """
     x = _data_array(x)
     p = _validated(coarsen.op, factors=factors, how=how, boundary=boundary)
-    _check(coarsen.op, x, **p)
+    _checked(coarsen.op, x, **p)
     return _reduced(x.coarsen(factors, boundary=boundary), how)
 
 
@@ -460,7 +471,7 @@ def weighted(
     """
     x = _data_array(x)
     p = _validated(weighted.op, how=how, q=q, weights=weights, dims=dims)
-    _check(weighted.op, x, **p)
+    _checked(weighted.op, x, **p)
     w = _weights_of(x, weights)
     if how == "quantile":
         x = _whole_along(x, p["dims"])
@@ -486,7 +497,7 @@ def reduce(x: xr.DataArray, dims: Dims, how: _how(PLAIN), q: Q = None) -> xr.Dat
     """
     x = _data_array(x)
     p = _validated(reduce.op, dims=dims, how=how, q=q)
-    _check(reduce.op, x, **p)
+    _checked(reduce.op, x, **p)
     if how == "quantile":
         x = _whole_along(x, p["dims"])
     return _reduced(x, how, p["q"], dim=p["dims"])
