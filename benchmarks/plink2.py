@@ -78,7 +78,8 @@ At this size each pipeline process is mostly Python's imports and the opening of
 1.5 s): the speed-ups say nothing of the target size, only that every comparison holds.
 
 PLINK 2 on the GPU machine (no downloads there): on a machine with Debian's packages,
-``apt-get download plink2 liblapack3 libblas3 libgfortran5 libquadmath0 libdeflate0`` (``apt-cache
+``apt-get download plink2 liblapack3 libblas3 libgfortran5 libquadmath0 libdeflate0
+libopenblas0-pthread`` (the last for multi-threaded BLAS, which the script puts first; ``apt-cache
 depends plink2``: libblas3 and liblapack3, libdeflate0, libzstd1, zlib1g and libc6;
 ``ldd /usr/lib/plink2/plink2-avx2`` adds libgfortran5 and libquadmath0 through LAPACK), carry the
 .deb files over and unpack them all into one folder with ``for f in *.deb; do dpkg -x $f
