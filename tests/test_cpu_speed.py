@@ -197,7 +197,7 @@ def test_the_peer_benchmark_runs_and_agrees(tmp_path):
 def test_cpu_blocks_group_small_chunks_and_keep_every_core_busy(tmp_path):
     """With pipeline.cpu.block-size, a store of one time step a chunk (ERA5-style Zarr v2 Blosc,
     NetCDF4) is read on the CPU in blocks of many chunks, at least two a thread, with values equal
-    to xarray's; by default, one chunk a block."""
+    to xarray's (16MB by default); null: one chunk a block."""
     import dask
     import numcodecs
     import xarray as xr
@@ -216,4 +216,7 @@ def test_cpu_blocks_group_small_chunks_and_keep_every_core_busy(tmp_path):
             np.testing.assert_array_equal(got.values, values)
         with dask.config.set({"num_workers": 2, "pipeline.cpu.block-size": 6 * 8 * 4 * 3}):
             assert pipeline.open_dataset(store, backend="cpu")["tas"].data.chunks[0][0] == 3  # the size caps it
-        assert pipeline.open_dataset(store, backend="cpu")["tas"].data.chunks[0] == (1,) * 40
+        with dask.config.set({"num_workers": 4}):
+            assert pipeline.open_dataset(store, backend="cpu")["tas"].data.chunks[0] == (5,) * 8  # the default
+        with dask.config.set({"pipeline.cpu.block-size": None}):
+            assert pipeline.open_dataset(store, backend="cpu")["tas"].data.chunks[0] == (1,) * 40

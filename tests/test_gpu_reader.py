@@ -163,9 +163,11 @@ def test_blocks_take_whole_shards_up_to_a_target(tmp_path):
     assert blocks_along_first(raw, shards, 10**9)["time"] == 10  # no more shards than the array has
     assert blocks_along_first(raw, {}, 10**9) == {"time": 10, "lat": 4, "lon": 5}  # plain chunks grow too
     assert blocks_along_first(raw, {}, 0) == {}
-    assert block_target("cpu") == 0  # on the CPU, by default, one shard a block
+    assert block_target("cpu") == 16 * 10**6  # on the CPU, by default, 16MB of whole shards a block
     assert blocks_along_first(raw, {}, 10**9, min_blocks=4)["time"] == 2  # 10 chunks, at least 4 blocks
-    assert open_dataset(store, backend="cpu")["x"].data.chunks[0] == (2,) * 5
+    with dask.config.set({"pipeline.cpu.block-size": None}):
+        assert block_target("cpu") == 0  # null: one shard a block
+        assert open_dataset(store, backend="cpu")["x"].data.chunks[0] == (2,) * 5
 
 
 def test_convert_uncompressed_is_one_plain_chunk_per_block(tmp_path):

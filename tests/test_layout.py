@@ -33,7 +33,7 @@ ALLOWED = {
     "patches": {"backend", "kernels", *FOUNDATION},  # changes to dask and xarray; device chunk functions
     "sources": {"backend", "kernels", "gpu", "reduce", "exec", "patches", *FOUNDATION},
     "sinks": {"backend", "exec", "sources", "gpu", *FOUNDATION},  # gpu: nvCOMP compresses convert's frames
-    "ops": {"backend", "kernels", "reduce", "exec", *FOUNDATION},
+    "ops": {"backend", "kernels", "reduce", "exec", "patches", *FOUNDATION},  # patches: the generic steps on GPU data
     "demo": {"sinks", *FOUNDATION},
     "demo_genomics": {"sinks", "sources", *FOUNDATION},  # sources: import-vcf's sample table
 }

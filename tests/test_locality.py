@@ -69,7 +69,8 @@ def run_on_cluster(client, build):
 @pytest.mark.parametrize("memory_limit", [None, "1MB"], ids=["in-core", "read-twice"])
 @pytest.mark.parametrize("flow", ["standardized_anomaly", "monthly_anomaly"])
 def test_blocks_stay_on_their_worker_in_both_passes(client, store, flow, memory_limit):
-    with dask.config.set({"pipeline.cpu.memory-limit": memory_limit}):
+    # one stored chunk a block: NBLOCKS blocks along time, as the placement below counts them
+    with dask.config.set({"pipeline.cpu.memory-limit": memory_limit, "pipeline.cpu.block-size": None}):
         tas = pipeline.open_dataset(store, backend="cpu")["tas"]
         if memory_limit:  # the second pass reads the store again, as on a GPU under a budget
             assert second_pass(tas.data, tas.data.sum()) is not tas.data

@@ -227,7 +227,8 @@ def test_a_flow_holds_a_few_blocks_not_its_input(tmp_path, flow, threads):
 
     x = climate_array(shape=(1460, 4, 8), chunks={"time": 73})
     x.to_dataset().to_zarr(tmp_path / "s.zarr")
-    tas = pipeline.open_dataset(tmp_path / "s.zarr", backend="cpu")["tas"]
+    with dask.config.set({"pipeline.cpu.block-size": None}):  # the store's 20 chunks, 20 blocks
+        tas = pipeline.open_dataset(tmp_path / "s.zarr", backend="cpu")["tas"]
     block = tas.data.blocks[0].nbytes
 
     class Held(Callback):

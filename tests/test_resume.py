@@ -4,6 +4,7 @@ clean run. A partial output a killed run left is removed by the next run without
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import time
@@ -23,8 +24,21 @@ def stored_bytes(store: Path) -> dict[str, bytes]:
     return {k: group[k][...].tobytes() for k in VARIABLES}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_chunk_a_block():
+    """The runs here read one stored chunk a block (pipeline.cpu.block-size null), so that the
+    output is written in many small chunks and a slowed run is still writing when it is killed."""
+    before = os.environ.get("DASK_PIPELINE__CPU__BLOCK_SIZE")
+    os.environ["DASK_PIPELINE__CPU__BLOCK_SIZE"] = "None"
+    yield
+    if before is None:
+        del os.environ["DASK_PIPELINE__CPU__BLOCK_SIZE"]
+    else:
+        os.environ["DASK_PIPELINE__CPU__BLOCK_SIZE"] = before
+
+
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory):
+def killed(tmp_path_factory, one_chunk_a_block):
     """A source, a clean run's output, and the partial output of a run SIGKILLed mid-write."""
     tmp = tmp_path_factory.mktemp("resume")
     assert cli("demo", "src.zarr", "--size", "6MB", "--time-chunk", "3", cwd=tmp).returncode == 0
