@@ -113,14 +113,14 @@ def one(store: Path, name: str, backend: str) -> None:
         expr(x, table().context(x)).compute()
 
 
-def processes_row(store: Path, name: str) -> dict:
+def processes_row(store: Path, shape: str, name: str) -> dict:
     import subprocess
 
     row = {"expression": name}
     for backend in ("gpu", "cpu"):
         t = time.perf_counter()
-        subprocess.run([sys.executable, __file__, "--shape", ",".join(store.name[4:-5].split("x")),
-                        "--workdir", str(store.parent), "--one", name, backend], check=True)
+        subprocess.run([sys.executable, __file__, "--shape", shape, "--workdir", str(store.parent), "--one", name,
+                        backend], check=True)
         row[f"{backend}_process"] = time.perf_counter() - t
     return row
 
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
             print(f"| {r['expression']} | {r['gpu_first']:.2f} | {r['gpu_first_compiling']:.2f} | {r['gpu_warm']:.3f} "
                   f"| {r['cpu_first']:.2f} | {r['cpu_warm']:.2f} | {r['speedup_warm']:.1f} | {r['speedup_first']:.1f} "
                   f"| {r['rel_error']:.1e} |")
-    processes = [processes_row(store, name) for name in filter(None, args.processes.split(","))]
+    processes = [processes_row(store, args.shape, name) for name in filter(None, args.processes.split(","))]
     if processes:
         print("\nWhole processes (python, import, open, compute, exit), after the runs above: CuPy's kernels are "
               "in its disk cache\n\n| expression | GPU process (s) | CPU process (s) | x |\n| --- | --- | --- | --- |")

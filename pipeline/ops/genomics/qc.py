@@ -17,7 +17,7 @@ from ...backend import meta, to_numpy
 from ...errors import InputError
 from ..registry import register
 from . import specs
-from ._dataset import as_dask, backend_of_dataset, keep_positions, variable
+from ._dataset import as_dask, backend_of_dataset, even_chunks, keep_positions, variable
 from ._dataset import variable as _variable
 from .variables import A, DOSAGE, STRINGS, V, Add, Declared, Ensure, Read, given, read
 
@@ -155,8 +155,6 @@ def _float64_blocks(data, backend: str):
     samples, 4 GB blocks of int8 genotypes (all the variants, a chunk of 10,000 samples) made
     16 GB blocks here, which sgkit's ``.chunk({"samples": -1})`` before ``pca`` joined into one
     of 40 GB: out of device memory."""
-    import math
-
     from ...exec.memory import block_limits
 
     size = block_limits(backend)[0]
@@ -165,12 +163,7 @@ def _float64_blocks(data, backend: str):
     rows = max(1, size // (8 * data.shape[1]))
     if max(data.chunks[0], default=0) <= rows:
         return data
-    split = tuple(part for c in data.chunks[0] for part in _even(c, math.ceil(c / rows)))
-    return data.rechunk({0: split})
-
-
-def _even(n: int, parts: int) -> list[int]:
-    return [n // parts + (i < n % parts) for i in range(parts)]
+    return data.rechunk({0: tuple(part for c in data.chunks[0] for part in even_chunks(c, rows))})
 
 
 def _host_moments(block, *, kernel):
