@@ -125,6 +125,17 @@ def processes_row(store: Path, shape: str, name: str) -> dict:
     return row
 
 
+def _write_stacks(path: str, sampler, seconds: float) -> None:
+    """The sampled stacks of a first run: a timeline per thread (the innermost frames of interest)
+    and the innermost frames counted, to see where the seconds before the first block go."""
+    import collections
+
+    inner = collections.Counter(chain[0] for chain, n in sampler.chains.items() for _ in range(n))
+    Path(path).write_text(json.dumps({"seconds": seconds, "inner": inner.most_common(80),
+                                      "threads": sampler.threads.most_common(), "timeline": sampler.timeline,
+                                      "chains": [[n, list(c)] for c, n in sampler.chains.most_common(300)]}))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="1460,721,1440")
@@ -135,6 +146,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--processes", default="", help="expressions also timed as whole fresh processes, GPU and CPU")
     p.add_argument("--prepare-only", action="store_true", help="make the store, time nothing")
+    p.add_argument("--gpu-only", default="", help="expressions run on the GPU alone (the CPU's takes minutes)")
+    p.add_argument("--stacks", default=None,
+                   help="sample every thread's stack during the first expression's first GPU run, into this JSON")
     p.add_argument("--one", nargs=2, metavar=("EXPRESSION", "BACKEND"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     shape = tuple(int(s) for s in args.shape.split(","))
@@ -155,16 +169,29 @@ def main(argv=None) -> int:
     expressions = table()
     warnings.simplefilter("ignore")
     rows = []
+    sampler = None
+    if args.stacks:
+        sys.path.insert(0, str(HERE))
+        from first_run_stacks import Sampler
+
+        sampler = Sampler(0.02)
     for name in args.only.split(","):
         expr, _ = expressions.EXPRESSIONS[name]
         row = {"expression": name}
         try:
             compiled = _compile_seconds()
+            if sampler is not None and not sampler.is_alive() and not sampler.stopped.is_set():
+                sampler.start()
             t = time.perf_counter()
             x = pipeline.open_dataset(store, backend="gpu")["tas"]
+            row["gpu_first_open"] = time.perf_counter() - t
             got = expr(x, expressions.context(x)).compute()
             _sync()
             row["gpu_first"] = time.perf_counter() - t
+            if sampler is not None and not sampler.stopped.is_set():
+                sampler.stopped.set()
+                sampler.join()
+                _write_stacks(args.stacks, sampler, row["gpu_first"])
             row["gpu_first_compiling"] = _compile_seconds() - compiled
             times = []
             for _ in range(args.repeat):
@@ -178,6 +205,10 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - a row says what failed
             row["gpu_error"] = f"{type(e).__name__}: {str(e)[:120]}"
             got = None
+        if name in args.gpu_only.split(","):
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            continue
         times = []
         for i in range(args.repeat + 1):
             t = time.perf_counter()
@@ -195,13 +226,14 @@ def main(argv=None) -> int:
     print("\n| expression | GPU first (s) | of it compiling | GPU warm (s) | CPU first (s) | CPU warm (s) | warm x "
           "| first x | rel. error |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    def cell(r, key, fmt):
+        return format(r[key], fmt) if key in r else ""
+
     for r in rows:
-        if "gpu_error" in r:
-            print(f"| {r['expression']} | {r['gpu_error']} | | | {r['cpu_first']:.2f} | {r['cpu_warm']:.2f} | | | |")
-        else:
-            print(f"| {r['expression']} | {r['gpu_first']:.2f} | {r['gpu_first_compiling']:.2f} | {r['gpu_warm']:.3f} "
-                  f"| {r['cpu_first']:.2f} | {r['cpu_warm']:.2f} | {r['speedup_warm']:.1f} | {r['speedup_first']:.1f} "
-                  f"| {r['rel_error']:.1e} |")
+        gpu = r.get("gpu_error") or cell(r, "gpu_first", ".2f")
+        print(f"| {r['expression']} | {gpu} | {cell(r, 'gpu_first_compiling', '.2f')} | {cell(r, 'gpu_warm', '.3f')} "
+              f"| {cell(r, 'cpu_first', '.2f')} | {cell(r, 'cpu_warm', '.2f')} | {cell(r, 'speedup_warm', '.1f')} "
+              f"| {cell(r, 'speedup_first', '.1f')} | {cell(r, 'rel_error', '.1e')} |")
     processes = [processes_row(store, args.shape, name) for name in filter(None, args.processes.split(","))]
     if processes:
         print("\nWhole processes (python, import, open, compute, exit), after the runs above: CuPy's kernels are "
