@@ -36,6 +36,7 @@ from typing import Callable
 import numpy as np
 
 from . import config
+from .backend import xp_of
 
 log = logging.getLogger(__name__)
 
@@ -326,6 +327,92 @@ def _device_weighted_quantile(self, da, q, dim, skipna):
     return result.transpose("quantile", ...).assign_coords(quantile=q).squeeze()
 
 
+def _groupby_binary_op(original):
+    @functools.wraps(original)
+    def binary_op(self, other, f, reflexive=False):
+        if on_device(getattr(self._original_obj, "data", None)) and _aligned_applies(self, other):
+            return _aligned_groupby_binary_op(self, other, f, reflexive)
+        return original(self, other, f, reflexive=reflexive)
+
+    return binary_op
+
+
+def _aligned_applies(self, other) -> bool:
+    """Whether :func:`_aligned_groupby_binary_op` gives xarray's result: a DataArray grouped by one
+    1-D group whose every element is in a group, and a DataArray ``other`` along the groups."""
+    from xarray.core.dataarray import DataArray
+    from xarray.core.groupby import _DummyGroup
+    from xarray.core.resample import Resample
+
+    obj = self._original_obj
+    if isinstance(self, Resample) or not isinstance(obj, DataArray) or obj.chunks is None:
+        return False
+    if not isinstance(other, DataArray) or len(self.groupers) != 1:
+        return False
+    (grouper,) = self.groupers
+    name, group, codes = grouper.name, grouper.group, self.encoded.codes
+    if isinstance(group, _DummyGroup) or group.ndim != 1 or codes.chunks is not None:
+        return False
+    (dim,) = group.dims
+    return (
+        dim in obj.dims and name not in obj.dims and name in other.dims and dim not in other.dims
+        and codes.dims == (dim,) and not bool((codes.values == -1).any())
+        and all(other.sizes[d] == obj.sizes[d] for d in other.dims if d in obj.dims)
+    )
+
+
+def _aligned_groupby_binary_op(self, other, f, reflexive):
+    """xarray's ``GroupBy._binary_op`` for the cases of :func:`_aligned_applies`, with ``other``
+    expanded along the grouped dimension in the chunks of the grouped array. xarray expands it by
+    ``other.isel({name: codes})``, whose dask ``take`` chunks the result like ``other`` along the
+    groups, one step a chunk, and the grouped array is then rechunked to match: thousands of tiny
+    tasks where the grouped array has a few chunks. Here each block of the expansion is ``take``
+    of ``other`` (one block along the groups) by the codes of one block of the grouped array."""
+    import dask.array as da
+    from xarray.core.dataarray import DataArray
+    from xarray.structure.alignment import align
+
+    g = f if not reflexive else lambda x, y: f(y, x)
+    obj = self._original_obj
+    (grouper,) = self.groupers
+    name, codes = grouper.name, self.encoded.codes
+    (dim,) = codes.dims
+    coord = grouper.unique_coord
+    if not isinstance(coord, DataArray):
+        (coord_dim,) = coord.dims
+        coord = DataArray(coord, coords={coord_dim: coord.data})
+    other = other.copy(deep=False)  # xarray broadcasts scalar coordinates in place; not here
+    for var in other.coords:
+        if other[var].ndim == 0:
+            other[var] = other[var].drop_vars(var).expand_dims({name: other.sizes[name]})
+    other, _ = align(other, coord, join="right", copy=False)
+
+    obj_chunks = dict(zip(obj.dims, obj.data.chunks))
+    chunks = tuple(-1 if d == name else obj_chunks.get(d, -1 if other.chunks is None else other.chunksizes[d])
+                   for d in other.dims)
+    data = other.data
+    if on_device(obj.data) and not on_device(data):
+        data = to_device(data)
+    data = (data if hasattr(data, "__dask_graph__") else da.from_array(data, chunks=chunks)).rechunk(chunks)
+    axis = other.dims.index(name)
+    index = {d: f"i{k}" for k, d in enumerate((*other.dims, dim))}
+    out_dims = tuple(dim if d == name else d for d in other.dims)
+    taken = da.blockwise(
+        _take, tuple(index[d] for d in out_dims),
+        data, tuple(index[d] for d in other.dims),
+        da.from_array(np.asarray(codes.values), chunks=(obj_chunks[dim],)), (index[dim],),
+        axis=axis, dtype=data.dtype, meta=data._meta, concatenate=True,
+    )
+    coords = other.coords.to_dataset().isel({name: codes}).coords  # the coordinates isel gives
+    expanded = DataArray(taken, dims=out_dims, coords=coords, name=other.name, attrs=other.attrs)
+    return g(obj, expanded)
+
+
+def _take(block, codes, axis):
+    xp = xp_of(block)
+    return xp.take(block, xp.asarray(codes), axis=axis)
+
+
 def _einsum_lookup():
     """dask's ``einsum_lookup`` for CuPy blocks: ``cupy.einsum`` with host operands (xarray's
     ``dot`` of a device array and host weights, as ``weighted`` makes) moved to the device."""
@@ -398,6 +485,12 @@ PATCHES: dict[str, Patch] = {
         Patch(
             "xarray-push-meta", "xarray.compat.dask_array_ops", "push", ("array", "n", "axis"), _keeps_device_meta,
             "ffill/bfill's scan gives a result of CuPy blocks a NumPy meta",
+        ),
+        Patch(
+            "xarray-groupby-binary-op", "xarray.core.groupby", "GroupBy._binary_op",
+            ("self", "other", "f", "reflexive"), _groupby_binary_op,
+            "x.groupby('time.month') - clim expands clim by dask's take, which chunks it one time step "
+            "a chunk, and rechunks x to match: thousands of tiny device tasks where x has a few chunks",
         ),
         Patch(
             "xarray-polyfit", "xarray.compat.dask_array_ops", "least_squares", ("lhs", "rhs", "rcond", "skipna"),

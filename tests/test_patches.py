@@ -207,6 +207,14 @@ def test_numpy_data_goes_to_the_originals(blocks):
                 got, want = (got[0], want[0]) if isinstance(got, list) else (got, want)
                 assert type(got._meta) is np.ndarray
                 np.testing.assert_array_equal(got.compute(), want.compute())
+        elif name == "xarray-groupby-binary-op":
+            import xarray as xr
+
+            x = xr.DataArray(a, dims=("t", "y", "x"), coords={"t": np.arange(9) % 3}).chunk(t=4)
+            clim = x.groupby("t").mean()
+            for reflexive in (False, True):
+                xr.testing.assert_identical(wrapped(x.groupby("t"), clim, np.subtract, reflexive).compute(),
+                                            original(x.groupby("t"), clim, np.subtract, reflexive).compute())
         elif name == "xarray-polyfit":
             import dask.array as da
 
