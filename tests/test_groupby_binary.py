@@ -209,3 +209,19 @@ def test_anomaly_on_the_gpu_is_xarrays_in_the_arrays_chunks(stores):
     np.testing.assert_array_equal(got.time.values, want.time.values)
     np.testing.assert_array_equal(got.month.values, want.month.values)
     np.testing.assert_allclose(got.data.get(), want.values, rtol=2e-5, atol=3e-4, equal_nan=True)
+
+
+def test_the_wrapper_takes_the_fast_path_for_device_arrays(monkeypatch):
+    """Which way the wrapper goes, with Dask arrays of NumPy blocks standing in for the device's."""
+    from xarray.core.groupby import GroupBy
+
+    monkeypatch.setattr(patches, "on_device", lambda a: hasattr(a, "__dask_graph__"))
+    monkeypatch.setattr(patches, "to_device", lambda a: a)
+    x = _tas().chunk(CHUNKS)
+    clim = _clim(x, "time.month")
+    wrapped = patches._groupby_binary_op(GroupBy._binary_op)
+    got = wrapped(x.groupby("time.month"), clim, operator.sub)
+    _check(got, x.groupby("time.month") - clim, x)
+    gb = x.groupby_bins("lat", [-90, -30, 0, 30])  # 80 is in no bin: xarray's way
+    means = gb.mean().compute()
+    assert set(wrapped(gb, means, operator.sub).chunksizes["lat"]) == {1}
