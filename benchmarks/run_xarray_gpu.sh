@@ -4,7 +4,8 @@
 #      background while
 #   2. the GPU tests of TESTS run (pytest -m gpu, WORKERS processes on the one GPU);
 #   3. then benchmarks/xarray_gpu.py on ONLY (in-process first and warm, GPU and xarray + dask),
-#      and PROCESSES as whole fresh processes.
+#      and PROCESSES as whole fresh processes; GPU_ONLY: expressions not run on the CPU; every
+#      thread's stack sampled during the first expression's first GPU run ($OUT/first_stacks.json).
 # Usage: OUT=dir bash benchmarks/run_xarray_gpu.sh
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -13,6 +14,7 @@ TESTS=${TESTS-tests/test_xarray_api.py tests/test_patches.py tests/test_generic_
 ONLY=${ONLY:-groupby_month_mean,groupby_season_std,groupby_anomaly,resample_YS_max,resample_MS_mean,rolling_mean_center,coarsen_mean,weighted_mean,polyfit,idxmax_lat,ffill,cumsum,count_above,where_mean,std}
 PROCESSES=${PROCESSES:-groupby_month_mean,resample_YS_max,weighted_mean}
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+python3 -c "import xarray; from xarray.core.utils import module_available as m; print('xarray', xarray.__version__, 'flox', m('flox'), xarray.get_options()['use_flox'])" >> "$OUT/gpu.txt" 2>&1
 ( /usr/bin/time -v python3 benchmarks/xarray_gpu.py --shape "$SHAPE" --workdir "$WORK" --prepare-only ) > "$OUT/store.txt" 2>&1 &
 store=$!
 if [ -n "$TESTS" ]; then
@@ -23,5 +25,5 @@ fi
 wait "$store"
 grep -E "ready|Elapsed|Error" "$OUT/store.txt"
 timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/xarray_gpu.py --shape "$SHAPE" --workdir "$WORK" --only "$ONLY" \
-  --repeat "${REPEAT:-2}" --processes "$PROCESSES" --json "$OUT/xarray_gpu.json" > "$OUT/xarray_gpu.txt" 2>&1
+  --repeat "${REPEAT:-2}" --processes "$PROCESSES" --gpu-only "${GPU_ONLY:-}" --stacks "$OUT/first_stacks.json" --json "$OUT/xarray_gpu.json" > "$OUT/xarray_gpu.txt" 2>&1
 grep -v '^{' "$OUT/xarray_gpu.txt" | tail -30

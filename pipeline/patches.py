@@ -413,6 +413,19 @@ def _take(block, codes, axis):
     return xp.take(block, xp.asarray(codes), axis=axis)
 
 
+def _without_flox_on_device(original):
+    @functools.wraps(original)
+    def contains_only_chunked_or_numpy(obj) -> bool:
+        from xarray.core.dataarray import DataArray
+
+        variables = (obj._to_temp_dataset() if isinstance(obj, DataArray) else obj)._variables.values()
+        if any(on_device(v._data) for v in variables):
+            return False
+        return original(obj)
+
+    return contains_only_chunked_or_numpy
+
+
 def _einsum_lookup():
     """dask's ``einsum_lookup`` for CuPy blocks: ``cupy.einsum`` with host operands (xarray's
     ``dot`` of a device array and host weights, as ``weighted`` makes) moved to the device."""
@@ -485,6 +498,15 @@ PATCHES: dict[str, Patch] = {
         Patch(
             "xarray-push-meta", "xarray.compat.dask_array_ops", "push", ("array", "n", "axis"), _keeps_device_meta,
             "ffill/bfill's scan gives a result of CuPy blocks a NumPy meta",
+        ),
+        Patch(
+            "xarray-no-flox-on-device", "xarray.core._aggregations", "contains_only_chunked_or_numpy", ("obj",),
+            _without_flox_on_device,
+            "with flox installed (xclim depends on it) xarray hands groupby and resample reductions of Dask "
+            "arrays to flox, whose engines run NumPy's ufunc.reduceat and numpy_groupies on each block "
+            "(NotImplementedError: cupy_maximum.reduceat); on CuPy blocks xarray's own grouped reductions "
+            "run instead, which the other changes here make work on the device",
+            also=("xarray.core.groupby",),
         ),
         Patch(
             "xarray-groupby-binary-op", "xarray.core.groupby", "GroupBy._binary_op",

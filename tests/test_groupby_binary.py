@@ -225,3 +225,45 @@ def test_the_wrapper_takes_the_fast_path_for_device_arrays(monkeypatch):
     gb = x.groupby_bins("lat", [-90, -30, 0, 30])  # 80 is in no bin: xarray's way
     means = gb.mean().compute()
     assert set(wrapped(gb, means, operator.sub).chunksizes["lat"]) == {1}
+
+
+# --- flox: where it is installed, xarray gives it grouped reductions of Dask arrays, whose
+# engines are NumPy's (pipeline/patches.py, ``xarray-no-flox-on-device``) ---------------------------
+
+
+def test_flox_keeps_numpy_blocks_and_is_kept_from_device_ones(monkeypatch):
+    from xarray.core import _aggregations
+
+    original = _aggregations.contains_only_chunked_or_numpy
+    original = getattr(original, "__pipeline_original__", original)
+    wrapped = patches._without_flox_on_device(original)
+    x = _tas()
+    assert wrapped(x) is True and wrapped(x.chunk(CHUNKS)) is True
+    monkeypatch.setattr(patches, "on_device", lambda a: hasattr(a, "__dask_graph__"))
+    assert wrapped(x) is True  # no Dask array: nothing on the device
+    assert wrapped(x.chunk(CHUNKS)) is False
+    assert wrapped(x.to_dataset().chunk(CHUNKS)) is False
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("how", ["groupby_month_mean", "groupby_season_std", "resample_YS_max", "resample_MS_mean"])
+def test_grouped_reductions_on_the_gpu_with_flox_installed(stores, how):
+    pytest.importorskip("flox")
+    if not B.gpu_available():
+        pytest.skip("no GPU")
+    import cupy
+
+    run = {
+        "groupby_month_mean": lambda a: a.groupby("time.month").mean(),
+        "groupby_season_std": lambda a: a.groupby("time.season").std(),
+        "resample_YS_max": lambda a: a.resample(time="YS").max(),
+        "resample_MS_mean": lambda a: a.resample(time="MS").mean(),
+    }[how]
+    x = _open(stores, backend="gpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = run(x).compute()
+        want = run(xr.open_zarr(stores("standard"))["tas"].load())  # flox on NumPy
+    assert "xarray-no-flox-on-device" in patches._applied
+    assert isinstance(got.data, cupy.ndarray)
+    np.testing.assert_allclose(got.data.get(), want.values, rtol=2e-5, atol=3e-4, equal_nan=True)

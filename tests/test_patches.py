@@ -215,6 +215,12 @@ def test_numpy_data_goes_to_the_originals(blocks):
             for reflexive in (False, True):
                 xr.testing.assert_identical(wrapped(x.groupby("t"), clim, np.subtract, reflexive).compute(),
                                             original(x.groupby("t"), clim, np.subtract, reflexive).compute())
+        elif name == "xarray-no-flox-on-device":
+            import xarray as xr
+
+            for x in (xr.DataArray(a, dims=("t", "y", "x")), xr.DataArray(a, dims=("t", "y", "x")).chunk(t=4)):
+                assert wrapped(x) is original(x) is True
+                assert wrapped(x.to_dataset(name="v")) is True
         elif name == "xarray-polyfit":
             import dask.array as da
 
