@@ -1,0 +1,146 @@
+"""The seconds before any genomics work: opening a VCF Zarr store, phase by phase.
+
+For a store (and a sample table: ``--samples-table``, by default ``samples.tsv`` beside the store,
+as ``benchmarks/plink2.py`` writes it), each of ``--repeat`` fresh processes times:
+
+- ``import``: ``import pipeline.genomics`` and :mod:`pipeline.sources.samples`;
+- ``open``: ``sg.load_dataset(store, backend=...)``;
+- ``table``: :func:`pipeline.sources.samples.read_table` and ``attach``;
+- ``graph``: ``sg.count_variant_alleles(ds)`` built, not computed;
+
+then the same three last phases again in that process (``warm``: the modules they import are
+imported, only their own work is left). The table gives the median of each phase over the
+processes, the median wall time of a whole process (the interpreter's start included), and the
+libraries each phase imported first (of those that cost most: zarr, dask.array, scipy,
+distributed, cupy...).
+
+    python benchmarks/genomics_open.py /tmp/plink2-bench/data.vcz --backend gpu --repeat 5
+
+Measured on 2 cores (CPU backend), bio2zarr's ``plink2zarr`` stores made by ``plink2.py
+--prepare-only`` (variants x samples), medians of 3 processes:
+
+    store              import   open  table  graph  whole   warm: open  table  graph
+    200,000 x 2,000     0.64   0.26   0.17  0.009   1.40         0.015  0.016  0.004  (before)
+                        0.53   0.23   0.04  0.004   1.10         0.015  0.009  0.003
+    10,000 x 25,000     0.57   0.23   0.32  0.009   1.58         0.016  0.139  0.004  (before)
+                        0.53   0.23   0.10  0.004   1.18         0.016  0.060  0.004
+
+The table's phase imported distributed (dask's compute of the sample IDs looks for a client) and
+read its cells one by one, twice; the open is now almost all imports (zarr, dask.array and, through
+dask.array.fft, scipy): warm, it takes 0.015 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PHASES = ("import", "open", "table", "graph")
+# the libraries whose first import costs a phase most (a tenth of a second or more each)
+WATCHED = ("xarray", "dask.array", "zarr", "scipy", "distributed", "sklearn", "numba", "cupy", "pyarrow")
+
+
+def _table_path(store: Path, table: str | None) -> Path | None:
+    if table:
+        return Path(table)
+    beside = store.parent / "samples.tsv"
+    return beside if beside.exists() else None
+
+
+def one(store: str, backend: str, table: str | None) -> dict:
+    """The phases in this process: first (each phase importing what it needs), then warm."""
+    seconds, imported = {}, {}
+
+    def timed(phase, fn):
+        before = set(sys.modules)
+        t = time.perf_counter()
+        out = fn()
+        seconds[phase] = time.perf_counter() - t
+        imported[phase] = [m for m in WATCHED if m in sys.modules and m not in before]
+        return out
+
+    def modules():
+        import pipeline.genomics as sg
+        from pipeline.sources import samples
+
+        return sg, samples
+
+    sg, samples = timed("import", modules)
+    path = _table_path(Path(store), table)
+
+    def phases(prefix=""):
+        ds = timed(f"{prefix}open", lambda: sg.load_dataset(store, backend=backend))
+        if path is not None:
+            ds = timed(f"{prefix}table", lambda: samples.attach(ds, samples.read_table(path)))
+        timed(f"{prefix}graph", lambda: sg.count_variant_alleles(ds))
+
+    phases()
+    phases("warm_")
+    return {"seconds": seconds, "imported": imported}
+
+
+def run(store: str, backend: str, table: str | None, repeat: int) -> dict:
+    """``repeat`` fresh processes of :func:`one`: the median of each phase, and of the whole process."""
+    runs, walls = [], []
+    for _ in range(repeat):
+        cmd = [sys.executable, __file__, store, "--one", "--backend", backend]
+        if table:
+            cmd += ["--samples-table", table]
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "DASK_PIPELINE__BACKEND": backend})
+        walls.append(time.perf_counter() - t)
+        if proc.returncode:
+            raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    names = list(runs[0]["seconds"])
+    return {
+        "store": store, "backend": backend, "processes": repeat,
+        "seconds": {n: statistics.median(r["seconds"][n] for r in runs) for n in names},
+        "whole": statistics.median(walls),
+        "imported": runs[0]["imported"],
+    }
+
+
+def show(result: dict) -> str:
+    s = result["seconds"]
+    first = [p for p in PHASES if p in s]
+    warm = [p for p in PHASES[1:] if f"warm_{p}" in s]
+    lines = [
+        f"{result['store']} ({result['backend']}, median of {result['processes']} fresh processes)",
+        "  ".join(f"{p:>6}" for p in first) + f"  {'whole':>6}    " + "  ".join(f"warm {p:>5}" for p in warm),
+        "  ".join(f"{s[p]:6.3f}" for p in first) + f"  {result['whole']:6.3f}    "
+        + "  ".join(f"{s['warm_' + p]:10.3f}" for p in warm),
+    ]
+    lines += [f"  {p} imported: {', '.join(m) or '-'}" for p, m in result["imported"].items() if not p.startswith("warm_")]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("store", help="a VCF Zarr store")
+    ap.add_argument("--backend", choices=("cpu", "gpu"), default="cpu")
+    ap.add_argument("--samples-table", help="a sample table (default: samples.tsv beside the store, if there)")
+    ap.add_argument("--repeat", type=int, default=3, help="fresh processes")
+    ap.add_argument("--json", help="write the result here too")
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # one process's phases, as JSON
+    a = ap.parse_args(argv)
+    if a.one:
+        print(json.dumps(one(a.store, a.backend, a.samples_table)))
+        return {}
+    result = run(a.store, a.backend, a.samples_table, a.repeat)
+    print(show(result))
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
