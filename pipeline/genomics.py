@@ -7,7 +7,6 @@ from __future__ import annotations
 from .ops.genomics import *  # noqa: F401,F403
 from .ops.genomics import __all__ as _ops
 from .ops.genomics import specs as variables
-from .sinks.sgkit import save_dataset
 from .ops.genomics.specs import *  # noqa: F401,F403  (sgkit's DIM_* names)
 
 
@@ -67,6 +66,15 @@ def _open_zarr(store, storage_options, backend, chunks, variables, kwargs):
         if var.dtype.kind in "biuf" and var.chunks is not None:
             ds[name] = var.copy(data=B.to_backend(var.data, target))
     return ds
+
+
+def __getattr__(name: str):
+    # the writer, and the sinks it imports, only when asked for: an open needs neither
+    if name == "save_dataset":
+        from .sinks.sgkit import save_dataset
+
+        return save_dataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [*_ops, *variables.__all__, "load_dataset", "variables", "save_dataset"]

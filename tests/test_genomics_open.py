@@ -59,7 +59,8 @@ def test_open_table_and_counts_in_a_fresh_process_leave_distributed_unimported(s
         counts, trait, cohort = pipeline.compute([sg.count_variant_alleles(ds)["variant_allele_count"].data,
                                                   ds["sample_trait"].data, ds["sample_cohort"].data])
         print(json.dumps({"counts": counts.tolist(), "trait": trait.tolist(), "cohort": cohort.tolist(),
-                          "distributed": "distributed" in sys.modules}))
+                          "distributed": "distributed" in sys.modules,
+                          "sinks": sorted(m for m in sys.modules if m.startswith("pipeline.sinks."))}))
     """)
     env = {**os.environ, "DASK_PIPELINE__BACKEND": "cpu"}
     r = subprocess.run([sys.executable, "-c", script, str(store), str(store.parent / "samples.tsv")],
@@ -67,12 +68,23 @@ def test_open_table_and_counts_in_a_fresh_process_leave_distributed_unimported(s
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["distributed"] is False
+    assert out["sinks"] == []  # save_dataset's writer is imported when asked for, not by an open
     g = xr.open_zarr(store)["call_genotype"].values
     expected = np.stack([(g == a).sum(axis=(1, 2)) for a in (0, 1)], axis=1)
     np.testing.assert_array_equal(out["counts"], expected)
     assert out["trait"] == [i / 4 for i in range(len(IDS))]  # in the store's order, not the table's
     labels = ["AB"[i % 2] for i in reversed(range(len(IDS)))]  # numbered in order of first appearance
     assert out["cohort"] == [list(dict.fromkeys(labels)).index("AB"[i % 2]) for i in range(len(IDS))]
+
+
+def test_save_dataset_is_imported_when_asked_for():
+    import pipeline.genomics as sg
+    from pipeline.sinks import sgkit
+
+    assert sg.save_dataset is sgkit.save_dataset
+    assert "save_dataset" in sg.__all__
+    with pytest.raises(AttributeError, match="no attribute 'save_datasets'"):
+        sg.save_datasets
 
 
 CELLS = ["1_000", " 2 ", "inf", "-Infinity", "NA", ".", "", "1e400", "-0", "+.5", "\u0661\u0662", "nan", "N/A"]
