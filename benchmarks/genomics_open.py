@@ -7,27 +7,32 @@ as ``benchmarks/plink2.py`` writes it), each of ``--repeat`` fresh processes tim
 - ``open``: ``sg.load_dataset(store, backend=...)``;
 - ``table``: :func:`pipeline.sources.samples.read_table` and ``attach``;
 - ``graph``: ``sg.count_variant_alleles(ds)`` built, not computed;
+- with ``--compute``, ``compute``: its counts computed (``pipeline.compute``), the first run;
 
-then the same three last phases again in that process (``warm``: the modules they import are
+then the same phases but the import again in that process (``warm``: the modules they import are
 imported, only their own work is left). The table gives the median of each phase over the
-processes, the median wall time of a whole process (the interpreter's start included), and the
+processes, the median wall time of a whole process (``whole``: the interpreter's start included,
+the warm phases left out), and the
 libraries each phase imported first (of those that cost most: zarr, dask.array, scipy,
 distributed, cupy...).
 
     python benchmarks/genomics_open.py /tmp/plink2-bench/data.vcz --backend gpu --repeat 5
 
 Measured on 2 cores (CPU backend), bio2zarr's ``plink2zarr`` stores made by ``plink2.py
---prepare-only`` (variants x samples), medians of 3 processes:
+--prepare-only`` (variants x samples, the table beside them), medians of 5 processes:
 
-    store              import   open  table  graph  whole   warm: open  table  graph
-    200,000 x 2,000     0.64   0.26   0.17  0.009   1.40         0.015  0.016  0.004  (before)
-                        0.53   0.23   0.04  0.004   1.10         0.015  0.009  0.003
-    10,000 x 25,000     0.57   0.23   0.32  0.009   1.58         0.016  0.139  0.004  (before)
-                        0.53   0.23   0.10  0.004   1.18         0.016  0.060  0.004
+    store            import   open  table  graph  whole   warm: open  table  graph
+    200,000 x 2,000    0.58   0.25   0.18  0.010   1.36         0.016  0.017  0.004  (before)
+                       0.59   0.25   0.04  0.004   1.19         0.015  0.010  0.003
+    10,000 x 25,000    0.58   0.24   0.32  0.009   1.50         0.017  0.142  0.004  (before)
+                       0.56   0.25   0.11  0.005   1.23         0.017  0.064  0.004
 
-The table's phase imported distributed (dask's compute of the sample IDs looks for a client) and
-read its cells one by one, twice; the open is now almost all imports (zarr, dask.array and, through
-dask.array.fft, scipy): warm, it takes 0.015 s.
+Before, the table's phase imported distributed (dask's compute of the sample IDs looks for a
+client first) and read its cells one by one, twice. What is left is imports: ``import`` is
+xarray (with pandas and pyarrow), dask, pydantic and pipeline's ops; the open (0.015 s warm) is
+dask.array (0.15 s, of which 0.085 s is scipy.sparse and scipy.fftpack, imported by dask.array's
+chunk types and fft) and zarr (0.065 s). With ``--compute``, the first computation imports numba
+(0.13 s, and 0.11 s more for cffi's C parser, which numba imports where cffi is installed).
 """
 
 from __future__ import annotations
@@ -43,9 +48,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-PHASES = ("import", "open", "table", "graph")
+PHASES = ("import", "open", "table", "graph", "compute")
 # the libraries whose first import costs a phase most (a tenth of a second or more each)
-WATCHED = ("xarray", "dask.array", "zarr", "scipy", "distributed", "sklearn", "numba", "cupy", "pyarrow")
+WATCHED = ("xarray", "pyarrow", "dask.array", "zarr", "scipy", "distributed", "sklearn", "numba", "cffi", "cupy")
 
 
 def _table_path(store: Path, table: str | None) -> Path | None:
@@ -55,7 +60,7 @@ def _table_path(store: Path, table: str | None) -> Path | None:
     return beside if beside.exists() else None
 
 
-def one(store: str, backend: str, table: str | None) -> dict:
+def one(store: str, backend: str, table: str | None, compute: bool = False) -> dict:
     """The phases in this process: first (each phase importing what it needs), then warm."""
     seconds, imported = {}, {}
 
@@ -80,26 +85,34 @@ def one(store: str, backend: str, table: str | None) -> dict:
         ds = timed(f"{prefix}open", lambda: sg.load_dataset(store, backend=backend))
         if path is not None:
             ds = timed(f"{prefix}table", lambda: samples.attach(ds, samples.read_table(path)))
-        timed(f"{prefix}graph", lambda: sg.count_variant_alleles(ds))
+        counts = timed(f"{prefix}graph", lambda: sg.count_variant_alleles(ds))["variant_allele_count"]
+        if compute:
+            import pipeline
+
+            timed(f"{prefix}compute", lambda: pipeline.compute(counts.data))
 
     phases()
     phases("warm_")
     return {"seconds": seconds, "imported": imported}
 
 
-def run(store: str, backend: str, table: str | None, repeat: int) -> dict:
+def run(store: str, backend: str, table: str | None, repeat: int, compute: bool = False) -> dict:
     """``repeat`` fresh processes of :func:`one`: the median of each phase, and of the whole process."""
     runs, walls = [], []
     for _ in range(repeat):
         cmd = [sys.executable, __file__, store, "--one", "--backend", backend]
         if table:
             cmd += ["--samples-table", table]
+        if compute:
+            cmd.append("--compute")
         t = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "DASK_PIPELINE__BACKEND": backend})
-        walls.append(time.perf_counter() - t)
+        wall = time.perf_counter() - t
         if proc.returncode:
             raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        # the process as a user's, which opens once: its wall time less the warm phases
+        walls.append(wall - sum(v for k, v in runs[-1]["seconds"].items() if k.startswith("warm_")))
     names = list(runs[0]["seconds"])
     return {
         "store": store, "backend": backend, "processes": repeat,
@@ -111,13 +124,13 @@ def run(store: str, backend: str, table: str | None, repeat: int) -> dict:
 
 def show(result: dict) -> str:
     s = result["seconds"]
-    first = [p for p in PHASES if p in s]
-    warm = [p for p in PHASES[1:] if f"warm_{p}" in s]
+    columns = [p for p in PHASES if p in s] + ["whole"] + [f"warm_{p}" for p in PHASES[1:] if f"warm_{p}" in s]
+    values = {**s, "whole": result["whole"]}
+    width = {c: max(7, len(c)) for c in columns}
     lines = [
         f"{result['store']} ({result['backend']}, median of {result['processes']} fresh processes)",
-        "  ".join(f"{p:>6}" for p in first) + f"  {'whole':>6}    " + "  ".join(f"warm {p:>5}" for p in warm),
-        "  ".join(f"{s[p]:6.3f}" for p in first) + f"  {result['whole']:6.3f}    "
-        + "  ".join(f"{s['warm_' + p]:10.3f}" for p in warm),
+        "  ".join(f"{c:>{width[c]}}" for c in columns),
+        "  ".join(f"{values[c]:{width[c]}.3f}" for c in columns),
     ]
     lines += [f"  {p} imported: {', '.join(m) or '-'}" for p, m in result["imported"].items() if not p.startswith("warm_")]
     return "\n".join(lines)
@@ -129,13 +142,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--backend", choices=("cpu", "gpu"), default="cpu")
     ap.add_argument("--samples-table", help="a sample table (default: samples.tsv beside the store, if there)")
     ap.add_argument("--repeat", type=int, default=3, help="fresh processes")
+    ap.add_argument("--compute", action="store_true", help="also time the first computation of the counts")
     ap.add_argument("--json", help="write the result here too")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # one process's phases, as JSON
     a = ap.parse_args(argv)
     if a.one:
-        print(json.dumps(one(a.store, a.backend, a.samples_table)))
+        print(json.dumps(one(a.store, a.backend, a.samples_table, a.compute)))
         return {}
-    result = run(a.store, a.backend, a.samples_table, a.repeat)
+    result = run(a.store, a.backend, a.samples_table, a.repeat, a.compute)
     print(show(result))
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
