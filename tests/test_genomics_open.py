@@ -18,6 +18,8 @@ import xarray as xr
 from pipeline.errors import InputError
 from pipeline.sources import samples
 
+from .conftest import BACKENDS
+
 pytest.importorskip("bio2zarr")
 pytest.importorskip("cyvcf2")
 
@@ -46,7 +48,8 @@ def store(tmp_path_factory) -> Path:
     return out
 
 
-def test_open_table_and_counts_in_a_fresh_process_leave_distributed_unimported(store):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_open_table_and_counts_in_a_fresh_process_leave_distributed_unimported(store, backend):
     """A whole process as a user's: open, attach the table, count alleles, compute. The sample IDs
     the table is matched against are read without dask's compute, which imports distributed (a
     quarter of a second) only to find no client."""
@@ -54,16 +57,16 @@ def test_open_table_and_counts_in_a_fresh_process_leave_distributed_unimported(s
         import json, sys
         import pipeline, pipeline.genomics as sg
         from pipeline.sources import samples
-        ds = sg.load_dataset(sys.argv[1], backend="cpu")
+        ds = sg.load_dataset(sys.argv[1], backend=sys.argv[3])
         ds = samples.attach(ds, samples.read_table(sys.argv[2]))
-        counts, trait, cohort = pipeline.compute([sg.count_variant_alleles(ds)["variant_allele_count"].data,
-                                                  ds["sample_trait"].data, ds["sample_cohort"].data])
+        counts, trait, cohort = map(pipeline.to_numpy, pipeline.compute(
+            [sg.count_variant_alleles(ds)["variant_allele_count"].data, ds["sample_trait"].data, ds["sample_cohort"].data]))
         print(json.dumps({"counts": counts.tolist(), "trait": trait.tolist(), "cohort": cohort.tolist(),
                           "distributed": "distributed" in sys.modules,
                           "sinks": sorted(m for m in sys.modules if m.startswith("pipeline.sinks."))}))
     """)
-    env = {**os.environ, "DASK_PIPELINE__BACKEND": "cpu"}
-    r = subprocess.run([sys.executable, "-c", script, str(store), str(store.parent / "samples.tsv")],
+    env = {**os.environ, "DASK_PIPELINE__BACKEND": backend}
+    r = subprocess.run([sys.executable, "-c", script, str(store), str(store.parent / "samples.tsv"), backend],
                        capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
