@@ -153,6 +153,14 @@ def _least_squares(original):
     return least_squares
 
 
+LSTSQ_BLOCK = 256 << 20
+
+
+def _lstsq_columns(rows: int, columns: int) -> int:
+    """Columns of a block of the device fit: ``rows`` float64 values each, about LSTSQ_BLOCK."""
+    return max(1, min(columns, LSTSQ_BLOCK // (8 * max(1, rows))))
+
+
 def _device_least_squares(lhs, rhs):
     """xarray's ``dask_array_ops.least_squares`` on CuPy blocks: each block of columns of ``rhs``
     (all of its rows in one block) fitted by :func:`pipeline.kernels.duck.masked_lstsq`, which
@@ -164,7 +172,10 @@ def _device_least_squares(lhs, rhs):
     cp = _cupy()
     shape = rhs.shape
     flat = rhs.reshape(shape[0], -1) if rhs.ndim != 2 else rhs
-    flat = flat.rechunk({0: -1})
+    # all the rows of a block of columns; the columns in blocks whose float64 copies (the fit holds
+    # a few) stay near LSTSQ_BLOCK bytes: a (time, lat, lon) store's grid reshapes to one block of
+    # every column, 6 GB of float32 at 1460 x 721 x 1440, where the fit held several of 12 GB
+    flat = flat.rechunk({0: -1, 1: _lstsq_columns(*flat.shape)})
     lhs = cp.asarray(lhs, dtype=np.float64)
     out = da.map_blocks(
         lambda block: duck.masked_lstsq(lhs, block), flat, dtype=np.float64,

@@ -111,6 +111,33 @@ def test_masked_lstsq_is_xarrays_column_fit():
     np.testing.assert_allclose(duck.masked_lstsq(lhs, y), want, rtol=1e-9, atol=1e-12, equal_nan=True)
 
 
+
+def test_device_least_squares_fits_blocks_of_columns_as_xarray(monkeypatch):
+    """polyfit's fit of a (time, lat, lon) array on the device, with NumPy standing in for CuPy:
+    xarray's own fit of every column, in blocks of columns of every row whose size is bounded
+    (one block of all columns held several float64 copies of the whole array)."""
+    import dask.array as da
+    from xarray.compat import dask_array_ops
+
+    monkeypatch.setattr(patches, "_cupy", lambda: np)
+    monkeypatch.setattr(patches, "LSTSQ_BLOCK", 40 * 8 * 7)  # 7 columns of 40 rows
+    rng = np.random.default_rng(9)
+    lhs = np.vander(np.linspace(0, 1, 40), 2)
+    lhs /= np.sqrt((lhs * lhs).sum(axis=0))
+    y = rng.standard_normal((40, 5, 6)).astype("float32")
+    y[rng.random(y.shape) < 0.1] = np.nan
+    y[:, 1, 2] = np.nan
+    rhs = da.from_array(y, chunks=(13, 5, 6))  # time in chunks, as a store is
+    coeffs, residuals = patches._device_least_squares(lhs, rhs)
+    assert patches._lstsq_columns(40, 30) == 7
+    want_c, want_r = dask_array_ops.least_squares(lhs, rhs.reshape(40, -1).rechunk({0: -1}), skipna=True)
+    np.testing.assert_allclose(coeffs.compute().reshape(2, -1), want_c.compute(), rtol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(residuals.compute().ravel(), want_r.compute(), rtol=1e-6, equal_nan=True)
+    assert coeffs.shape == (2, 5, 6) and residuals.shape == (5, 6)
+    monkeypatch.setattr(patches, "LSTSQ_BLOCK", 256 << 20)
+    columns = patches._lstsq_columns(1460, 721 * 1440)
+    assert 1460 * columns * 8 <= 256 << 20 and columns > 1000
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_interp_linear_is_xarrays_interpolate_na(dtype):
     import xarray as xr

@@ -189,8 +189,12 @@ def masked_lstsq(lhs, rhs):
     y = rhs.astype(np.float64, copy=False)
     w = _valid(xp, y).astype(np.float64)
     y0 = xp.where(w > 0, y, 0.0)
-    gram = xp.einsum("nk,ni,nj->kij", w, lhs, lhs)
-    moment = xp.einsum("nk,ni->ki", y0, lhs)
+    # two matrix products (BLAS, cuBLAS) rather than einsum, whose three-operand contraction runs
+    # as a loop or an (N, K, D, D) intermediate: 2.6 s -> 0.1 s for 1460 x 20,000 on the CPU
+    d = lhs.shape[1]
+    pairs = (lhs[:, :, None] * lhs[:, None, :]).reshape(lhs.shape[0], d * d)
+    gram = (w.T @ pairs).reshape(-1, d, d)
+    moment = y0.T @ lhs
     some = w.sum(axis=0) > 0
     eye = xp.eye(lhs.shape[1])
     gram = xp.where(some[:, None, None], gram, eye)  # a column of NaN only: any system, then NaN
