@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import math
 import mmap
 import os
@@ -112,96 +111,116 @@ class Layout:
         return os.path.join(self.root, *self.key(coords).split("/"))
 
 
-def _fill(value, dtype: np.dtype):
-    if value is None:
-        return 0
-    if isinstance(value, str):
-        named = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}
-        if value in named and dtype.kind == "f":
-            return named[value]
-        raise UnsupportedLayout(f"fill value {value!r}")
-    return value
+def _names(codecs) -> list[str]:
+    return [c.to_dict()["name"] for c in codecs]
 
 
-def _bytes_codec_ok(codec: dict, dtype: np.dtype) -> None:
-    endian = (codec.get("configuration") or {}).get("endian", "little")
+def _little_endian(codec, dtype: np.dtype, what: str) -> None:
+    """Refuse a bytes codec that stores multi-byte values big-endian."""
+    endian = codec.endian.value if codec.endian is not None else "little"
     if dtype.itemsize > 1 and endian != "little":
-        raise UnsupportedLayout(f"{endian}-endian values")
+        raise UnsupportedLayout(f"{endian}-endian {what}")
 
 
-def _chain(codecs: list[dict], dtype: np.dtype) -> tuple[str, bool]:
+def _chain(codecs, dtype: np.dtype) -> tuple[str, bool]:
     """(codec, trailing crc32c) of a plain chain: bytes, then zstd or blosc, and/or crc32c."""
-    names = [c["name"] for c in codecs]
-    if not names or names[0] != "bytes":
-        raise UnsupportedLayout(f"codecs {names}")
-    _bytes_codec_ok(codecs[0], dtype)
-    rest = names[1:]
-    crc = bool(rest) and rest[-1] == "crc32c"
+    from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
+
+    codecs = list(codecs)
+    if not codecs or not isinstance(codecs[0], BytesCodec):
+        raise UnsupportedLayout(f"codecs {_names(codecs)}")
+    _little_endian(codecs[0], dtype, "values")
+    rest = codecs[1:]
+    crc = bool(rest) and isinstance(rest[-1], Crc32cCodec)
     if crc:
         rest = rest[:-1]
-    if rest not in ([], ["zstd"], ["blosc"]):
-        raise UnsupportedLayout(f"codecs {names}")
-    return (rest[0] if rest else "none"), crc
+    if len(rest) > 1 or (rest and not isinstance(rest[0], (ZstdCodec, BloscCodec))):
+        raise UnsupportedLayout(f"codecs {_names(codecs)}")
+    if not rest:
+        return "none", crc
+    return ("zstd" if isinstance(rest[0], ZstdCodec) else "blosc"), crc
+
+
+def _v3_layout(root: Path, meta) -> Layout:
+    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+    from zarr.core.chunk_grids import RegularChunkGrid
+    from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding, V2ChunkKeyEncoding
+
+    if meta.storage_transformers:
+        raise UnsupportedLayout("storage transformers")
+    dtype = meta.dtype.to_native_dtype()
+    if dtype.kind not in "biufc":
+        raise UnsupportedLayout(f"data type {meta.dtype.to_json(zarr_format=3)!r}")
+    if not isinstance(meta.chunk_grid, RegularChunkGrid):
+        raise UnsupportedLayout(f"chunk grid {type(meta.chunk_grid).__name__}")
+    chunk = tuple(meta.chunk_grid.chunk_shape)
+    cke = meta.chunk_key_encoding
+    if isinstance(cke, DefaultChunkKeyEncoding):
+        prefix = "c"
+    elif isinstance(cke, V2ChunkKeyEncoding):
+        prefix = ""
+    else:
+        raise UnsupportedLayout(f"chunk key encoding {cke.to_dict()['name']!r}")
+    common = dict(  # zarr's fill value is a scalar of the array's dtype: its exact bits
+        root=str(root), shape=tuple(meta.shape), dtype=dtype, chunk=chunk, fill_value=meta.fill_value,
+        key_prefix=prefix, separator=cke.separator,
+    )
+    codecs = meta.codecs
+    if len(codecs) == 1 and isinstance(codecs[0], ShardingCodec):
+        shard = codecs[0]
+        inner = tuple(shard.chunk_shape)
+        if any(c % i for c, i in zip(chunk, inner)):
+            raise UnsupportedLayout("inner chunks that do not divide the shard")
+        codec, crc = _chain(shard.codecs, dtype)
+        index = list(shard.index_codecs)
+        index_crc = len(index) == 2 and isinstance(index[1], Crc32cCodec)
+        if not index or not isinstance(index[0], BytesCodec) or len(index) != 1 + index_crc:
+            raise UnsupportedLayout(f"shard index codecs {_names(index)}")
+        _little_endian(index[0], np.dtype("u8"), "shard index")
+        return Layout(
+            **common, inner=inner, codec=codec, frame_crc=crc, sharded=True,
+            index_at_end=shard.index_location.value == "end", index_crc=index_crc,
+        )
+    codec, crc = _chain(codecs, dtype)
+    return Layout(**common, inner=chunk, codec=codec, frame_crc=crc, sharded=False)
+
+
+def _v2_layout(root: Path, meta) -> Layout:
+    dtype = meta.dtype.to_native_dtype()
+    if dtype.byteorder == ">" or meta.order != "C" or meta.filters:
+        raise UnsupportedLayout("big-endian, Fortran-ordered or filtered v2 data")
+    comp = meta.compressor
+    if comp is not None and comp.codec_id not in ("zstd", "blosc"):
+        raise UnsupportedLayout(f"compressor {comp.codec_id!r}")
+    chunk = tuple(meta.chunks)
+    return Layout(
+        root=str(root), shape=tuple(meta.shape), dtype=dtype.newbyteorder("="), chunk=chunk, inner=chunk,
+        codec=comp.codec_id if comp is not None else "none", frame_crc=False, sharded=False,
+        fill_value=0 if meta.fill_value is None else meta.fill_value, separator=meta.dimension_separator,
+    )
 
 
 def layout(array_dir: str | os.PathLike) -> Layout:
-    """Read the layout of the Zarr array stored in ``array_dir`` (v3 ``zarr.json`` or v2 ``.zarray``).
+    """The layout of the Zarr array stored in ``array_dir`` (v3 ``zarr.json`` or v2 ``.zarray``).
 
-    Raises :class:`UnsupportedLayout` when the array uses something the GPU reader does not decode.
+    The metadata is zarr-python's own, as it opens the array: one parser for the stores' metadata
+    (zarr's), so defaults, fill values and codec configurations mean here what they mean to zarr,
+    and each codec is recognised, or refused, by what zarr makes of it. The open is cached for each
+    version of the metadata file, which :func:`open_array` opens anyway.
+
+    Raises :class:`UnsupportedLayout` when the array uses something the GPU reader does not decode
+    (metadata zarr itself does not read included: unknown codecs, data types or chunk grids).
     """
+    from zarr.core.metadata import ArrayV3Metadata
+
     root = Path(array_dir)
-    if (root / "zarr.json").exists():
-        meta = json.loads((root / "zarr.json").read_text())
-        if meta.get("node_type") != "array":
-            raise UnsupportedLayout(f"{root} is not an array")
-        if meta.get("storage_transformers"):
-            raise UnsupportedLayout("storage transformers")
-        try:
-            dtype = np.dtype(meta["data_type"])
-        except TypeError as e:
-            raise UnsupportedLayout(f"data type {meta['data_type']!r}") from e
-        grid = meta["chunk_grid"]
-        if grid.get("name") != "regular":
-            raise UnsupportedLayout(f"chunk grid {grid.get('name')!r}")
-        chunk = tuple(grid["configuration"]["chunk_shape"])
-        cke = meta.get("chunk_key_encoding", {"name": "default"})
-        sep = (cke.get("configuration") or {}).get("separator")
-        prefix, sep = ("c", sep or "/") if cke["name"] == "default" else ("", sep or ".")
-        codecs = meta["codecs"]
-        common = dict(
-            root=str(root), shape=tuple(meta["shape"]), dtype=dtype, chunk=chunk,
-            fill_value=_fill(meta.get("fill_value"), dtype), key_prefix=prefix, separator=sep,
-        )
-        if len(codecs) == 1 and codecs[0]["name"] == "sharding_indexed":
-            cfg = codecs[0]["configuration"]
-            inner = tuple(cfg["chunk_shape"])
-            if any(c % i for c, i in zip(chunk, inner)):
-                raise UnsupportedLayout("inner chunks that do not divide the shard")
-            codec, crc = _chain(cfg["codecs"], dtype)
-            index_codecs = [c["name"] for c in cfg.get("index_codecs", [{"name": "bytes"}, {"name": "crc32c"}])]
-            if index_codecs not in (["bytes"], ["bytes", "crc32c"]):
-                raise UnsupportedLayout(f"shard index codecs {index_codecs}")
-            return Layout(
-                **common, inner=inner, codec=codec, frame_crc=crc, sharded=True,
-                index_at_end=cfg.get("index_location", "end") == "end", index_crc=len(index_codecs) == 2,
-            )
-        codec, crc = _chain(codecs, dtype)
-        return Layout(**common, inner=chunk, codec=codec, frame_crc=crc, sharded=False)
-    if (root / ".zarray").exists():
-        meta = json.loads((root / ".zarray").read_text())
-        dtype = np.dtype(meta["dtype"])
-        if dtype.byteorder == ">" or meta.get("order", "C") != "C" or meta.get("filters"):
-            raise UnsupportedLayout("big-endian, Fortran-ordered or filtered v2 data")
-        comp = meta.get("compressor")
-        if comp is not None and comp.get("id") not in ("zstd", "blosc"):
-            raise UnsupportedLayout(f"compressor {comp.get('id')!r}")
-        chunk = tuple(meta["chunks"])
-        return Layout(
-            root=str(root), shape=tuple(meta["shape"]), dtype=dtype.newbyteorder("="), chunk=chunk, inner=chunk,
-            codec=comp["id"] if comp else "none", frame_crc=False, sharded=False,
-            fill_value=_fill(meta.get("fill_value"), dtype), separator=meta.get("dimension_separator", "."),
-        )
-    raise UnsupportedLayout(f"{root}: no zarr.json or .zarray")
+    if not ((root / "zarr.json").exists() or (root / ".zarray").exists()):
+        raise UnsupportedLayout(f"{root}: no zarr.json or .zarray")
+    try:
+        meta = _open_zarr_array(str(root)).metadata
+    except (ValueError, TypeError, KeyError) as e:  # zarr's errors of metadata are ValueErrors
+        raise UnsupportedLayout(f"{root}: {e}") from e
+    return _v3_layout(root, meta) if isinstance(meta, ArrayV3Metadata) else _v2_layout(root, meta)
 
 
 # --- frames of one file -------------------------------------------------------------------------
