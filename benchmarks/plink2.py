@@ -43,13 +43,19 @@ and the results compared:
   the variants M); sgkit's Patterson scaling divides by ``sqrt(p(1-p))`` and its explained
   variance is the variance of the projections (divided by the samples n), so PLINK 2's
   eigenvalue is ``n / (2 M)`` times pipeline's explained variance. Both mean-impute missing calls
-  and both are approximate: PLINK 2's block Krylov method, and a randomized SVD with
-  ``n_iter=8`` power iterations here. Against PLINK 2's exact ``--pca 10`` at 5,000 samples x
-  50,000 variants: PLINK 2's approximate eigenvalues were all 0.38-0.39 % below the exact ones;
-  pipeline's with 4 iterations 0.36 % on the first 2 and up to 5.5 % on the rest, with 8 up to
-  1.35 %, with 16 up to 2.3 % (sgkit's default of none is 20-45 % off on the small run). The
-  first 2 (the axes of 3 populations) within 1 %, all 10 within 3 % (those past the structure
-  are noise eigenvalues, close together, where approximate methods differ most);
+  and both are approximate: PLINK 2's block Krylov method, and a randomized SVD here with
+  ``n_iter=8`` power iterations and a subspace of 60 columns (``n_oversamples=50``, where dask's
+  and sgkit's default subspace is 20). Past the 2 axes of the 3 populations the eigenvalues are
+  a noise floor of close values, where a narrow subspace converges slowly. At 5,000 samples x
+  50,000 variants (seed 0; a 2-core host, no GPU, shared, 2026-11-29): pipeline's 10 eigenvalues
+  within 3.0e-4 of PLINK 2's approximate ones (and within 0.04 % of pipeline's exact
+  ``algorithm="tsqr"``), where the default subspace left the first 2 within 3.0e-4 and the rest
+  up to 1.9 % below (``n_oversamples=30``: 0.26 %; 50 with 4 iterations: 0.94 %).
+  PLINK 2's exact ``--pca 10`` (203 s on the 2 threads) is 0.35-0.39 % above both its approximate
+  eigenvalues and pipeline's exact ones, the same factor for all ten: a normalization of its own,
+  not an approximation error. The pipeline process (its wall time less the warm run) took
+  20-22 s with the default subspace, 25 s with the wide one; PLINK 2's ``--pca approx 10``,
+  32-34 s. Held to: all 10 within 1 %;
 - GLM: betas and p-values of the trait on the variants with no missing call within relative
   1e-3 (print rounding; the t-test is the same). Where calls are missing PLINK 2 leaves the
   samples out of that variant's regression and pipeline imputes the variant's mean, so those
@@ -71,11 +77,13 @@ which is meant for the GPU machine):
     freq            0.02        2.10     0.01x    0.57  0.47   0.39   0.02  ok: alt_freq 4.8e-06
     missing         0.02        2.15     0.01x    0.57  0.48   0.40   0.02  ok: variant_missing 9.6e-16, sample_missing 1.1e-13
     hardy           0.02        2.01     0.01x    0.59  0.42   0.42   0.02  ok: hwe_p 4.5e-06
-    pca             0.18        2.51     0.07x    0.56  0.44   0.80   0.44  ok: eigenvalues: first 2 2.0e-04, all 10 4.7e-03
+    pca             0.65        1.80     0.36x    0.43  0.25   0.68   0.34  ok: eigenvalues: first 2 2.0e-04, all 10 2.0e-04
     glm             0.03        2.62     0.01x    0.58  0.45   0.85   0.06  ok: beta 4.9e-06, p 4.4e-06 (4500 complete variants); 500 with missing calls: correlation of betas 0.9999
 
-At this size each pipeline process is mostly Python's imports and the opening of the store (about
-1.5 s): the speed-ups say nothing of the target size, only that every comparison holds.
+The pca row is a later run (``--ops pca``, with ``n_oversamples=50``; the default subspace gave
+all 10 within 4.7e-03 there). At this size each pipeline process is mostly Python's imports and
+the opening of the store (about 1.5 s): the speed-ups say nothing of the target size, only that
+every comparison holds.
 
 PLINK 2 on the GPU machine (no downloads there): on a machine with Debian's packages,
 ``apt-get download plink2 liblapack3 libblas3 libgfortran5 libquadmath0 libdeflate0
@@ -113,8 +121,9 @@ COVARIATES = ("age", "sex", "normal")
 CAUSAL = 10
 BLOCK = 256  # variants formatted at a time
 PCA_ITERATIONS = 8  # power iterations of the randomized SVD: see the module docstring
+PCA_OVERSAMPLES = 50  # its subspace: 10 + 50 columns, where dask's and sgkit's default is 20
 PHASES = ("import", "open", "first", "warm")
-TOLERANCES = {"freq": 1e-5, "missing": 1e-5, "hardy": 1e-4, "glm": 1e-3}
+TOLERANCES = {"freq": 1e-5, "missing": 1e-5, "hardy": 1e-4, "pca": 0.01, "glm": 1e-3}
 
 
 # --- the data ---------------------------------------------------------------------------------------
@@ -330,7 +339,8 @@ def _analysis(op: str, sg, ds) -> tuple[dict, dict]:
     ds = sg.impute_mean(sg.count_call_alternate_alleles(ds))
     if op == "pca":
         ds = ds.assign(call_alternate_allele_count=ds.call_alternate_allele_count.chunk({"samples": -1}))
-        r = sg.pca(ds, n_components=10, algorithm="randomized", n_iter=PCA_ITERATIONS, merge=False)
+        r = sg.pca(ds, n_components=10, algorithm="randomized", n_iter=PCA_ITERATIONS,
+                   n_oversamples=PCA_OVERSAMPLES, merge=False)
         return {"explained_variance": r.sample_pca_explained_variance}, {"variants": ds.sizes["variants"]}
     r = sg.gwas_linear_regression(ds, dosage="call_alternate_allele_count", traits=["sample_trait"],
                                   covariates=[f"sample_{c}" for c in COVARIATES], merge=False)
@@ -386,8 +396,7 @@ def compare(op: str, plink: dict, ours: dict, complete: np.ndarray, samples: int
     if op == "pca":
         ev = ours["explained_variance"] * samples / (2 * ours["variants"])
         rel = np.abs(ev - plink["eigenvalues"]) / plink["eigenvalues"]
-        ok = rel[:2].max() < 0.01 and rel.max() < 0.03
-        return bool(ok), f"eigenvalues: first 2 {rel[:2].max():.1e}, all 10 {rel.max():.1e}"
+        return bool(rel.max() < TOLERANCES[op]), f"eigenvalues: first 2 {rel[:2].max():.1e}, all 10 {rel.max():.1e}"
     if op == "glm":
         beta, p = _rel(ours["beta"][complete], plink["beta"][complete]), _rel(ours["p"][complete], plink["p"][complete], 1e-300)
         rest = ~complete
