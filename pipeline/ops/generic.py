@@ -108,10 +108,17 @@ def _checked(op, x: xr.DataArray, **p) -> None:
 
 
 def _reduced(obj, how: str, q=None, **dims):
-    """``obj.<how>()`` (``obj.quantile(q)``) of an xarray object, skipna as xarray's default."""
-    if how == "quantile":
-        return obj.quantile(q, keep_attrs=True, **dims)
-    return getattr(obj, how)(keep_attrs=True, **dims)
+    """``obj.<how>()`` (``obj.quantile(q)``) of an xarray object, skipna as xarray's default.
+
+    xarray's own grouped reductions, flox installed or not (``use_flox=False``): a step then
+    gives one result and one memory plan wherever it runs. With flox (xclim installs it) xarray
+    hands groupby and resample reductions to it, which refuses median and quantile unless every
+    group lies in one chunk ("only supported for method='blockwise'"), computes while the graph is
+    built, and drops a non-index coordinate along the groups."""
+    with xr.set_options(use_flox=False):
+        if how == "quantile":
+            return obj.quantile(q, keep_attrs=True, **dims)
+        return getattr(obj, how)(keep_attrs=True, **dims)
 
 
 def _whole_along(x: xr.DataArray, dims) -> xr.DataArray:
