@@ -7,6 +7,7 @@ ploidy (-2) and alleles beyond the alleles dimension."""
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 import pytest
@@ -26,12 +27,12 @@ SHAPE = (61, 23)
 CHUNKS = (13, 7)
 
 
-def calls(ploidy: int, n_alleles: int, *, fill: bool, seed: int = 0) -> np.ndarray:
+def calls(ploidy: int, n_alleles: int, *, fill: bool, seed: int = 0, shape: tuple[int, int] = SHAPE) -> np.ndarray:
     """Random calls: whole and partly missing, and (``fill``) calls of one allele fewer (-2 last)
     and alleles past the alleles dimension."""
     rng = np.random.default_rng(seed)
-    g = rng.integers(0, n_alleles, size=(*SHAPE, ploidy)).astype(np.int8)
-    u = rng.random(SHAPE)
+    g = rng.integers(0, n_alleles, size=(*shape, ploidy)).astype(np.int8)
+    u = rng.random(shape)
     g[u < 0.1] = -1
     g[(u >= 0.1) & (u < 0.15), 0] = -1
     if fill:
@@ -40,11 +41,11 @@ def calls(ploidy: int, n_alleles: int, *, fill: bool, seed: int = 0) -> np.ndarr
     return g
 
 
-def dataset(g: np.ndarray, n_alleles: int, backend: str = "cpu") -> xr.Dataset:
+def dataset(g: np.ndarray, n_alleles: int, backend: str = "cpu", chunks: tuple[int, int] = CHUNKS) -> xr.Dataset:
     import dask.array as da
 
     nv, ns, _ = g.shape
-    G = B.to_backend(da.from_array(g, chunks=(*CHUNKS, -1)), backend)
+    G = B.to_backend(da.from_array(g, chunks=(*chunks, -1)), backend)
     ds = xr.Dataset(
         {
             "call_genotype": (("variants", "samples", "ploidy"), G),
@@ -124,6 +125,80 @@ def test_hwe_and_windowed_diversity_graphs_declare_their_partials():
     assert memory.plan(ds["call_genotype"].data, pi).partial_bytes == memory.graph_partial_bytes(pi)
 
 
+# observed heterozygosity and Weir & Goudet's beta: 333 variants x 77 samples in odd blocks, a cohort
+# of one sample (its missing calls make NaN means) and NaN identities by state
+
+ODD = (333, 77)
+ODD_CHUNKS = (61, 23)
+
+
+def heterozygosity_dataset(backend: str = "cpu") -> xr.Dataset:
+    ds = dataset(calls(3, 3, fill=True, seed=11, shape=ODD), 3, backend, chunks=ODD_CHUNKS)
+    cohort = np.random.default_rng(2).integers(-1, 2, ODD[1])
+    cohort[5] = 2  # a cohort of one sample
+    return ds.assign(sample_cohort=("samples", cohort))
+
+
+def ibs_dataset(backend: str = "cpu") -> xr.Dataset:
+    """Identity by state of the 77 samples, NaN at random pairs (both halves), in tiles of 23 x 11."""
+    ibs = B.to_numpy(sg.identity_by_state(heterozygosity_dataset(), merge=False)["stat_identity_by_state"].data)
+    ibs = np.array(ibs, dtype=np.float64)
+    nan = np.random.default_rng(3).random(ibs.shape) < 0.1
+    ibs[nan | nan.T] = np.nan
+    import dask.array as da
+
+    data = B.to_backend(da.from_array(ibs, chunks=(23, 11)), backend)
+    return xr.Dataset({"stat_identity_by_state": (("samples_0", "samples_1"), data)})
+
+
+def former_observed_heterozygosity(h, cohort: np.ndarray, n_cohorts: int):
+    """The graph observed_heterozygosity built before it went through the blueprint: each block's
+    float64 sums and counts by cohort (matrix products), added by dask's sum over the blocks."""
+    import dask.array as da
+
+    def sums(block, c):
+        members = (c[:, None] == np.arange(n_cohorts)[None, :]).astype(block.dtype)
+        ok = ~np.isnan(block)
+        return np.stack([np.where(ok, block, 0) @ members, ok.astype(block.dtype) @ members], -1)[:, None]
+
+    coh = da.from_array(cohort, chunks=(h.chunks[1],))
+    parts = da.blockwise(sums, "vsck", h, "vs", coh, "s", new_axes={"c": n_cohorts, "k": 2}, adjust_chunks={"s": 1},
+                         dtype=np.float64).sum(axis=1).compute()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return parts[..., 0] / parts[..., 1]
+
+
+def former_mean_ibs(ibs) -> float:
+    """The mean Weir_Goudet_beta took before it went through the blueprint: each tile's float64
+    sum and count below the diagonal, added by dask's sum over the tiles."""
+
+    def lower(block, block_info=None):
+        (r0, _), (c0, _) = block_info[0]["array-location"]
+        below = np.arange(r0, r0 + block.shape[0])[:, None] > np.arange(c0, c0 + block.shape[1])[None, :]
+        keep = below & ~np.isnan(block)
+        return np.stack([np.where(keep, block, 0).sum(dtype=np.float64), keep.sum(dtype=np.float64)]).reshape(1, 1, 2)
+
+    sums = ibs.map_blocks(lower, chunks=((1,) * ibs.numblocks[0], (1,) * ibs.numblocks[1], (2,)), new_axis=2,
+                          dtype=np.float64).sum(axis=(0, 1)).compute()
+    return sums[0] / sums[1]
+
+
+def test_observed_heterozygosity_and_weir_goudet_beta_declare_their_partials():
+    ds = heterozygosity_dataset()
+    ho = sg.observed_heterozygosity(ds, merge=False)["stat_observed_heterozygosity"].data
+    found = partials(ho, "pipeline-cohort-heterozygosity")
+    # each block's float64 sums and int64 counts of 3 cohorts, the merges and the last step
+    assert len(found) >= 2 and {d["partial_bytes"] for d in found.values()} == {61 * 3 * 16}, found
+    assert memory.graph_partial_bytes(ho) == 61 * 3 * 16
+    assert memory.plan(ds["call_genotype"].data, ho).partial_bytes == 61 * 3 * 16
+
+    ibs = ibs_dataset()
+    beta = sg.Weir_Goudet_beta(ibs, merge=False)["stat_Weir_Goudet_beta"].data
+    found = partials(beta, "pipeline-pairs-mean")
+    assert len(found) >= 2 and {d["partial_bytes"] for d in found.values()} == {16}, found  # a sum and a count
+    assert memory.plan(ibs["stat_identity_by_state"].data, beta).partial_bytes == 16
+
+
 # --- results: NumPy formulas of sgkit's rules --------------------------------------------------------
 
 
@@ -187,6 +262,30 @@ def test_hwe_and_windowed_diversity_equal_numpy_on_odd_chunks():
     values = B.to_numpy(pi.data)
     assert values.shape == (len(starts), 2) and values.dtype == np.float64
     np.testing.assert_allclose(values, expected, rtol=1e-13, equal_nan=True)
+
+
+def test_observed_heterozygosity_and_weir_goudet_beta_equal_their_former_graphs_on_odd_chunks():
+    out = sg.observed_heterozygosity(heterozygosity_dataset())
+    h, cohort = out["call_heterozygosity"].data, out["sample_cohort"].values
+    ho = np.asarray(out["stat_observed_heterozygosity"].values)
+    assert ho.shape == (333, 3) and ho.dtype == np.float64
+    np.testing.assert_array_equal(ho, former_observed_heterozygosity(h, cohort, 3))  # bit for bit, NaN where NaN
+    hi = h.compute()
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # nanmean of a cohort with no value at a variant
+        expected = np.stack([np.nanmean(hi[:, cohort == k], axis=1) for k in range(3)], 1)
+    assert np.isnan(ho[:, 2]).any() and not np.isnan(ho[:, 2]).all()  # the cohort of one sample, its missing calls
+    np.testing.assert_allclose(ho, expected, rtol=1e-13, equal_nan=True)
+
+    ds = ibs_dataset()
+    ibs = ds["stat_identity_by_state"].data
+    beta = np.asarray(sg.Weir_Goudet_beta(ds, merge=False)["stat_Weir_Goudet_beta"].values)
+    avg = former_mean_ibs(ibs)
+    m = ibs.compute()
+    np.testing.assert_array_equal(beta, (m - avg) / (1 - avg))
+    below = np.tril(np.ones(m.shape, dtype=bool), -1) & ~np.isnan(m)
+    np.testing.assert_allclose(avg, m[below].mean(), rtol=1e-13)
+    assert np.isnan(beta).any()
 
 
 def test_integer_partials_are_exact_past_float64():
@@ -254,3 +353,20 @@ def test_gpu_counts_through_the_blueprint_equal_numpy():
     cohort = ds["sample_cohort"].values
     assert_equal(cc, np.stack([ac[:, cohort == k].sum(1) for k in range(2)], 1).astype(np.uint64), "cohort_allele_count")
     assert memory.graph_partial_bytes(vs["variant_n_het"].data) == 13 * 6 * 8
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_observed_heterozygosity_and_weir_goudet_beta_through_the_blueprint():
+    import cupy
+
+    ho = sg.observed_heterozygosity(heterozygosity_dataset("gpu"), merge=False)["stat_observed_heterozygosity"]
+    beta = sg.Weir_Goudet_beta(ibs_dataset("gpu"), merge=False)["stat_Weir_Goudet_beta"]
+    for out in (ho, beta):
+        assert isinstance(out.data._meta, cupy.ndarray)  # on the device, as their input
+    assert partials(ho.data, "pipeline-cohort-heterozygosity") and partials(beta.data, "pipeline-pairs-mean")
+    cpu_ho = sg.observed_heterozygosity(heterozygosity_dataset(), merge=False)["stat_observed_heterozygosity"].values
+    cpu_beta = sg.Weir_Goudet_beta(ibs_dataset(), merge=False)["stat_Weir_Goudet_beta"].values
+    # the same sums, in cuBLAS's order within a block
+    np.testing.assert_allclose(B.to_numpy(ho.data.compute()), cpu_ho, rtol=1e-12, equal_nan=True)
+    np.testing.assert_allclose(B.to_numpy(beta.data.compute()), cpu_beta, rtol=1e-12, equal_nan=True)

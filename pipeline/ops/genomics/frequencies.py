@@ -5,7 +5,10 @@
 Each starts from allele counts, computed by pipeline's counting kernels where the dataset lacks them
 (``count_call_alleles``, ``count_cohort_alleles``) and merged into the result as sgkit does. The
 frequencies and the heterozygosity are sgkit's float64 formulas, block by block on the counts'
-backend (NumPy or CuPy chunks): nothing is computed until the caller asks.
+backend (NumPy or CuPy chunks): nothing is computed until the caller asks. The means over each
+cohort's samples are a reduction of the blueprint (:func:`pipeline.reduce.aggregation.nan_mean`:
+float64 sums and int64 counts of each block of samples, added over the blocks and declared to the
+memory plan).
 
 As sgkit:
 
@@ -24,6 +27,7 @@ import xarray as xr
 from ... import kernels
 from ...backend import backend_of, meta, to_backend, xp_of
 from ...deferred import module as _deferred
+from ...reduce import aggregation as agg
 from ._dataset import as_dask, merge as _merge, variable
 from .popgen import _cohorts, _if_absent, _windowed, count_cohort_alleles
 from .specs import annotate
@@ -100,20 +104,19 @@ def individual_heterozygosity(ds: xr.Dataset, *, call_allele_count: str = "call_
     return _merge(ds, _new("call_heterozygosity", ("variants", "samples"), hi), merge)
 
 
-def _cohort_sums(block, cohort, *, n_cohorts: int):
-    """(variants, 1, cohorts, 2): the sum and the number of the non-NaN values of each cohort's
-    samples in a (variants, samples) block; samples of no cohort (negative) left out."""
+def _cohort_nansums(block, cohorts, axis, *, n_cohorts: int) -> dict:
+    """The partial of a (variants, samples, 1) block of ``call_heterozygosity`` for
+    :func:`~pipeline.reduce.aggregation.nan_mean`: the sum and the number of the values that are
+    not NaN of each cohort's samples, (variants, 1, cohorts); samples of no cohort (negative) left
+    out. ``cohorts``: the samples' cohorts broadcast over the block (the blueprint's weights)."""
     xp = xp_of(block)
-    members = (cohort[:, None] == xp.arange(n_cohorts)[None, :]).astype(block.dtype)
-    ok = ~xp.isnan(block)
-    sums = xp.where(ok, block, 0) @ members
-    counts = ok.astype(block.dtype) @ members
-    return xp.stack([sums, counts], axis=-1)[:, None]
-
-
-def _mean(parts):
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return parts[..., 0] / parts[..., 1]
+    x = block[..., 0]
+    members = (cohorts[0, :, 0][:, None] == xp.arange(n_cohorts)[None, :]).astype(x.dtype)
+    ok = ~xp.isnan(x)
+    sums = xp.where(ok, x, 0) @ members
+    # counted as a float64 product, exact below 2**53 samples, where BLAS (cuBLAS) does it
+    counts = (ok.astype(x.dtype) @ members).astype(np.int64)
+    return {"sum": sums[:, None], "count": counts[:, None]}
 
 
 def observed_heterozygosity(ds: xr.Dataset, *, call_heterozygosity: str = "call_heterozygosity",
@@ -127,10 +130,13 @@ def observed_heterozygosity(ds: xr.Dataset, *, call_heterozygosity: str = "call_
     cohort, n_cohorts = _cohorts(ds, sample_cohort, op)
     H = as_dask(hi).astype(F8)
     backend = backend_of(H)
-    coh = to_backend(da.from_array(cohort, chunks=(H.chunks[1],)), backend)
-    parts = da.blockwise(_cohort_sums, "vsck", H, "vs", coh, "s", new_axes={"c": n_cohorts, "k": 2},
-                         adjust_chunks={"s": 1}, dtype=F8, meta=meta(backend, F8, 4), n_cohorts=n_cohorts)
-    ho = parts.sum(axis=1).map_blocks(_mean, drop_axis=2, dtype=F8, meta=meta(backend, F8, 2))
+    # the samples' cohorts as the blueprint's weights (broadcast, a view), the cohorts as the
+    # columns of a last axis of length 1 (the blueprint's ``width``)
+    x = H[:, :, None]
+    coh = to_backend(da.from_array(cohort[:, None], chunks=(H.chunks[1], 1)), backend)
+    mean = agg.nan_mean("pipeline-cohort-heterozygosity", "_cohort_nansums", n_cohorts=n_cohorts)
+    ho = agg.reduce(x, mean, (1,), kernel=_cohort_nansums, dtype=F8, width=n_cohorts,
+                    weights=agg.broadcast_view(coh, x.shape, chunks=x.chunks))
     if has_windows(ds):
         new = _new("stat_observed_heterozygosity", ("windows", "cohorts"),
                    _windowed(ds, ho, kernels.get("window_sum", backend)))

@@ -573,13 +573,14 @@ def Garud_H(
     return _merge(ds, new, merge)
 
 
-def _lower_sums(block, block_info=None):
-    """The sum and the count of the values below the diagonal of a tile that are not NaN."""
+def _lower_sums(block, below, axis) -> dict:
+    """The partial of a tile of the identity by state for :func:`~pipeline.reduce.aggregation.nan_mean`:
+    the sum and the number of its values below the diagonal (``below``, the blueprint's weights)
+    that are not NaN."""
     xp = xp_of(block)
-    (r0, _), (c0, _) = block_info[0]["array-location"]
-    below = (xp.arange(r0, r0 + block.shape[0])[:, None] > xp.arange(c0, c0 + block.shape[1])[None, :])
     keep = below & ~xp.isnan(block)
-    return xp.stack([xp.where(keep, block, 0).sum(dtype=F8), keep.sum(dtype=F8)]).reshape(1, 1, 2)
+    return {"sum": xp.where(keep, block, 0).sum(dtype=F8).reshape(1, 1),
+            "count": keep.sum(dtype=np.int64).reshape(1, 1)}
 
 
 def Weir_Goudet_beta(
@@ -598,9 +599,11 @@ def Weir_Goudet_beta(
     ds = _if_absent(ds, "stat_identity_by_state", stat_identity_by_state, identity_by_state, name)
     ibs = as_dask(variable(ds, stat_identity_by_state, ("samples_0", "samples_1"), "f", op=name))
     backend = backend_of(ibs)
-    sums = ibs.map_blocks(_lower_sums, chunks=((1,) * ibs.numblocks[0], (1,) * ibs.numblocks[1], (2,)), new_axis=2,
-                          dtype=F8, meta=backend_meta(backend, F8, 3)).sum(axis=(0, 1))
-    avg = sums[0] / sums[1]
+    # the pairs below the diagonal, made tile by tile where the tiles are reduced (on their backend)
+    rows, cols = (to_backend(da.arange(n, chunks=(c,)), backend) for n, c in zip(ibs.shape, ibs.chunks))
+    below = rows[:, None] > cols[None, :]
+    mean = agg.nan_mean("pipeline-pairs-mean", "_lower_sums")
+    avg = agg.reduce(ibs, mean, (0, 1), kernel=_lower_sums, dtype=F8, weights=below)
     beta = (ibs - avg) / (1 - avg)
     return _merge(ds, _new("stat_Weir_Goudet_beta", ("samples_0", "samples_1"), beta), merge)
 
