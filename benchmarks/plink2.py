@@ -445,7 +445,9 @@ def main(argv=None) -> dict:
           f"{'import':>6s} {'open':>5s} {'first':>6s} {'warm':>6s}  agreement", flush=True)
     for op in a.ops.split(","):
         plink_s = run_plink2(op, work, a.plink2, env)
+        print(f"  {op}: PLINK 2 {plink_s:.2f} s", flush=True)  # kept if a time limit stops what follows
         wall = run_pipeline(op, work, a.backend)
+        print(f"  {op}: pipeline's process {wall:.2f} s", flush=True)
         plink = read_plink2(op, work)
         with np.load(work / "pipeline" / f"{op}.npz") as z:
             ours = dict(z)
