@@ -549,12 +549,6 @@ def integer_sum(name: str, chunk: str, dtype=I8, **params) -> Aggregation:
 # mean of the values that are not NaN: a float64 sum and an int64 count
 
 
-def _nanmean(p):
-    xp = xp_of(p["sum"])
-    n = p["count"]
-    return xp.where(n > 0, p["sum"] / xp.where(n > 0, n, 1), xp.nan)
-
-
 def nan_mean(name: str, chunk: str, **params) -> Aggregation:
     """Mean over axes of the values that are not NaN (NaN where there are none), from the float64
     sum and the int64 number of those values that the kernel ``chunk`` makes of each block, its
@@ -562,7 +556,7 @@ def nan_mean(name: str, chunk: str, **params) -> Aggregation:
     :mod:`pipeline.ops.genomics.frequencies`, the mean identity by state of
     :func:`pipeline.ops.genomics.popgen.Weir_Goudet_beta`): the counts stay exact, only the sums
     round."""
-    return Aggregation(name, chunk, _sum_fields, _nanmean, fields={"sum": F8, "count": I8},
+    return Aggregation(name, chunk, _sum_fields, _mean, fields={"sum": F8, "count": I8},
                        identity={"sum": 0.0, "count": 0}, params=params)
 
 
