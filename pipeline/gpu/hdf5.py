@@ -33,12 +33,13 @@ nvCOMP refuses, are read by h5py into pinned memory and copied to the device
 The layout, the block plan and the decode order are plain Python and NumPy, tested on every
 machine against h5py itself: :func:`decode_chunk_host` decodes one chunk as HDF5 does, and
 :func:`read_block_host` runs a block's plan with NumPy in place of CuPy and zlib in place of nvCOMP.
+What this module shares with :mod:`pipeline.gpu.reader` (a block's chunks and places, reads, the
+block's stream, the batched decode, the fallback and the Dask array) is in :mod:`pipeline.gpu.engine`.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import os
 import zlib
@@ -53,15 +54,15 @@ from ..backend import use_device_memory_limit
 from ..errors import DecodeError, UnsupportedLayout, chunk_error
 from ..kernels import checksum
 from . import pinned
+from .blosc import _warn_once
+from .engine import PIECE, BlockSource, aligned, block_chunks, block_stream, dask_array, decode_frames, pread_into, staged_read
 from .iopool import io_pool
-from .nvcomp import decode_batch, nvcomp_available
-from .reader import PIECE, _warn_once, aligned
+from .nvcomp import nvcomp_available
 
 # A deflate stream inflates on few of the GPU's units, as a zstd frame does: chunks larger than this
 # are inflated by the I/O threads. The cut comes from zstd's measurements (a frame of hundreds of
 # MB decodes slower on the GPU than on one core); deflate's have not been made.
 NVCOMP_MAX_FRAME = 64 << 20
-from .streams import context
 
 # HDF5's filter identifiers (H5Zpublic.h) and the write order this path decodes: any subsequence
 FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32"}
@@ -331,14 +332,9 @@ class BlockPlan:
 
 def plan_block(lay: H5Layout, region: tuple[slice, ...]) -> BlockPlan:
     """The plan of reading ``region`` (whole chunks of ``lay``; the last may be cut by the edge)."""
-    starts = [s.start for s in region]
-    shape = tuple(s.stop - s.start for s in region)
-    first = [st // c for st, c in zip(starts, lay.chunk)]
-    counts = [-(-n // c) for n, c in zip(shape, lay.chunk)]
+    shape, first, counts, _, places = block_chunks(region, lay.chunk)
     grid = tuple(slice(f, f + k) for f, k in zip(first, counts))
     offsets = lay.offsets[grid].ravel()
-    places = [tuple(slice(c * n - s0, min((c + 1) * n - s0, ln)) for c, n, s0, ln in zip(coord, lay.chunk, starts, shape))
-              for coord in itertools.product(*(range(f, f + k) for f, k in zip(first, counts)))]
     present = np.flatnonzero(offsets >= 0)
     stored = lay.sizes[grid].ravel()[present]
     masks = lay.masks[grid].ravel()[present]
@@ -643,14 +639,7 @@ def read_segments(path: str, offset: int, segments: list, buffer: np.ndarray) ->
             views.append(junk[:n])
         else:
             views.append(mv[pos:pos + n])
-    want = sum(n for n, _ in segments)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        got = os.preadv(fd, views, offset)
-    finally:
-        os.close(fd)
-    if got != want:
-        raise OSError(f"{path}: short read at {offset} ({got} of {want} bytes)")
+    pread_into(path, offset, views)
 
 
 def _move_and_decode(lay: H5Layout, plan: BlockPlan, staging: np.ndarray, jobs, hold: list):
@@ -665,10 +654,7 @@ def _move_and_decode(lay: H5Layout, plan: BlockPlan, staging: np.ndarray, jobs, 
     dst = out.reshape(-1).view(np.uint8) if plan.direct else cp.empty(max(1, plan.scratch_bytes(lay)), dtype=np.uint8)
     dev = None if lay.host_inflate else cp.empty(max(1, plan.total), dtype=np.uint8)
     tmp = unshuffle_temp(cp, lay, plan)
-    ready = cp.cuda.Stream.null.record()
-    with context() as ctx, ctx.stream:
-        stream = ctx.stream
-        stream.wait_event(ready)
+    with block_stream() as stream:
         # each read crosses the bus as soon as it is in, while the block's later reads proceed
         for run, waits in zip(plan.runs, jobs):
             for job in waits:
@@ -694,10 +680,10 @@ def _decode_on_device(lay: H5Layout, ops: StreamOps, dev, dst) -> None:
     """Every deflate stream of the block in one nvCOMP batch, each into its destination; chunks
     stored as they are by plain device copies."""
     nb = lay.chunk_nbytes
-    decode_batch(
-        "Deflate", dev,
+    decode_frames(
+        "deflate", dev,
         [s + 2 for s, _, _ in ops.inflate], [n - 6 for _, n, _ in ops.inflate],  # zlib's header and adler32 off
-        dst, [d for _, _, d in ops.inflate], [nb] * len(ops.inflate),
+        dst, [d for _, _, d in ops.inflate], nb,
     )
     for s, n, d in merged(ops.copy):
         dst[d:d + n] = dev[s:s + n]
@@ -741,25 +727,23 @@ def _decode_on_host(lay: H5Layout, ops: StreamOps, staging: np.ndarray, dst, str
 
 
 @dataclass(frozen=True)
-class H5Source:
+class H5Source(BlockSource):
     """An HDF5 dataset as a source for ``dask.array.from_array``: ``source[region]`` is a CuPy array
     read by :func:`read_block`."""
 
     lay: H5Layout
-    ndim: int
-    shape: tuple[int, ...]
-    dtype: np.dtype
 
-    def __getitem__(self, region):
-        use_device_memory_limit()
-        try:
-            return read_block(self.lay, region)
-        except (DecodeError, OSError) as e:
-            # a chunk that does not hold what its filters say, or that nvCOMP refuses: h5py reads
-            # the block instead, and names the chunk if it cannot either
-            _warn_once(f"{self.lay.path}: variable {self.lay.name!r}: a block could not be decoded on the GPU "
-                       f"({type(e).__name__}); h5py reads such blocks on the CPU")
-            return H5StagedSource(self.lay.path, self.lay.name, self.ndim, self.shape, self.dtype)[region]
+    def read(self, region):
+        return read_block(self.lay, region)
+
+    def fallback_warning(self, e: Exception) -> str:
+        # a chunk that does not hold what its filters say, or that nvCOMP refuses: h5py reads
+        # the block instead, and names the chunk if it cannot either
+        return (f"{self.lay.path}: variable {self.lay.name!r}: a block could not be decoded on the GPU "
+                f"({type(e).__name__}); h5py reads such blocks on the CPU")
+
+    def staged(self):
+        return H5StagedSource(self.lay.path, self.lay.name, self.ndim, self.shape, self.dtype)
 
     def __dask_tokenize__(self):
         return ("pipeline.gpu.hdf5.H5Source", self.lay.path, self.lay.name, file_stamp(self.lay.path))
@@ -777,15 +761,10 @@ class H5StagedSource:
     dtype: np.dtype
 
     def __getitem__(self, region):
-        import cupy as cp
-
         use_device_memory_limit()
         region = tuple(region)
-        shape = tuple(s.stop - s.start for s in region)
-        nbytes = math.prod(shape) * self.dtype.itemsize
-        staging = pinned.take(nbytes)
-        try:
-            host = staging.bytes[:nbytes].view(self.dtype).reshape(shape)
+
+        def fill(host):
             try:
                 import h5py
 
@@ -795,14 +774,8 @@ class H5StagedSource:
                     f[self.name].read_direct(host, source_sel=region)
             except Exception as e:  # a chunk h5py cannot decode: an InputError that names it
                 raise chunk_error(self.path, self.name, region, e) from None
-            out = cp.empty(shape, dtype=self.dtype)
-            ready = cp.cuda.Stream.null.record()  # as in read_block
-            with context() as ctx:  # its exit synchronizes the copy
-                ctx.stream.wait_event(ready)
-                out.set(host, stream=ctx.stream)
-            return out
-        finally:
-            pinned.give(staging)
+
+        return staged_read(tuple(s.stop - s.start for s in region), self.dtype, fill)
 
     def __dask_tokenize__(self):
         return ("pipeline.gpu.hdf5.H5StagedSource", self.path, self.name, file_stamp(self.path))
@@ -816,7 +789,6 @@ def device_array(path: str | os.PathLike, name: str, chunks=None, *, nvcomp: boo
     ``pipeline.gpu.nvcomp`` setting); otherwise h5py reads into pinned memory, with one warning
     naming what the GPU path does not take.
     """
-    import cupy as cp
     import dask.array as da
 
     import h5py
@@ -838,6 +810,4 @@ def device_array(path: str | os.PathLike, name: str, chunks=None, *, nvcomp: boo
                 source = H5Source(lay, len(shape), shape, lay.dtype)
     if source is None:
         source = H5StagedSource(path, name, len(shape), shape, dtype)
-    meta = cp.empty((0,) * len(shape), dtype=dtype)
-    return da.from_array(source, chunks=chunks, asarray=False, fancy=False, meta=meta,
-                         name=f"read-{name}-{da.core.tokenize(source, chunks)}")
+    return dask_array(source, chunks, dtype, name)

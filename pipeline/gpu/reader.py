@@ -28,7 +28,9 @@ One Dask task reads one block of whole chunks (or shards):
    decoding.
 
 The layout logic (:class:`Layout`, :func:`frames`) is plain Python and NumPy, tested on every
-machine against zarr itself through :func:`decode_chunk_host`, the CPU twin of step 3.
+machine against zarr itself through :func:`decode_chunk_host`, the CPU twin of step 3. What this
+module shares with :mod:`pipeline.gpu.hdf5` (a block's chunks and places, reads, the block's stream,
+the batched decode by codec, the fallback and the Dask array) is in :mod:`pipeline.gpu.engine`.
 """
 
 from __future__ import annotations
@@ -51,13 +53,11 @@ from ..backend import use_device_memory_limit
 from ..errors import DecodeError, UnsupportedLayout, chunk_error
 from ..kernels.copies import copy_into
 from . import blosc, pinned, split
-from .blosc import _warn_once
+from .engine import PIECE, BlockSource, aligned, block_chunks, block_stream, dask_array, decode_frames, pread_into, staged_read
 from .iopool import io_pool
-from .nvcomp import _copy_frames, _decode_frames, nvcomp_available
-from .streams import context
+from .nvcomp import nvcomp_available
 
 MISSING = np.uint64(2**64 - 1)
-PIECE = 16 << 20  # files above this are read in pieces of this size, in parallel
 
 
 # --- layout -------------------------------------------------------------------------------------
@@ -325,16 +325,6 @@ def _pin_or_own(path: str, st: os.stat_result):
     return f
 
 
-def _pread_piece(path: str, view: memoryview, offset: int) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        got = os.preadv(fd, [view], offset)
-    finally:
-        os.close(fd)
-    if got != len(view):
-        raise OSError(f"{path}: short read at {offset}")
-
-
 def submit_pins(paths: list[str], stats: list[os.stat_result]) -> list[Future]:
     """Start pinning files where they lie in the page cache, one job a file, all at one place in
     the I/O pool's order; each job's result is the pinned file, or the file's bytes in memory of
@@ -358,7 +348,7 @@ def submit_reads(paths: list[str], sizes: list[int], buffer: np.ndarray) -> list
         if size <= PIECE:
             jobs = [pool.submit(_read_into, path, view, ticket=ticket)]
         else:
-            jobs = [pool.submit(_pread_piece, path, mv[start + off:start + off + min(PIECE, size - off)], off, ticket=ticket)
+            jobs = [pool.submit(pread_into, path, off, [mv[start + off:start + off + min(PIECE, size - off)]], ticket=ticket)
                     for off in range(0, size, PIECE)]
         files.append((start, jobs))
     return files
@@ -376,12 +366,8 @@ def read_files(paths: list[str], sizes: list[int], buffer: np.ndarray) -> list[i
 def read_block(lay: Layout, region: tuple[slice, ...]):
     """The values of ``region`` (whole chunks of ``lay``; the last may be cut by the array's edge)
     as a CuPy array, read, moved and decoded as the module docstring describes."""
-    starts = [s.start for s in region]
-    shape = tuple(s.stop - s.start for s in region)
-    first = [st // c for st, c in zip(starts, lay.chunk)]
-    counts = [math.ceil(n / c) for n, c in zip(shape, lay.chunk)]
-    coords = list(itertools.product(*(range(f, f + k) for f, k in zip(first, counts))))
-    paths = [lay.path(c) for c in coords]
+    block = block_chunks(region, lay.chunk)
+    paths = [lay.path(c) for c in block.coords]
     stats = [_stat(p) for p in paths]
     sizes = [st.st_size if st else 0 for st in stats]
 
@@ -424,7 +410,7 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
                 fetching.done()
                 decodes.start()
 
-            return _move_and_decode(lay, region, coords, files, [0 if h else n for h, n in zip(host, sizes)], queued)
+            return _move_and_decode(lay, block, files, [0 if h else n for h, n in zip(host, sizes)], queued)
         finally:
             # whatever happened (the block's stream was synchronized on the way out), no read or
             # decode may still be writing into a buffer, nor a copy reading a pinned file, when
@@ -592,14 +578,13 @@ def _stat(path: str) -> os.stat_result | None:
         return None
 
 
-def _move_and_decode(lay: Layout, region, coords, files, sizes, start_host=None):
-    """``files``: for each chunk of ``coords``, a function that waits for its file's bytes in pinned
-    host memory and returns them (None for a chunk with no file); ``sizes``: the files' sizes;
-    ``start_host``: called once the GPU's work is queued, to start the CPU's decodes."""
+def _move_and_decode(lay: Layout, block, files, sizes, start_host=None):
+    """``files``: for each chunk of ``block`` (:func:`pipeline.gpu.engine.block_chunks`), a function
+    that waits for its file's bytes in pinned host memory and returns them (None for a chunk with no
+    file); ``sizes``: the files' sizes; ``start_host``: called once the GPU's work is queued, to
+    start the CPU's decodes."""
     import cupy as cp
 
-    starts = [s.start for s in region]
-    shape = tuple(s.stop - s.start for s in region)
     file_starts = list(itertools.accumulate([0] + sizes[:-1]))  # places in the device buffer
 
     # The device buffers are taken once the block's first file is there, so that a task waiting
@@ -608,18 +593,11 @@ def _move_and_decode(lay: Layout, region, coords, files, sizes, start_host=None)
     present = [f for f, size in zip(files, sizes) if f and size] or [f for f in files if f]
     if present:
         present[0]()
-    # Both device buffers come from the pool's default-stream arena, as every task's arrays do:
-    # CuPy keeps freed memory per stream, and buffers allocated on the pooled streams would fragment
-    # a capped pool (seen as out-of-memory under a 4 GB limit with a third of it in use). The pool
-    # may hand them memory that kernels queued earlier on the default stream still read, so this
-    # block's stream writes into them only after those kernels.
-    out = cp.empty(shape, dtype=lay.dtype)
+    # both device buffers come from the default stream's arena (pipeline.gpu.engine.block_stream)
+    out = cp.empty(block.shape, dtype=lay.dtype)
     dev = cp.empty(max(1, sum(sizes)), dtype=np.uint8)
-    ready = cp.cuda.Stream.null.record()
 
-    with context() as ctx, ctx.stream:
-        stream = ctx.stream
-        stream.wait_event(ready)
+    with block_stream() as stream:
         # each file crosses the bus as soon as it is there, while the block's later files are read
         blobs = []
         for f, start, size in zip(files, file_starts, sizes):
@@ -632,9 +610,7 @@ def _move_and_decode(lay: Layout, region, coords, files, sizes, start_host=None)
         # was slower (0.25 s against 0.19-0.21 s for 6.1 GB in blocks of 3-5 shards), since
         # nvCOMP's speed comes from the frames it decodes at once.
         direct, scratch, on_host = [], [], []
-        for coord, start, blob in zip(coords, file_starts, blobs):
-            local = tuple(slice(c * n - s0, min((c + 1) * n - s0, ln))
-                          for c, n, s0, ln in zip(coord, lay.chunk, starts, shape))
+        for local, start, blob in zip(block.places, file_starts, blobs):
             target = out[local]
             whole = tuple(sl.stop - sl.start for sl in local) == lay.chunk
             if blob is None:
@@ -668,21 +644,17 @@ def _frame_lists(lay: Layout, items, base_of):
 
 
 def _run_frames(lay, dev, src_off, src_size, dst, dst_off, items):
-    if lay.codec == "blosc":
-        _run_blosc_frames(lay, items, dev, src_off, dst, dst_off)
-    elif lay.codec == "zstd":
-        _decode_frames(dev, src_off, src_size, dst, dst_off, lay.inner_nbytes)
-    else:
-        _copy_frames(dev, src_off, src_size, dst, dst_off)
+    decode_frames(lay.codec, dev, src_off, src_size, dst, dst_off, lay.inner_nbytes,
+                  hosts=functools.partial(_frame_hosts, lay, items), root=lay.root)
 
 
-def _run_blosc_frames(lay: Layout, items, dev, src_off, dst, dst_off) -> None:
-    """Blosc frames (:mod:`pipeline.gpu.blosc`), whose headers are read from their host bytes."""
+def _frame_hosts(lay: Layout, items) -> list:
+    """The host bytes of every frame of ``items``, from which Blosc's headers are read."""
     hosts = []
     for _, _, blob in items:
         offsets, sizes, _ = frames(lay, blob)
         hosts += [blob[o:o + s] for o, s in zip(offsets.tolist(), sizes.tolist())]
-    blosc.decode_frames(lay.root, hosts, dev, src_off, dst, dst_off, lay.inner_nbytes)
+    return hosts
 
 
 class _GpuTiming:
@@ -764,24 +736,22 @@ def _decode_scratch(lay: Layout, scratch, dev, out) -> None:
 
 
 @dataclass(frozen=True)
-class GpuSource:
+class GpuSource(BlockSource):
     """A Zarr array as a source for ``dask.array.from_array``: ``source[region]`` is a CuPy array
     read by :func:`read_block`."""
 
     lay: Layout
-    ndim: int
-    shape: tuple[int, ...]
-    dtype: np.dtype
 
-    def __getitem__(self, region):
-        use_device_memory_limit()
-        try:
-            return read_block(self.lay, region)
-        except (DecodeError, OSError) as e:
-            # a frame nvCOMP refuses (or a shard index that does not hold): zarr decodes this block
-            # instead, and names the chunk if it cannot either
-            _warn_once(f"{self.lay.root}: nvCOMP could not decode a block ({e}); zarr decodes it on the CPU")
-            return StagedSource(self.lay.root, self.ndim, self.shape, self.dtype)[region]
+    def read(self, region):
+        return read_block(self.lay, region)
+
+    def fallback_warning(self, e: Exception) -> str:
+        # a frame nvCOMP refuses (or a shard index that does not hold): zarr decodes this block
+        # instead, and names the chunk if it cannot either
+        return f"{self.lay.root}: nvCOMP could not decode a block ({e}); zarr decodes it on the CPU"
+
+    def staged(self):
+        return StagedSource(self.lay.root, self.ndim, self.shape, self.dtype)
 
     def __dask_tokenize__(self):
         return ("pipeline.gpu.reader.GpuSource", self.lay, _metadata_stamp(self.lay.root))
@@ -798,29 +768,19 @@ class StagedSource:
     dtype: np.dtype
 
     def __getitem__(self, region):
-        import cupy as cp
         from zarr.core.buffer.cpu import NDBuffer
 
         use_device_memory_limit()
         arr = _open_zarr_array(self.root)
-        shape = tuple(s.stop - s.start for s in region)
-        nbytes = math.prod(shape) * self.dtype.itemsize
-        staging = pinned.take(nbytes)
-        try:
-            host = staging.bytes[:nbytes].view(self.dtype).reshape(shape)
+
+        def fill(host):
             try:
                 arr.get_basic_selection(region, out=NDBuffer.from_numpy_array(host))
             except Exception as e:  # a chunk zarr cannot decode: an InputError that names it
                 root = Path(self.root)
                 raise chunk_error(root.parent, root.name, tuple(region), e, arr) from None
-            out = cp.empty(shape, dtype=self.dtype)
-            ready = cp.cuda.Stream.null.record()  # as in read_block
-            with context() as ctx:  # its exit synchronizes the copy
-                ctx.stream.wait_event(ready)
-                out.set(host, stream=ctx.stream)
-            return out
-        finally:
-            pinned.give(staging)
+
+        return staged_read(tuple(s.stop - s.start for s in region), self.dtype, fill)
 
 
 def _metadata_stamp(root: str | os.PathLike) -> tuple[int, int, int]:
@@ -843,15 +803,6 @@ def _open_zarr_array_at(root: str, stamp: tuple[int, int, int]):
     return zarr.open_array(root, mode="r")
 
 
-def aligned(chunks: tuple[tuple[int, ...], ...], chunk: tuple[int, ...]) -> bool:
-    """True when every block boundary of ``chunks`` falls on a boundary of the store's chunks."""
-    for sizes, c in zip(chunks, chunk):
-        edges = list(itertools.accumulate(sizes))[:-1]
-        if any(e % c for e in edges):
-            return False
-    return True
-
-
 def open_array(store: str | os.PathLike, name: str, chunks=None, *, nvcomp: bool | None = None):
     """A Dask array of CuPy chunks for the Zarr array ``name`` of ``store``.
 
@@ -859,13 +810,11 @@ def open_array(store: str | os.PathLike, name: str, chunks=None, *, nvcomp: bool
     of them for the nvCOMP path. nvCOMP decodes where the layout allows (``nvcomp`` overrides the
     ``pipeline.gpu.nvcomp`` setting); everything else is decoded by zarr into pinned memory.
     """
-    import cupy as cp
     import dask.array as da
 
     root = str(Path(store) / name)
     arr = _open_zarr_array(root)
     chunks = da.core.normalize_chunks(chunks if chunks is not None else arr.shards or arr.chunks, arr.shape, dtype=arr.dtype)
-    meta = cp.empty((0,) * arr.ndim, dtype=arr.dtype)
     use_nvcomp = config.get("gpu.nvcomp", False) if nvcomp is None else nvcomp
     source = None
     if use_nvcomp and nvcomp_available():
@@ -877,4 +826,4 @@ def open_array(store: str | os.PathLike, name: str, chunks=None, *, nvcomp: bool
             pass
     if source is None:
         source = StagedSource(root, arr.ndim, arr.shape, np.dtype(arr.dtype))
-    return da.from_array(source, chunks=chunks, asarray=False, fancy=False, meta=meta, name=f"read-{name}-{da.core.tokenize(source, chunks)}")
+    return dask_array(source, chunks, arr.dtype, name)
