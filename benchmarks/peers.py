@@ -159,7 +159,9 @@ def peer_session(peer: str, store: Path, budget: int | None, args):
         import cupy
 
         profile = ClusterProfile(kind="local-cuda", threads_per_worker=args.gpu_threads, device_memory_limit=budget)
-        with open_cluster(profile):
+        # flox (which xclim installs) reduces groups with NumPy's engines, which CuPy blocks refuse:
+        # a user of plain xarray on CuPy turns it off
+        with open_cluster(profile), xr.set_options(use_flox=False):
             ref = xr.open_zarr(store)["tas"]  # coordinates and attributes only
             data = da.from_zarr(str(store), component="tas").map_blocks(cupy.asarray)
             yield xr.DataArray(data, coords=ref.coords, dims=ref.dims, name="tas", attrs=ref.attrs), XARRAY_FLOWS, dask_compute

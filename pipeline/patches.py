@@ -298,6 +298,76 @@ def _device_interp_na(self, dim, use_coordinate, limit, keep_attrs):
     return out if valids is None else out.where(valids)
 
 
+def _holds_device_data(obj) -> bool:
+    """A DataArray, or a Dataset with a data variable, of device data."""
+    variables = obj.data_vars.values() if hasattr(obj, "data_vars") else (obj,)
+    return any(on_device(v.data) for v in variables)
+
+
+def _rolling_exp_init(original):
+    @functools.wraps(original)
+    def __init__(self, obj, windows, window_type="span", min_weight=0.0):
+        if not _holds_device_data(obj):
+            return original(self, obj, windows, window_type=window_type, min_weight=min_weight)
+        # xarray's __init__ without its check for numbagg, which has no part in the device's path
+        from xarray.computation.rolling_exp import _get_alpha
+
+        self.obj = obj
+        self.dim, window = next(iter(windows.items()))
+        self.alpha = _get_alpha(**{window_type: window})
+        self.min_weight = min_weight
+        self.kwargs = dict(alpha=self.alpha, axis=-1, **({"min_weight": min_weight} if min_weight > 0 else {}))
+
+    return __init__
+
+
+def _rolling_exp(how: str):
+    def make(original):
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def method(self, *args, **kwargs):
+            if not _holds_device_data(self.obj):
+                return original(self, *args, **kwargs)
+            bound = signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            return _device_rolling_exp(self, how, **{k: v for k, v in bound.arguments.items() if k != "self"})
+
+        return method
+
+    return make
+
+
+def _device_rolling_exp(self, how, other=None, keep_attrs=None):
+    """xarray's ``RollingExp.{how}`` on device data: the same ``apply_ufunc`` (one block along the
+    window's dimension, as xarray asks), each block by :func:`pipeline.kernels.ewm.move_exp` where
+    xarray calls numbagg's ``move_exp_nan{how}``."""
+    from xarray.computation.apply_ufunc import apply_ufunc
+    from xarray.core.options import _get_keep_attrs
+
+    if keep_attrs is None:  # mean and sum take it; the others keep the attributes
+        keep_attrs = _get_keep_attrs(default=True) if how in ("mean", "sum") else True
+    objs = (self.obj,) if other is None else (self.obj, other)
+    return apply_ufunc(
+        functools.partial(_move_exp_block, how=how, alpha=self.alpha, min_weight=self.min_weight),
+        *objs, input_core_dims=[[self.dim]] * len(objs), output_core_dims=[[self.dim]], output_dtypes=[np.float64],
+        keep_attrs=keep_attrs, on_missing_core_dim="copy", dask="parallelized",
+    ).transpose(*self.obj.dims)  # dask takes the result's meta from self.obj's: CuPy's
+
+
+def _move_exp_block(*arrays, how, alpha, min_weight):
+    if any(on_device(a) for a in arrays):
+        from .kernels import ewm
+
+        arrays = [to_device(a) for a in arrays]
+        return ewm.move_exp(arrays[0], alpha, min_weight, how, *arrays[1:], axis=-1)
+    import numbagg  # NumPy data of a Dataset that also holds device data: xarray's own function
+
+    return getattr(numbagg, f"move_exp_nan{how}")(
+        *arrays, alpha=alpha, axis=-1, **({"min_weight": min_weight} if min_weight > 0 else {})
+    )
+
+
 def _weighted_quantile(original):
     @functools.wraps(original)
     def weighted_quantile(self, da, q, dim=None, skipna=None):
@@ -486,6 +556,21 @@ PATCHES: dict[str, Patch] = {
             "xarray-interpolate-na", "xarray.core.missing", "interp_na",
             ("self", "dim", "use_coordinate", "method", "limit", "max_gap", "keep_attrs"), _interp_na,
             "interpolate_na runs NumPy's interp on each row of a CuPy block through numpy.vectorize",
+        ),
+        Patch(
+            "xarray-rolling-exp", "xarray.computation.rolling_exp", "RollingExp.__init__",
+            ("self", "obj", "windows", "window_type", "min_weight"), _rolling_exp_init,
+            "rolling_exp refuses any data without numbagg, which is NumPy-only: device data need none",
+        ),
+        *(
+            Patch(
+                f"xarray-rolling-exp-{how}", "xarray.computation.rolling_exp", f"RollingExp.{how}", params,
+                _rolling_exp(how), f"rolling_exp's {how} runs numbagg's move_exp_nan{how}, NumPy-only, on each block",
+            )
+            for how, params in (
+                ("mean", ("self", "keep_attrs")), ("sum", ("self", "keep_attrs")), ("std", ("self",)),
+                ("var", ("self",)), ("cov", ("self", "other")), ("corr", ("self", "other")),
+            )
         ),
         Patch(
             "xarray-weighted-quantile", "xarray.computation.weighted", "Weighted._weighted_quantile",
