@@ -255,47 +255,85 @@ def _keeps_device_meta(original):
     return wrapper
 
 
+DEVICE_INTERP_METHODS = ("linear", "nearest")
+
+
 def _interp_na(original):
     @functools.wraps(original)
     def interp_na(self, dim=None, use_coordinate=True, method="linear", limit=None, max_gap=None, keep_attrs=None,
                   **kwargs):
         args = dict(dim=dim, use_coordinate=use_coordinate, method=method, limit=limit, max_gap=max_gap,
                     keep_attrs=keep_attrs, **kwargs)
-        if not on_device(self.data) or method != "linear" or kwargs or max_gap is not None or dim is None:
-            if on_device(self.data):
-                from .errors import NotImplementedInputError
+        if not on_device(self.data) or dim is None or method not in _interp_methods():
+            return original(self, **args)  # xarray's, or its refusal of a dim not given or a method not one
+        if method not in DEVICE_INTERP_METHODS or kwargs:
+            from .errors import NotImplementedInputError
 
-                raise NotImplementedInputError(
-                    f"interpolate_na with method={method!r}" + (", max_gap" if max_gap is not None else "")
-                    + (f", {', '.join(kwargs)}" if kwargs else "") + " is not available on the GPU backend "
-                    "(linear interpolation, with or without limit, is)"
-                )
-            return original(self, **args)
-        return _device_interp_na(self, dim, use_coordinate, limit, keep_attrs)
+            raise NotImplementedInputError(
+                f"interpolate_na with method={method!r}" + (f", {', '.join(kwargs)}" if kwargs else "")
+                + " is not available on the GPU backend (methods 'linear' and 'nearest', with limit and max_gap, are)"
+            )
+        return _device_interp_na(self, dim, use_coordinate, method, limit, max_gap, keep_attrs)
 
     return interp_na
 
 
-def _device_interp_na(self, dim, use_coordinate, limit, keep_attrs):
-    """xarray's ``interp_na`` for ``method="linear"`` on a Dask array of CuPy blocks:
-    :func:`pipeline.kernels.duck.interp_linear` on blocks holding all of ``dim`` (xarray asks the
-    same), where xarray runs NumPy's interp on each row through ``numpy.vectorize``."""
+def _interp_methods() -> tuple[str, ...]:
+    from typing import get_args
+
+    from xarray.core.types import InterpOptions
+
+    return tuple(m for options in get_args(InterpOptions) for m in get_args(options))
+
+
+def _device_interp_na(self, dim, use_coordinate, method, limit, max_gap, keep_attrs):
+    """xarray's ``interp_na`` for ``method="linear"`` or ``"nearest"`` on device data, step for step:
+    :func:`pipeline.kernels.duck.interp_na` on blocks holding all of ``dim`` (xarray asks the same),
+    where xarray runs NumPy's interp or SciPy's interp1d on each row through ``numpy.vectorize``,
+    and ``max_gap``'s lengths of the gaps by :func:`pipeline.kernels.duck.nan_block_lengths` in the
+    same blocks, where xarray chains a dozen operations on the array."""
+    from numbers import Number
+
+    import pandas as pd
+    from xarray.coding.cftimeindex import CFTimeIndex
     from xarray.computation.apply_ufunc import apply_ufunc
     from xarray.core import missing
+    from xarray.core.duck_array_ops import timedelta_to_numeric
     from xarray.core.options import _get_keep_attrs
+    from xarray.core.utils import is_scalar
 
     from .kernels import duck
 
-    index = missing.get_clean_interp_index(self, dim, use_coordinate=use_coordinate)
     valids = missing._get_valid_fill_mask(self, dim, limit) if limit is not None else None
-    out = apply_ufunc(
-        lambda y, x: duck.interp_linear(y, _cupy().asarray(x)),
-        self, index, input_core_dims=[[dim], [dim]], output_core_dims=[[dim]], output_dtypes=[self.dtype],
-        dask="parallelized", keep_attrs=_get_keep_attrs(default=True) if keep_attrs is None else keep_attrs,
-    ).transpose(*self.dims)
-    if out.chunks is not None:
-        out = out.copy(data=_device_meta(out.data, self.data))
-    return out if valids is None else out.where(valids)
+    if max_gap is not None:
+        max_type = type(max_gap).__name__
+        if not is_scalar(max_gap):
+            raise ValueError("max_gap must be a scalar.")
+        if (dim in self._indexes and use_coordinate
+                and isinstance(self._indexes[dim].to_pandas_index(), pd.DatetimeIndex | CFTimeIndex)):
+            max_gap = timedelta_to_numeric(max_gap)
+        if not use_coordinate and not isinstance(max_gap, Number | np.number):
+            raise TypeError(
+                f"Expected integer or floating point max_gap since use_coordinate=False. Received {max_type}."
+            )
+    index = missing.get_clean_interp_index(self, dim, use_coordinate=use_coordinate)
+
+    def rows(function, dtype):
+        out = apply_ufunc(
+            lambda y, x: function(y, _cupy().asarray(x)), self, index, input_core_dims=[[dim], [dim]],
+            output_core_dims=[[dim]], output_dtypes=[dtype], dask="parallelized",
+            keep_attrs=_get_keep_attrs(default=True) if keep_attrs is None else keep_attrs,
+        ).transpose(*self.dims)
+        return out if out.chunks is None else out.copy(data=_device_meta(out.data, self.data))
+
+    out = rows(functools.partial(duck.interp_na, method=method), self.dtype)
+    if valids is not None:
+        out = out.where(valids)
+    if max_gap is not None:
+        if dim not in self.coords:
+            raise NotImplementedError("max_gap not implemented for unlabeled coordinates yet.")
+        out = out.where(rows(duck.nan_block_lengths, np.float64) <= max_gap)
+    return out
 
 
 def _holds_device_data(obj) -> bool:
@@ -555,7 +593,8 @@ PATCHES: dict[str, Patch] = {
         Patch(
             "xarray-interpolate-na", "xarray.core.missing", "interp_na",
             ("self", "dim", "use_coordinate", "method", "limit", "max_gap", "keep_attrs"), _interp_na,
-            "interpolate_na runs NumPy's interp on each row of a CuPy block through numpy.vectorize",
+            "interpolate_na runs NumPy's interp (SciPy's interp1d for 'nearest') on each row of a CuPy block "
+            "through numpy.vectorize, and max_gap's lengths of the gaps by a dozen operations",
         ),
         Patch(
             "xarray-rolling-exp", "xarray.computation.rolling_exp", "RollingExp.__init__",

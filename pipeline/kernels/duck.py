@@ -206,27 +206,62 @@ def masked_lstsq(lhs, rhs):
     return xp.where(some[None, :], out, np.nan)
 
 
-def interp_linear(y, x):
-    """xarray's ``interpolate_na(method="linear")`` of each row of ``y`` (along its last axis) over
-    the coordinate ``x``: NumPy's ``interp`` between the values on each side of a gap (in float64),
-    NaN where a gap has no value on one side, a row with fewer than two values as it is."""
-    xp = xp_of(y)
-    if y.dtype.kind not in "fc" or y.shape[-1] == 0:
-        return y
-    x = xp.asarray(x, dtype=np.float64)
+def _sides(xp, y):
+    """Where each element of ``y`` (along its last axis) has a value, and the positions (float, NaN
+    where none) of the last value at or before it and of the first at or after it."""
     valid = _valid(xp, y)
     pos = xp.where(valid, xp.arange(y.shape[-1], dtype=np.float64), np.nan)
     before = push(pos, None, -1)
     after = xp.flip(push(xp.flip(pos, axis=-1), None, -1), axis=-1)
+    return valid, before, after
+
+
+def interp_na(y, x, method: str = "linear"):
+    """xarray's ``interpolate_na(method=method)`` of each row of ``y`` (along its last axis) over
+    the coordinate ``x``, for the methods ``"linear"`` (NumPy's ``interp`` between the values on
+    each side of a gap, in float64) and ``"nearest"`` (SciPy's ``interp1d``: the nearer of the two,
+    the one before at half way, the midpoint taken as ``x0 / 2 + x1 / 2``): NaN where a gap has no
+    value on one side, a row with fewer than two values as it is."""
+    xp = xp_of(y)
+    if y.dtype.kind not in "fc" or y.shape[-1] == 0:
+        return y
+    x = xp.asarray(x, dtype=np.float64)
+    valid, before, after = _sides(xp, y)
     inside = ~valid & ~xp.isnan(before) & ~xp.isnan(after)
     b = xp.where(inside, before, 0).astype(np.int64)
     a = xp.where(inside, after, 0).astype(np.int64)
-    yb = xp.take_along_axis(y, b, axis=-1).astype(np.float64)
-    ya = xp.take_along_axis(y, a, axis=-1).astype(np.float64)
+    yb = xp.take_along_axis(y, b, axis=-1)
+    ya = xp.take_along_axis(y, a, axis=-1)
     xb, xa = x[b], x[a]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        value = (ya - yb) / xp.where(inside, xa - xb, 1.0) * (x - xb) + yb
-    return xp.where(inside, value.astype(y.dtype), y)
+    if method == "nearest":
+        value = xp.where(x <= xa / 2.0 + xb / 2.0, yb, ya)
+    else:
+        yb, ya = yb.astype(np.float64), ya.astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            value = ((ya - yb) / xp.where(inside, xa - xb, 1.0) * (x - xb) + yb).astype(y.dtype)
+    return xp.where(inside, value, y)
+
+
+def interp_linear(y, x):
+    """:func:`interp_na` by ``method="linear"``."""
+    return interp_na(y, x, "linear")
+
+
+def nan_block_lengths(y, x):
+    """xarray's ``missing._get_nan_block_lengths`` of each row of ``y`` (along its last axis) over
+    the coordinate ``x``, which ``interpolate_na``'s ``max_gap`` bounds: 0 at a value; in a gap,
+    the coordinate of the value after it less that of the value before it (``x[0]`` where none is
+    before, ``x[-1]`` less the largest coordinate of a value where none is after); NaN in a row
+    without values. float64."""
+    xp = xp_of(y)
+    x = xp.asarray(x, dtype=np.float64)
+    valid, before, after = _sides(xp, y)
+    start = xp.where(xp.isnan(before), x[0], x[xp.where(xp.isnan(before), 0, before).astype(np.int64)])
+    end = x[xp.where(xp.isnan(after), 0, after).astype(np.int64)]
+    last = xp.max(xp.where(valid, x, -np.inf), axis=-1, keepdims=True)
+    last = xp.where(xp.isneginf(last), np.nan, last)  # no value: NaN, as nanmax
+    gap = xp.where(xp.isnan(after), x[-1] - last, end - start)
+    return xp.where(valid, 0.0, gap)
 
 
 def weighted_quantile(data, weights, q, skipna: bool, core: int = 1):
