@@ -10,13 +10,18 @@ cos(latitude) as a DataArray of NumPy values, as an analyst makes them). Options
   chunks, not on NumPy: dask's ``gradient`` treats NaN at chunk edges differently from NumPy's
   (both are xarray's results);
 - ``gpu``: None where the expression runs on the GPU; else why it does not (the test then asserts
-  that it is refused by name, and never returns a result computed on the host).
+  that it is refused by name, and never returns a result computed on the host);
+- ``needs``: modules xarray needs for it on NumPy (the reference), whose absence skips its tests
+  (rolling_exp: numbagg, which pipeline's GPU path does without).
 """
 
 from __future__ import annotations
 
+import datetime
+
 import numpy as np
 import xarray as xr
+from xarray.computation.rolling_exp import RollingExp
 
 
 def _month(x, ctx):
@@ -33,6 +38,15 @@ def _warm(x):
 
 def _w(x, ctx):
     return x.weighted(ctx["weights"])
+
+
+def _whole_time(x):
+    """``x`` in one chunk along time, as interpolate_na and rolling_exp ask along it."""
+    return x.chunk(time=-1)
+
+
+_2_DAYS = datetime.timedelta(days=2)  # a lone NaN's gap, from the day before to the day after
+_NUMBAGG = {"needs": ("numbagg",)}
 
 
 
@@ -112,9 +126,29 @@ EXPRESSIONS: dict = {
     "bfill_limit": (lambda x, c: x.bfill("time", limit=3), {}),
     "interpolate_na": (lambda x, c: x.chunk(lat=-1).interpolate_na("lat"), {}),
     "interpolate_na_limit": (lambda x, c: x.chunk(time=-1).interpolate_na("time", limit=2), {}),
-    "interpolate_na_nearest": (
-        lambda x, c: x.chunk(lat=-1).interpolate_na("lat", method="nearest"),
-        {"gpu": "interpolate_na by methods other than linear runs SciPy on each row"},
+    "interpolate_na_nearest": (lambda x, c: x.chunk(lat=-1).interpolate_na("lat", method="nearest"), {}),
+    "interpolate_na_max_gap": (lambda x, c: _whole_time(x).interpolate_na("time", max_gap=_2_DAYS), {}),
+    "interpolate_na_nearest_limit_max_gap": (
+        lambda x, c: _whole_time(x).interpolate_na("time", method="nearest", limit=1, max_gap=_2_DAYS), {}
+    ),
+    "interpolate_na_max_gap_steps": (
+        lambda x, c: x.chunk(lat=-1).interpolate_na("lat", use_coordinate=False, max_gap=2), {}
+    ),
+    "interpolate_na_cubic": (
+        lambda x, c: x.chunk(lat=-1).interpolate_na("lat", method="cubic"),
+        {"gpu": "interpolate_na by methods other than linear and nearest runs SciPy on each row"},
+    ),
+    # exponentially weighted windows: xarray's needs numbagg, pipeline's on the GPU does not
+    "rolling_exp_mean": (lambda x, c: _whole_time(x).rolling_exp(time=10).mean(), _NUMBAGG),
+    "rolling_exp_sum_alpha": (lambda x, c: _whole_time(x).rolling_exp(time=0.2, window_type="alpha").sum(), _NUMBAGG),
+    "rolling_exp_std_halflife": (
+        lambda x, c: _whole_time(x).rolling_exp(time=5, window_type="halflife").std(), _NUMBAGG
+    ),
+    "rolling_exp_com_min_weight": (
+        lambda x, c: RollingExp(_whole_time(x), {"time": 3.0}, "com", min_weight=0.5).mean(), _NUMBAGG
+    ),
+    "rolling_exp_corr": (
+        lambda x, c: _whole_time(x).rolling_exp(time=8).corr(_whole_time(x).shift(time=1)), _NUMBAGG
     ),
     "differentiate": (lambda x, c: x.differentiate("lat"), {"reference": "dask"}),
     "integrate": (lambda x, c: x.integrate("lat"), {}),
