@@ -259,7 +259,7 @@ def nan_block_lengths(y, x):
     start = xp.where(xp.isnan(before), x[0], x[xp.where(xp.isnan(before), 0, before).astype(np.int64)])
     end = x[xp.where(xp.isnan(after), 0, after).astype(np.int64)]
     last = xp.max(xp.where(valid, x, -np.inf), axis=-1, keepdims=True)
-    last = xp.where(xp.isneginf(last), np.nan, last)  # no value: NaN, as nanmax
+    last = xp.where(last == -np.inf, np.nan, last)  # no value: NaN, as nanmax
     gap = xp.where(xp.isnan(after), x[-1] - last, end - start)
     return xp.where(valid, 0.0, gap)
 

@@ -12,7 +12,6 @@ simulator, against a NumPy reference of numbagg's definitions.)
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -91,7 +90,7 @@ def _column(x, y, out, alpha, min_weight, how, p):
         out[t, p] = value
 
 
-@functools.cache
+@launch.once  # Dask's threads ask for it together: one builds it
 def _kernel(how: int):
     global cuda
     cuda = launch.numba_cuda()
