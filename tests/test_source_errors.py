@@ -110,6 +110,8 @@ def test_chunk_requests_are_checked(tmp_path):
             pipeline.open_dataset(path, backend="cpu", chunks=chunks)
         assert str(path) in str(info.value) and "time (12), lat (4), lon (5)" in str(info.value)
     assert pipeline.open_dataset(path, backend="cpu", chunks={"time": 5})["tas"].data.chunks[0] == (5, 5, 2)
+    # -1, as in xarray and dask: the whole dimension in one chunk
+    assert pipeline.open_dataset(path, backend="cpu", chunks={"time": -1, "lat": 3})["tas"].data.chunks[:2] == ((12,), (3, 1))
     r = run_cli("convert", path, tmp_path / "b.zarr", "--chunks", "nosuch=5", cwd=tmp_path)
     assert r.returncode == 2 and "'nosuch'" in r.stderr and "time (12)" in r.stderr, r.stderr
     assert not (tmp_path / "b.zarr").exists()

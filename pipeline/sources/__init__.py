@@ -101,9 +101,9 @@ def open_dataset(
     backend
         "auto" (the GPU when one is visible), "cpu" or "gpu"; None reads ``pipeline.backend``.
     chunks
-        Dask chunks per dimension (positive sizes of the store's dimensions); None keeps the
-        store's own chunks (whole shards of a sharded store, as many along the first dimension as
-        fit ``pipeline.gpu.block-size`` on the GPU).
+        Dask chunks per dimension (positive sizes of the store's dimensions, or -1 for a whole
+        dimension); None keeps the store's own chunks (whole shards of a sharded store, as many
+        along the first dimension as fit ``pipeline.gpu.block-size`` on the GPU).
     variables
         Data variables to keep (all by default); a missing name raises InputError.
     decode_cf
@@ -131,6 +131,8 @@ def open_dataset(
     kind = name if local else "url"
     raw = _open(fmt, path, kind, name, decode_cf=False)  # metadata: storage types and attributes
     _check_chunks(path, chunks, raw.sizes)
+    if isinstance(chunks, Mapping):  # -1, as in xarray and dask: the whole dimension in one chunk
+        chunks = {d: raw.sizes[d] if n == -1 else n for d, n in chunks.items()}
     stored = fmt.shard_chunks(path) if fmt.shard_chunks is not None and local else {}
     if chunks is None and local:
         from ..exec.memory import block_limits, min_blocks
@@ -315,15 +317,17 @@ def _decode(raw: xr.Dataset, path, name: str, masks, concat_characters: bool = T
 
 
 def _check_chunks(path, chunks, sizes: Mapping) -> None:
-    """Chunk sizes must be positive and name dimensions of the store (xarray would ignore both)."""
+    """Chunk sizes must be positive (or -1, the whole dimension) and name dimensions of the store
+    (xarray would ignore both)."""
     if not isinstance(chunks, Mapping):
         return
     dims = ", ".join(f"{d} ({n})" for d, n in sizes.items()) or "none"
     for dim, size in chunks.items():
         if dim not in sizes:
             raise InputError(f"{path}: chunks name dimension {dim!r}, which the store does not have (dimensions: {dims})")
-        if size != "auto" and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
-            raise InputError(f"{path}: chunks of {dim!r} must be a positive number of steps, got {size!r} (dimensions: {dims})")
+        if size != "auto" and (isinstance(size, bool) or not isinstance(size, int) or (size <= 0 and size != -1)):
+            raise InputError(f"{path}: chunks of {dim!r} must be a positive number of steps or -1 (the whole "
+                             f"dimension), got {size!r} (dimensions: {dims})")
 
 
 def _chunked(ds: xr.Dataset, path, chunks: Mapping, zarr_path: str | None) -> xr.Dataset:
