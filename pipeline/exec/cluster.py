@@ -8,14 +8,17 @@ Profiles are YAML files, shipped with the package (``pipeline/profiles/NAME.yaml
 attached to is left running. Everything a local cluster opens (scheduler, workers, nannies,
 dashboard) listens on 127.0.0.1 only: a dashboard on every interface serves anyone who reaches the
 machine, and it runs code on the workers' behalf. Its workers spill to a directory of the run's
-own, inside one that only this user may enter, removed when the cluster closes; they keep compiled
-kernels where ``pipeline.cache-dir`` says, and log as this process does.
+own, inside one that only this user may enter, removed when the cluster closes (and, where the run
+was killed, by the next run: :func:`_remove_dead_runs`); they keep compiled kernels where
+``pipeline.cache-dir`` says, and log as this process does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import logging
 import os
 import shlex
 import stat
@@ -28,6 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .. import config
 from ..errors import InputError
+
+log = logging.getLogger(__name__)
 
 PROFILES = Path(__file__).resolve().parent.parent / "profiles"  # the profiles shipped with the package
 LOOPBACK = "127.0.0.1"
@@ -332,8 +337,10 @@ def private_directory() -> Path:
 def _run_directory(profile: ClusterProfile) -> Iterator[str]:
     """A directory of this run's own for the scratch files of the scheduler started here and of a
     local cluster's workers (their spill files), made (mode 0700) in the profile's
-    ``local_directory`` (a local cluster's) or else in :func:`private_directory`, and removed with
-    everything in it at the end."""
+    ``local_directory`` (a local cluster's) or else in :func:`private_directory`, marked as a live
+    run's (:func:`_mark_alive`), and removed with everything in it at the end. A run killed
+    before its end (SIGKILL, the OOM killer, a batch system's time limit) cannot remove it: the
+    next run that makes its own in the same place does (:func:`_remove_dead_runs`)."""
     import shutil
 
     local = profile.local_directory if profile.kind in ("local", "local-cuda") else None
@@ -343,10 +350,94 @@ def _run_directory(profile: ClusterProfile) -> Iterator[str]:
         run = tempfile.mkdtemp(prefix="run-", dir=parent)
     except OSError as e:
         raise InputError(f"local_directory: {parent}: cannot make a directory there ({e.strerror or e})") from None
+    mark = None
     try:
+        mark = _mark_alive(Path(run))
+        _remove_dead_runs(parent)
         yield run
     finally:
         shutil.rmtree(run, ignore_errors=True)
+        if mark is not None:
+            os.close(mark)  # only once the folder is gone: no other run sees it unlocked before
+
+
+# The file that marks a run directory as pipeline's, held locked (flock) by its run while it lives.
+RUN_MARK = ".pipeline-run"
+
+
+def _mark_alive(run: Path) -> int:
+    """Mark ``run`` as the scratch folder of this live run: its :data:`RUN_MARK` file, locked
+    (``flock``, exclusive) until the returned descriptor is closed, records pipeline, this
+    process and this host. The kernel drops the lock when the process ends, however it ends. The
+    file is locked before it takes its name, so no other run ever finds it unlocked while this one
+    lives; it is not inherited by the processes this one starts (``O_CLOEXEC``)."""
+    new = run / f"{RUN_MARK}.new"
+    fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps({"pipeline": "run", "pid": os.getpid(), "host": os.uname().nodename}).encode())
+        os.rename(new, run / RUN_MARK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _dead_run(folder: str) -> dict | None:
+    """The record of the run whose scratch folder ``folder`` is, where that run is dead; else None:
+    a folder without pipeline's mark (not pipeline's, or a run about to mark it), another user's,
+    a run that still lives, or one on another host.
+
+    The lock is the test of life. ``flock`` is kept by the kernel of the host whose process took
+    it; on a shared file system (NFS, Lustre, GPFS) whether another host sees it depends on the
+    mount (Linux's NFS client sends it to the server; ``local_lock=flock``, Lustre without the
+    ``flock`` option and CIFS keep it on the host). So only a folder this host's run made is
+    judged by its lock: one of another host is left to a run on that host."""
+    try:
+        fd = os.open(os.path.join(folder, RUN_MARK), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None  # alive
+        try:
+            record = json.loads(os.pread(fd, 4096, 0))
+        except ValueError:
+            return None
+        if not isinstance(record, dict) or record.get("pipeline") != "run" or record.get("host") != os.uname().nodename:
+            return None
+        return record
+    finally:
+        os.close(fd)
+
+
+def _remove_dead_runs(parent: Path) -> None:
+    """Remove the run directories in ``parent`` (``run-*``, this user's) whose run died without
+    removing its own (:func:`_dead_run`); log each with the bytes it held. Nothing else is touched."""
+    import shutil
+
+    from dask.utils import format_bytes
+
+    from ..sinks.zarr import directory_bytes
+
+    with os.scandir(parent) as entries:
+        folders = [e.path for e in entries if e.name.startswith("run-") and e.is_dir(follow_symlinks=False)
+                   and e.stat(follow_symlinks=False).st_uid == os.getuid()]
+    for folder in folders:
+        record = _dead_run(folder)
+        if record is None:
+            continue
+        size = directory_bytes(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        if os.path.lexists(folder):
+            log.warning("could not remove all of %s, the scratch folder of a run that was killed (pid %s)", folder, record.get("pid"))
+        else:
+            log.info("removed %s (%s), the scratch folder of a run that was killed (pid %s)", folder, format_bytes(size), record.get("pid"))
 
 
 def attach(profile: ClusterProfile):
