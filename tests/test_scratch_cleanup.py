@@ -5,9 +5,11 @@ them: never a folder pipeline did not mark as its own, nor one whose run is stil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import InputError
-from pipeline.exec.cluster import RUN_MARK, ClusterProfile, _run_directory
+from pipeline.exec.cluster import RUN_MARK, ClusterProfile, _job_spill, _run_directory
 from pipeline.sinks.zarr import read_manifest, staged, verify
 
 from .test_sink_safety import FLOW, cli, env, start, tree
@@ -166,3 +168,42 @@ def test_a_killed_staged_write_is_no_result_and_the_next_write_removes_it(tmp_pa
         xr.Dataset({"x": ("i", np.arange(3.0))}).to_zarr(new_partial, zarr_format=3)
     assert sorted(p.name for p in out.parent.iterdir()) == [".st.zarr.scratch-mine", "st.zarr"]
     assert set(verify(out)) == {"x"}
+
+
+@pytest.mark.skipif(shutil.which("flock") is None, reason="util-linux's flock is not installed")
+def test_the_next_slurm_job_removes_the_spill_folder_of_a_killed_job_and_nothing_else(tmp_path):
+    """The job script's lines that make its spill folder, run by bash as SLURM runs them: a job
+    killed with SIGKILL (all its processes, as SLURM kills a job) leaves its folder; the next job on
+    the node removes it, and leaves a folder without the mark and a live job's."""
+    spill = tmp_path / "spill"
+    prologue = "\n".join(_job_spill(str(spill)))
+
+    def job(name: str, then: str) -> subprocess.Popen:
+        script = tmp_path / f"{name}.sh"
+        script.write_text(f"{prologue}\necho \"$PIPELINE_SPILL\" > {tmp_path / name}.new\nmv {tmp_path / name}.new {tmp_path / name}\n{then}\n")
+        return subprocess.Popen(["bash", str(script)], stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def folder(proc, name) -> Path:
+        wait_for(lambda: (tmp_path / name).exists(), proc)
+        return Path((tmp_path / name).read_text().strip())
+
+    killed, alive = job("killed", "sleep 600"), job("alive", "sleep 600")
+    try:
+        dead, alive_dir = folder(killed, "killed"), folder(alive, "alive")
+        os.killpg(killed.pid, signal.SIGKILL)  # the script and its worker (sleep), as SLURM kills a job
+        killed.communicate(timeout=60)
+        assert (dead / RUN_MARK).is_file()
+        (spill / "pipeline-spill.mine").mkdir()
+        (spill / "pipeline-spill.mine" / "keep.txt").write_text("mine")
+        nxt = job("next", "exit 0")
+        _, err = nxt.communicate(timeout=60)
+        assert nxt.returncode == 0, err
+        (line,) = err.strip().splitlines()
+        assert line.startswith(f"pipeline: removed {dead} (") and line.endswith("), the spill folder of a job that was killed"), err
+        assert runs(spill) == {"pipeline-spill.mine", alive_dir.name}  # the next job's own removed at its end
+        assert (spill / "pipeline-spill.mine" / "keep.txt").read_text() == "mine" and (alive_dir / RUN_MARK).is_file()
+    finally:
+        for proc in (killed, alive):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=60)

@@ -625,12 +625,35 @@ def _job_spill(local_directory: str | None) -> list[str]:
     """The job script's lines that make its workers' spill directory, ``$PIPELINE_SPILL``, on its
     compute node: a directory of the job's own (``mktemp -d``: mode 0700, a name no one else can
     have made first) in ``local_directory`` (else the node's $TMPDIR, else /tmp), removed when the
-    job's script ends."""
+    job's script ends.
+
+    A job killed with SIGKILL (SLURM's, past its time limit or its memory) runs no trap: as a local
+    run's (:func:`_mark_alive`, :func:`_remove_dead_runs`), the directory is marked with a file
+    that the script and its workers hold locked (``flock``, fd 9, inherited by the workers) while
+    they live, and each job removes the marked directories of this node's jobs whose lock is
+    free. Where the node lacks util-linux's ``flock``, nothing is marked and nothing removed."""
     if local_directory:
         make = f"mkdir -p {shlex.quote(local_directory)} && PIPELINE_SPILL=$(mktemp -d {shlex.quote(os.path.join(local_directory, 'pipeline-spill.XXXXXXXX'))})"
     else:
         make = 'PIPELINE_SPILL=$(mktemp -d "${TMPDIR:-/tmp}/pipeline-spill.XXXXXXXX")'
-    return [f"{make} || exit 1", """trap 'rm -rf "$PIPELINE_SPILL"' EXIT"""]
+    mark = f'"$PIPELINE_SPILL/{RUN_MARK}"'
+    return [
+        f"{make} || exit 1",
+        """trap 'rm -rf "$PIPELINE_SPILL"' EXIT""",
+        "if command -v flock >/dev/null; then",
+        # locked before it takes its name: no other job finds it unlocked while this one lives
+        f"""  exec 9>"$PIPELINE_SPILL/{RUN_MARK}.new" && flock 9 && printf '{{"pipeline": "run", "pid": %d, "host": "%s"}}' $$ """
+        f""""$(uname -n)" >&9 && mv "$PIPELINE_SPILL/{RUN_MARK}.new" {mark}""",
+        '  for old in "$(dirname "$PIPELINE_SPILL")"/pipeline-spill.*; do',
+        f'    mark="$old/{RUN_MARK}"',
+        '    if [ "$old" != "$PIPELINE_SPILL" ] && [ ! -L "$old" ] && [ -O "$old" ] && [ -f "$mark" ] && [ ! -L "$mark" ] '
+        """&& grep -qF "$(printf '"host": "%s"' "$(uname -n)")" "$mark" && size=$(du -sh "$old" | cut -f1) """
+        """&& flock -n "$mark" rm -rf "$old"; then""",
+        '      echo "pipeline: removed $old ($size), the spill folder of a job that was killed" >&2',
+        "    fi",
+        "  done",
+        "fi",
+    ]
 
 
 def _wait_for_jobs(cluster, client, profile: ClusterProfile) -> None:
