@@ -341,19 +341,30 @@ def _run_directory(profile: ClusterProfile) -> Iterator[str]:
     run's (:func:`_mark_alive`), and removed with everything in it at the end. A run killed
     before its end (SIGKILL, the OOM killer, a batch system's time limit) cannot remove it: the
     next run that makes its own in the same place does (:func:`_remove_dead_runs`)."""
-    import shutil
-
     local = profile.local_directory if profile.kind in ("local", "local-cuda") else None
     parent = Path(local).expanduser() if local else private_directory()
-    try:
-        parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        run = tempfile.mkdtemp(prefix="run-", dir=parent)
-    except OSError as e:
-        raise InputError(f"local_directory: {parent}: cannot make a directory there ({e.strerror or e})") from None
+    with contextlib.ExitStack() as stack:
+        try:
+            parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            run = stack.enter_context(scratch_directory(parent))
+        except OSError as e:
+            raise InputError(f"local_directory: {parent}: cannot make a directory there ({e.strerror or e})") from None
+        yield run
+
+
+@contextlib.contextmanager
+def scratch_directory(parent: Path, prefix: str = "run-") -> Iterator[str]:
+    """A new directory (mode 0700) in ``parent``, named ``prefix`` and a random suffix, marked as
+    this live run's (:func:`_mark_alive`) and removed with everything in it at the end; first, the
+    directories of the same prefix there that runs killed before their end left are removed
+    (:func:`_remove_dead_runs`). OSError where it cannot be made."""
+    import shutil
+
+    run = tempfile.mkdtemp(prefix=prefix, dir=parent)
     mark = None
     try:
         mark = _mark_alive(Path(run))
-        _remove_dead_runs(parent)
+        _remove_dead_runs(parent, prefix)
         yield run
     finally:
         shutil.rmtree(run, ignore_errors=True)
@@ -416,8 +427,8 @@ def _dead_run(folder: str) -> dict | None:
         os.close(fd)
 
 
-def _remove_dead_runs(parent: Path) -> None:
-    """Remove the run directories in ``parent`` (``run-*``, this user's) whose run died without
+def _remove_dead_runs(parent: Path, prefix: str = "run-") -> None:
+    """Remove the run directories in ``parent`` (``prefix*``, this user's) whose run died without
     removing its own (:func:`_dead_run`); log each with the bytes it held. Nothing else is touched."""
     import shutil
 
@@ -426,7 +437,7 @@ def _remove_dead_runs(parent: Path) -> None:
     from ..sinks.zarr import directory_bytes
 
     with os.scandir(parent) as entries:
-        folders = [e.path for e in entries if e.name.startswith("run-") and e.is_dir(follow_symlinks=False)
+        folders = [e.path for e in entries if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False)
                    and e.stat(follow_symlinks=False).st_uid == os.getuid()]
     for folder in folders:
         record = _dead_run(folder)
