@@ -394,10 +394,12 @@ def _mark_alive(run: Path) -> int:
     return fd
 
 
-def _dead_run(folder: str) -> dict | None:
-    """The record of the run whose scratch folder ``folder`` is, where that run is dead; else None:
-    a folder without pipeline's mark (not pipeline's, or a run about to mark it), another user's,
-    a run that still lives, or one on another host.
+@contextlib.contextmanager
+def _dead_run(folder: str) -> Iterator[dict | None]:
+    """The record of the run whose scratch folder ``folder`` is, where that run is dead, its lock
+    held for the block (of two runs clearing it, one does); else None: a folder without
+    pipeline's mark (not pipeline's, or a run about to mark it), another user's, a run that still
+    lives, or one on another host.
 
     The lock is the test of life. ``flock`` is kept by the kernel of the host whose process took
     it; on a shared file system (NFS, Lustre, GPFS) whether another host sees it depends on the
@@ -407,24 +409,31 @@ def _dead_run(folder: str) -> dict | None:
     try:
         fd = os.open(os.path.join(folder, RUN_MARK), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return None
+        yield None
+        return
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return None  # alive
-        try:
-            record = json.loads(os.pread(fd, 4096, 0))
-        except ValueError:
-            return None
-        if not isinstance(record, dict) or record.get("pipeline") != "run" or record.get("host") != os.uname().nodename:
-            return None
-        return record
+        yield _dead_record(fd)
     finally:
         os.close(fd)
+
+
+def _dead_record(fd: int) -> dict | None:
+    """What the mark open at ``fd`` says of its run, where it is this user's, this host's run's,
+    and no one holds its lock (then this process does); else None."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return None  # alive, or being cleared by another run
+    try:
+        record = json.loads(os.pread(fd, 4096, 0))
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("pipeline") != "run" or record.get("host") != os.uname().nodename:
+        return None
+    return record
 
 
 def _remove_dead_runs(parent: Path, prefix: str = "run-") -> None:
@@ -440,11 +449,11 @@ def _remove_dead_runs(parent: Path, prefix: str = "run-") -> None:
         folders = [e.path for e in entries if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False)
                    and e.stat(follow_symlinks=False).st_uid == os.getuid()]
     for folder in folders:
-        record = _dead_run(folder)
-        if record is None:
-            continue
-        size = directory_bytes(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+        with _dead_run(folder) as record:
+            if record is None:
+                continue
+            size = directory_bytes(folder)
+            shutil.rmtree(folder, ignore_errors=True)
         if os.path.lexists(folder):
             log.warning("could not remove all of %s, the scratch folder of a run that was killed (pid %s)", folder, record.get("pid"))
         else:
