@@ -641,7 +641,11 @@ def run(
     if missing:
         peer.skipped = f"no xarray peer for op {', '.join(missing)}"
     _read_through(flow.source.path)
-    with tempfile.TemporaryDirectory(prefix="pipeline-bench-", dir=workdir) as tmp:
+    # the outputs (as large as the flow's) in a scratch folder that a bench killed outright leaves
+    # for the next one to remove
+    from .exec.cluster import scratch_directory
+
+    with scratch_directory(Path(workdir or tempfile.gettempdir()), prefix="pipeline-bench-") as tmp:
         reference = (None, None)
         if script is not None:
             try:
