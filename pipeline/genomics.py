@@ -5,33 +5,12 @@ sgkit as sg``. The ops live in :mod:`pipeline.ops.genomics`; this module only na
 from __future__ import annotations
 
 import atexit as _atexit
-import contextlib as _contextlib
 import gc as _gc
 
-
-@_contextlib.contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector held off while the ops and their libraries are imported.
-    Each full collection walks every live object, and these imports (xarray, pandas, pydantic:
-    100,000 objects) set off several, 0.08 s of a 0.5 s import; the few cycles they leave are
-    collected at the next collection, as usual.
-
-    Not while dask.array is imported: its slicing is wrapped in ``dask.utils.disable_gc``, which
-    takes the collector's state once, at import, and would leave it off after every slice."""
-    enabled = _gc.isenabled()
-    _gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            _gc.enable()
-
-
-with _collector_paused():
-    from .ops.genomics import *  # noqa: F401,F403
-    from .ops.genomics import __all__ as _ops
-    from .ops.genomics import specs as variables
-    from .ops.genomics.specs import *  # noqa: F401,F403  (sgkit's DIM_* names)
+from .ops.genomics import *  # noqa: F401,F403
+from .ops.genomics import __all__ as _ops
+from .ops.genomics import specs as variables
+from .ops.genomics.specs import *  # noqa: F401,F403  (sgkit's DIM_* names)
 
 # A script's process ends soon after its computation; as it exits, the interpreter's last
 # collections walk the 200,000 objects its imports left (0.3-0.6 s of a 2 s sgkit-style script).
