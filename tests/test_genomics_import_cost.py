@@ -119,3 +119,17 @@ def test_a_process_exits_with_what_it_holds_frozen(store, tmp_path):
     """, store, seen)
     assert out == {"frozen": 0, "positions": [10, 20, 30, 40]}
     assert json.loads(seen.read_text())["frozen"] > 10_000
+
+
+def test_the_open_benchmark_times_the_exit(store, tmp_path):
+    """``benchmarks/genomics_open.py`` reports the interpreter's exit after the last phase, within
+    the whole process's wall time."""
+    out = tmp_path / "open.json"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "genomics_open.py"), str(store), "--repeat", "1",
+                        "--json", str(out)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "DASK_PIPELINE__BACKEND": "cpu"})
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    assert 0 < result["exit"] < result["whole"]
+    assert result["whole"] > sum(result["seconds"][p] for p in ("import", "open", "table", "graph")) + result["exit"]
+    assert "exit" in r.stdout.splitlines()[1].split()
