@@ -142,6 +142,7 @@ RULES = {  # each setting of pipeline.yaml: (whether a value is valid, what is e
     "backend": _one_of("auto", "cpu", "gpu"),
     "cache-dir": _or_null(((lambda v: isinstance(v, str) and v.strip() != ""), "a directory")),
     "demo.size": _SIZE,
+    "freeze-at-exit": _BOOL,
     "log.format": _one_of("text", "json"),
     "log.level": ((lambda v: isinstance(v, str) and v.lower() in LEVELS), f"one of {', '.join(LEVELS)}"),
     "cluster.locality": _BOOL,

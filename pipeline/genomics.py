@@ -17,8 +17,18 @@ from .ops.genomics.specs import *  # noqa: F401,F403  (sgkit's DIM_* names)
 # Frozen (as the ``pipeline`` command freezes them at its end), they are freed without being
 # walked; only objects left in reference cycles at exit miss their finalizers, which Python does
 # not promise then either. This runs after the atexit functions registered later (last in, first
-# out), and a process that goes on is not touched.
-_atexit.register(_gc.freeze)
+# out), and a process that goes on is not touched. The setting ``pipeline.freeze-at-exit: false``
+# leaves the exit to Python.
+
+
+def _freeze_at_exit() -> None:
+    from . import config
+
+    if config.get("freeze-at-exit", True):
+        _gc.freeze()
+
+
+_atexit.register(_freeze_at_exit)
 
 
 def load_dataset(store, storage_options=None, *, backend: str | None = None, chunks=None, variables=None,

@@ -28,9 +28,10 @@ NOT_BY_AN_OPEN = ("numba", "distributed", "cupy", "sklearn", "pipeline.sinks")
 NOT_BY_THE_IMPORT = (*NOT_BY_AN_OPEN, "dask.array", "zarr", "scipy")
 
 
-def _run(script: str, *args, backend: str = "cpu") -> dict:
+def _run(script: str, *args, backend: str = "cpu", env: dict | None = None) -> dict:
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *map(str, args)], capture_output=True,
-                       text=True, timeout=120, cwd=REPO, env={**os.environ, "DASK_PIPELINE__BACKEND": backend})
+                       text=True, timeout=120, cwd=REPO,
+                       env={**os.environ, "DASK_PIPELINE__BACKEND": backend, **(env or {})})
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -110,7 +111,7 @@ def test_a_process_exits_with_what_it_holds_frozen(store, tmp_path):
     the process holds is frozen, out of the last collections' walk. A function registered before
     the import runs after the freeze and sees it; the store's values were read whole before."""
     seen = tmp_path / "seen.json"
-    out = _run("""
+    out = _run(script := """
         import atexit, gc, json, sys
         atexit.register(lambda: open(sys.argv[2], "w").write(json.dumps({"frozen": gc.get_freeze_count()})))
         import pipeline.genomics as sg
@@ -119,6 +120,9 @@ def test_a_process_exits_with_what_it_holds_frozen(store, tmp_path):
     """, store, seen)
     assert out == {"frozen": 0, "positions": [10, 20, 30, 40]}
     assert json.loads(seen.read_text())["frozen"] > 10_000
+    # the setting leaves the exit to Python
+    _run(script, store, seen, env={"DASK_PIPELINE__FREEZE_AT_EXIT": "false"})
+    assert json.loads(seen.read_text())["frozen"] == 0
 
 
 def test_the_open_benchmark_times_the_exit(store, tmp_path):
