@@ -31,10 +31,15 @@ both do with a plan is here:
   pinned memory and copied to the device (:func:`staged_read`), with one warning
   (:class:`BlockSource`);
 - the Dask array over a source of blocks (:func:`dask_array`).
+
+The CPU backend reads Zarr's plans with the host's twin of this (:func:`read_block_host`): chunk
+files mapped from the page cache (:func:`map_file`), frames decoded by numcodecs in Dask's threads
+straight into their places in the block (:func:`decode_host`).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -198,3 +203,115 @@ def dask_array(source, chunks: tuple[tuple[int, ...], ...], dtype: np.dtype, nam
     meta = cp.empty((0,) * len(chunks), dtype=dtype)
     return da.from_array(source, chunks=chunks, asarray=False, fancy=False, meta=meta,
                          name=f"read-{name}-{da.core.tokenize(source, chunks)}")
+
+
+# --- the host's twin: blocks decoded by the CPU ---------------------------------------------------
+# The CPU backend reads the same plans with these (pipeline.sources.reads): no CuPy, no pinned
+# memory; numcodecs' zstd and Blosc release the GIL, so Dask's threads decode their blocks at once.
+
+
+def map_file(path: str) -> np.ndarray | None:
+    """A file's bytes, mapped read-only from the page cache and populated up front (one call into
+    the kernel, no copy of the compressed bytes); None where there is no file (a chunk never
+    written). The mapping goes when the last view of it does."""
+    import mmap
+
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return np.empty(0, dtype=np.uint8)
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            return np.frombuffer(mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ), dtype=np.uint8)
+    except FileNotFoundError:
+        return None
+
+
+def zstd_content_size(frame) -> int | None:
+    """The decoded size a zstd frame's header declares (RFC 8878, 3.1.1.1), or None."""
+    head = bytes(frame[:18])
+    if len(head) < 6 or head[:4] != b"\x28\xb5\x2f\xfd":
+        return None
+    fhd = head[4]
+    single, flag = (fhd >> 5) & 1, fhd >> 6
+    fcs_size = (1 if single else 0) if flag == 0 else (2, 4, 8)[flag - 1]
+    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+    if fcs_size == 0 or len(head) < at + fcs_size:
+        return None
+    value = int.from_bytes(head[at:at + fcs_size], "little")
+    return value + 256 if fcs_size == 2 else value
+
+
+def declared_size(codec: str, frame) -> int | None:
+    """The decoded size of one compressed frame, as its own header says (zstd, Blosc), or None."""
+    if codec == "zstd":
+        return zstd_content_size(frame)
+    if codec == "blosc" and len(frame) >= 16:  # a 16-byte header: version, flags, typesize, nbytes, ...
+        return int.from_bytes(bytes(frame[4:8]), "little")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _host_codec(codec: str):
+    import numcodecs
+
+    return numcodecs.Zstd() if codec == "zstd" else numcodecs.Blosc()  # Blosc's settings are in each header
+
+
+def decode_host(codec: str, frame, out: np.ndarray) -> None:
+    """One frame (``codec``: "zstd", "blosc" or "none") decoded on this thread into ``out``, bytes
+    of exactly its decoded size: straight there where the frame's header declares that size (a
+    codec decoding into a larger buffer would leave the rest as it was), else through a buffer of
+    its own. DecodeError where the frame decodes to another size."""
+    if codec == "none":
+        data = frame
+    elif declared_size(codec, frame) == len(out):
+        _host_codec(codec).decode(frame, out=out)
+        return
+    else:
+        data = np.frombuffer(_host_codec(codec).decode(frame), dtype=np.uint8)
+    if len(data) != len(out):
+        raise DecodeError(f"a frame decodes to {len(data)} bytes, not {len(out)}")
+    out[:] = data
+
+
+def read_block_host(lay, region: tuple[slice, ...], frames) -> np.ndarray:
+    """The values of ``region`` (slices with starts and stops, anywhere in the array) as a NumPy
+    array, read by the CPU from a Zarr layout (:class:`pipeline.gpu.reader.Layout`) whose chunk
+    files ``frames(lay, blob)`` splits into frames (:func:`pipeline.gpu.reader.frames`). A chunk
+    whole and contiguous in the block decodes its frames straight into place; any other (cut by
+    the block or the array's edge, inner chunks that are not contiguous runs of it) decodes each
+    frame it needs into a scratch inner chunk and copies the part that lies in the block. Chunks
+    and inner chunks never written hold the fill value, as zarr reads them."""
+    starts = [s.start for s in region]
+    out = np.empty(tuple(s.stop - s.start for s in region), dtype=lay.dtype)
+    nb, count = lay.inner_nbytes, math.prod(lay.grid)
+    scratch = None
+    ranges = [range(s.start // c, -(-s.stop // c)) for s, c in zip(region, lay.chunk)]
+    for coords in itertools.product(*ranges):
+        lo = [i * c for i, c in zip(coords, lay.chunk)]
+        inside = [(max(a, s.start), min(a + c, s.stop)) for a, c, s in zip(lo, lay.chunk, region)]
+        dest = out[tuple(slice(a - s0, b - s0) for (a, b), s0 in zip(inside, starts))]
+        blob = map_file(lay.path(coords))
+        if blob is None:
+            dest[...] = lay.fill_value
+            continue
+        offsets, sizes, present = frames(lay, blob)
+        if len(present) < count:  # inner chunks absent from the shard
+            dest[...] = lay.fill_value
+        todo = zip(offsets.tolist(), sizes.tolist(), present.tolist())
+        if dest.shape == lay.chunk and dest.flags.c_contiguous and lay.contiguous_inner:
+            flat = dest.reshape(-1).view(np.uint8)
+            for o, s, p in todo:
+                decode_host(lay.codec, blob[o:o + s], flat[p * nb:(p + 1) * nb])
+            continue
+        if scratch is None:
+            scratch = np.empty(lay.inner, dtype=lay.dtype)
+        for o, s, p in todo:
+            at = [a + g * n for a, g, n in zip(lo, np.unravel_index(p, lay.grid), lay.inner)]
+            cut = [(max(a, i0), min(a + n, i1)) for a, n, (i0, i1) in zip(at, lay.inner, inside)]
+            if any(a >= b for a, b in cut):
+                continue  # an inner chunk of the shard outside the block
+            decode_host(lay.codec, blob[o:o + s], scratch.reshape(-1).view(np.uint8))
+            dest[tuple(slice(a - i0, b - i0) for (a, b), (i0, _) in zip(cut, inside))] = \
+                scratch[tuple(slice(a - x, b - x) for (a, b), x in zip(cut, at))]
+    return out
