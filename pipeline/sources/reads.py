@@ -8,13 +8,16 @@ reads the block again one stored chunk (or shard) at a time to name the one that
 is an ordinary picklable exception, so it reaches the caller from Dask's local and distributed
 schedulers alike.
 
-Where xarray leaves a Zarr variable's values as stored (no CF decoding of its own) and its chunks
-are plain files of a local store, compressed by one codec of numcodecs (zstd, blosc, gzip, zlib)
-or not at all, :class:`StoreArray` reads a block's chunk files itself and decodes each straight
-into the block (:func:`read_direct`). zarr's own read of a chunk goes through its event loop
-thread, decodes into a buffer of its own and copies that into the array it returns: on 16 threads,
-20 chunks of 303 MB summed at 1.6-2.0 GB/s through zarr, 4.8 GB/s decoded into the blocks
-(docs/performance.md). Every other store, codec or layout (sharding, filters, big-endian data,
+Where xarray leaves a Zarr variable's values as stored (no CF decoding of its own) in a local
+store whose layout the GPU reader plans (:func:`pipeline.gpu.reader.layout`: v2 or v3, zstd, Blosc
+or no compressor, crc32c, sharded or not), :class:`StoreArray` reads its blocks with the chunk
+engine's host decoders (:func:`zarr_layout_of`, :func:`pipeline.gpu.engine.read_block_host`); a
+block the engine cannot decode is read by zarr, which names the chunk if it cannot either. Other
+plain chunk files of a local store, compressed by one codec of numcodecs (gzip, zlib), are read
+and decoded straight into the block here (:func:`read_direct`). zarr's own read of a chunk goes
+through its event loop thread, decodes into a buffer of its own and copies that into the array it
+returns: on 16 threads, 20 chunks of 303 MB summed at 1.6-2.0 GB/s through zarr, 4.8 GB/s decoded
+into the blocks (docs/performance.md). Every other store, codec or layout (filters, big-endian data,
 transposes, a region with steps) is read through xarray; a block whose read fails is read again
 through zarr, chunk by chunk, to name the one that fails.
 
