@@ -173,3 +173,30 @@ def test_cli_on_corrupt_shard_exits_2_and_writes_nothing(tmp_path):
     assert f"{path}: variable 'tas': chunk (1, 0, 0) (file c/1/0/0) could not be read" in r.stderr
     assert "Traceback" not in r.stderr
     assert not out.exists()
+
+
+def test_shard_cut_short_names_the_shard(tmp_path):
+    path = tmp_path / "s.zarr"
+    want = write_store(path, "v3-sharded", holes=False)
+    shard = path / "v" / "c" / "2" / "0" / "0"
+    shard.write_bytes(shard.read_bytes()[:-40])  # its index now points past the end
+    ds = pipeline.open_dataset(path, backend="cpu", decode_cf=False)
+    with pytest.raises(InputError) as info:
+        ds["v"].compute()
+    assert f"{path}: variable 'v': chunk (2, 0, 0) (file c/2/0/0) could not be read" in str(info.value)
+    same_bits(ds["v"][:12].values, want[:12])
+
+
+@pytest.mark.parametrize("kw", [dict(compressors=numcodecs.Zlib(level=1)),
+                                dict(compressors=numcodecs.Zstd(), filters=[numcodecs.Delta(dtype="<f4")])])
+def test_layouts_the_engine_does_not_plan_are_read_as_before(tmp_path, monkeypatch, kw):
+    """zlib (read straight into the block by pipeline.sources.reads) and a filter (read by zarr):
+    the engine is not asked, the values are zarr's."""
+    path = tmp_path / "s.zarr"
+    group = zarr.open_group(str(path), mode="w", zarr_format=2)
+    arr = group.create_array("v", shape=SHAPE, dtype="float32", chunks=(5, 4, 6),
+                             attributes={"_ARRAY_DIMENSIONS": list(DIMS)}, **kw)
+    arr[...] = _values("float32")
+    monkeypatch.setattr(engine, "read_block_host", lambda *a: pytest.fail("the engine read a block"))
+    got = pipeline.open_dataset(path, backend="cpu", decode_cf=False)["v"].values
+    same_bits(got, zarr.open_array(str(path / "v"), mode="r")[...])

@@ -38,7 +38,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import mmap
 import os
 import threading
 from concurrent.futures import Future
@@ -53,7 +52,8 @@ from ..backend import use_device_memory_limit
 from ..errors import DecodeError, UnsupportedLayout, chunk_error
 from ..kernels.copies import copy_into
 from . import blosc, pinned, split
-from .engine import PIECE, BlockSource, aligned, block_chunks, block_stream, dask_array, decode_frames, pread_into, staged_read
+from .engine import (PIECE, BlockSource, aligned, block_chunks, block_stream, dask_array, decode_frames, map_file,
+                     pread_into, staged_read)
 from .iopool import io_pool
 from .nvcomp import nvcomp_available
 
@@ -540,13 +540,13 @@ def _decode_file(lay: Layout, path: str, held, out: np.ndarray) -> None:
 
 def _mapped(path: str, held) -> np.ndarray:
     """A file's bytes as a NumPy array: its pinned mapping where it has one, else a read-only
-    mapping, populated up front (one call into the kernel rather than a fault a page). The
-    mapping goes when the last view of it does."""
+    mapping, populated up front (:func:`pipeline.gpu.engine.map_file`)."""
     if held is not None:
         return held.bytes
-    with open(path, "rb") as f:
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        return np.frombuffer(mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ), dtype=np.uint8)
+    blob = map_file(path)
+    if blob is None:  # gone since the block was planned: zarr reads the block
+        raise FileNotFoundError(path)
+    return blob
 
 
 def _arrived(buffer: np.ndarray, start: int, waits: list[Future], size: int) -> np.ndarray:
