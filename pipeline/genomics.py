@@ -22,9 +22,13 @@ from .ops.genomics.specs import *  # noqa: F401,F403  (sgkit's DIM_* names)
 
 
 def _freeze_at_exit() -> None:
+    import sys
+
     from . import config
 
-    if config.get("freeze-at-exit", True):
+    # Not where CuPy is loaded: on the H200 machine a GPU process frozen here printed its result
+    # and then hung in the interpreter's exit
+    if config.get("freeze-at-exit", True) and "cupy" not in sys.modules:
         _gc.freeze()
 
 
