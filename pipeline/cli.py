@@ -235,7 +235,7 @@ def cmd_demo(args) -> int:
             args.path or "data/demo.zarr", args.size or config.get("demo.size", "64MB"), seed=args.seed,
             resolution=args.resolution, time_chunk=73 if args.time_chunk is None else args.time_chunk, overwrite=args.overwrite, progress=_progress(args),
         )
-    from .sinks.zarr import directory_bytes
+    from .exec.cluster import directory_bytes
 
     print(f"wrote {path} ({directory_bytes(path) / 1e9:.3f} GB stored) in {time.perf_counter() - t:.1f} s")
     return EXIT_OK
@@ -245,7 +245,7 @@ def cmd_import_vcf(args) -> int:
     import time
 
     from .demo_genomics import import_vcf
-    from .sinks.zarr import directory_bytes
+    from .exec.cluster import directory_bytes
 
     t = time.perf_counter()
     path = import_vcf(
@@ -264,7 +264,7 @@ def cmd_convert(args) -> int:
 
         context.start()  # made while convert's libraries are imported
     from .sinks.convert import convert
-    from .sinks.zarr import directory_bytes
+    from .exec.cluster import directory_bytes
 
     chunks = None
     if args.chunks:

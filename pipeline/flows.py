@@ -819,7 +819,8 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume, im
     """The body of :func:`run_flow`: what it adds to the report ``rep`` (which holds who runs what)."""
     from .exec import memory
     from .kernels.launch import compile_seconds
-    from .sinks.zarr import directory_bytes, write_zarr
+    from .exec.cluster import directory_bytes
+    from .sinks.zarr import write_zarr
 
     compiled_before = compile_seconds()
     t_backend = time.perf_counter()
@@ -928,7 +929,7 @@ def check_unchanged(flow: Flow, inputs: list[dict], arrays: list[str]) -> None:
 
 def _stored_bytes(path: str, variable: str) -> int:
     """Bytes stored for one variable of a store (the whole file for NetCDF)."""
-    from .sinks.zarr import directory_bytes
+    from .exec.cluster import directory_bytes
 
     var = Path(path) / variable
     return directory_bytes(var) if var.is_dir() else directory_bytes(path)

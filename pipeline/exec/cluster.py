@@ -436,14 +436,24 @@ def _dead_record(fd: int) -> dict | None:
     return record
 
 
+def directory_bytes(path: str | os.PathLike) -> int:
+    """The bytes of the files under ``path`` (those that vanish meanwhile not counted)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
 def _remove_dead_runs(parent: Path, prefix: str = "run-") -> None:
     """Remove the run directories in ``parent`` (``prefix*``, this user's) whose run died without
     removing its own (:func:`_dead_run`); log each with the bytes it held. Nothing else is touched."""
     import shutil
 
     from dask.utils import format_bytes
-
-    from ..sinks.zarr import directory_bytes
 
     with os.scandir(parent) as entries:
         folders = [e.path for e in entries if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False)

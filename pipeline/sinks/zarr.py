@@ -928,17 +928,6 @@ def verify(path: str | os.PathLike) -> dict[str, str]:
     return {k: actual[k] for k in digests}
 
 
-def directory_bytes(path: str | os.PathLike) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
-    return total
-
-
 def _remove(path: Path, settle: float = 3.0) -> None:
     """Delete a partial store for good. A write still in flight re-creates the directory it writes
     into; so delete, then watch for a moment and delete again what comes back."""
