@@ -51,9 +51,9 @@ from .. import config, state
 from ..backend import use_device_memory_limit
 from ..errors import DecodeError, UnsupportedLayout, chunk_error
 from ..kernels.copies import copy_into
-from . import blosc, pinned, split
-from .engine import (PIECE, BlockSource, aligned, block_chunks, block_stream, dask_array, decode_frames, map_file,
-                     pread_into, staged_read)
+from . import pinned, split
+from .engine import (PIECE, BlockSource, aligned, block_chunks, block_stream, dask_array, decode_frames, decode_host,
+                     map_file, pread_into, staged_read)
 from .iopool import io_pool
 from .nvcomp import nvcomp_available
 
@@ -284,23 +284,15 @@ def assemble(xp, lay: Layout, decoded, present=None):
 
 
 def decode_chunk_host(lay: Layout, blob: bytes) -> np.ndarray:
-    """The CPU twin of the GPU decode: one chunk file -> the chunk's (padded) values."""
-    import numcodecs
-
-    zstd = numcodecs.Zstd()
+    """The CPU twin of the GPU decode: one chunk file -> the chunk's (padded) values, each frame
+    decoded as the CPU backend decodes it (:func:`pipeline.gpu.engine.decode_host`)."""
+    blob = np.frombuffer(blob, dtype=np.uint8)
     offsets, sizes, present = frames(lay, blob)
     out = np.empty((len(present), lay.inner_nbytes), dtype=np.uint8)
-    for k, (o, s) in enumerate(zip(offsets, sizes)):
-        frame = bytes(blob[o:o + s])
-        out[k] = _decode_frame_host(lay, zstd, frame)
+    for k, (o, s) in enumerate(zip(offsets.tolist(), sizes.tolist())):
+        decode_host(lay.codec, blob[o:o + s], out[k])
     values = out.view(lay.dtype).reshape(len(present), *lay.inner)
     return assemble(np, lay, values, present)
-
-
-def _decode_frame_host(lay: Layout, zstd, frame: bytes) -> np.ndarray:
-    if lay.codec == "blosc":
-        return blosc.decode_chunk_host(frame)
-    return np.frombuffer(zstd.decode(frame) if lay.codec == "zstd" else frame, dtype=np.uint8)
 
 
 # --- reading a block on the GPU -----------------------------------------------------------------
