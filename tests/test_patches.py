@@ -150,7 +150,7 @@ def test_interp_linear_is_xarrays_interpolate_na(dtype):
     y[0, 1, 3] = 1.0  # one value
     x = np.sort(rng.random(30)) * 10  # uneven spacing
     want = xr.DataArray(y, dims=("a", "b", "t"), coords={"t": x}).interpolate_na("t").values
-    got = duck.interp_linear(y, x)
+    got = duck.interp_na(y, x, "linear")
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == "float32" else 1e-14, equal_nan=True)

@@ -242,11 +242,6 @@ def interp_na(y, x, method: str = "linear"):
     return xp.where(inside, value, y)
 
 
-def interp_linear(y, x):
-    """:func:`interp_na` by ``method="linear"``."""
-    return interp_na(y, x, "linear")
-
-
 def nan_block_lengths(y, x):
     """xarray's ``missing._get_nan_block_lengths`` of each row of ``y`` (along its last axis) over
     the coordinate ``x``, which ``interpolate_na``'s ``max_gap`` bounds: 0 at a value; in a gap,
