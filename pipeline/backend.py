@@ -205,18 +205,23 @@ def device_memory_limit() -> int:
 
 
 def use_device_memory_limit() -> None:
-    """Cap CuPy's memory pool on the current GPU at ``pipeline.gpu.memory-limit`` (once per
-    process and value), and count the most it holds (:func:`device_memory_peak`)."""
-    _set_device_memory_limit(config.get("gpu.memory-limit", None), module("gpu").cuda.runtime.getDevice())
+    """Cap CuPy's memory pool on the current GPU at ``pipeline.gpu.memory-limit``, and count the
+    most it holds (:func:`device_memory_peak`). The cap is set again whenever the setting differs
+    from the one it was set from: a limit set for one computation (``dask.config.set`` around it)
+    is lifted for the next."""
+    setting = config.get("gpu.memory-limit", None)
+    device = module("gpu").cuda.runtime.getDevice()
+    if state.device.limits.get(device, ()) != setting:
+        _set_device_memory_limit(setting, device)
 
 
-@functools.cache
-def _set_device_memory_limit(setting, device: int) -> None:  # setting: the cache key only
+def _set_device_memory_limit(setting, device: int) -> None:
     cp = module("gpu")
     pool = cp.get_default_memory_pool()
     pool.set_limit(size=device_memory_limit())
     if cp.cuda.get_allocator() == pool.malloc:  # not where another allocator (RMM's) is in use
         cp.cuda.set_allocator(_counting_malloc(pool))
+    state.device.limits[device] = setting
 
 
 def _counting_malloc(pool):

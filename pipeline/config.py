@@ -152,6 +152,7 @@ RULES = {  # each setting of pipeline.yaml: (whether a value is valid, what is e
     "gpu.prebuilt-kernels": _BOOL,
     "gpu.memory-limit": _LIMIT,
     "gpu.host-spill": _SHARE,
+    "gpu.read-ahead": _SHARE,
     "gpu.nvcomp": _BOOL,
     "gpu.decode-rates.gpu-frame": _SIZE,
     "gpu.decode-rates.gpu-batch": _SIZE,

@@ -12,7 +12,10 @@ process holds between computations, each under its own lock:
   (:mod:`pipeline.gpu.pinned`).
 - ``held``: host buffers holding blocks between the passes of two-pass ops, and the bytes copied
   there since the last reset (:mod:`pipeline.exec.spill`).
-- ``device``: the most bytes CuPy's pool has held since the last reset (:mod:`pipeline.backend`).
+- ``ahead``: out of core, the blocks that the host decodes ahead of their tasks, and the pinned
+  bytes they hold (:mod:`pipeline.gpu.ahead`).
+- ``device``: the most bytes CuPy's pool has held since the last reset, and the setting each
+  device's pool is capped from (:mod:`pipeline.backend`).
 - ``context``: the thread that creates the CUDA context while a command imports its libraries
   (:mod:`pipeline.gpu.context`).
 - ``decode``: the decode speeds measured on the GPU and on the CPU, and the blocks being read at
@@ -75,8 +78,17 @@ class HeldState:
 
 
 @dataclass
+class AheadState:
+    active: int = 0  # computations reading ahead now (pipeline.gpu.ahead.reading_ahead)
+    sources: dict = field(default_factory=dict)  # id(source) -> pipeline.gpu.ahead._Grid
+    bytes: int = 0  # pinned bytes of the blocks being decoded ahead or waiting for their tasks
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
 class DeviceState:
     pool_peak: int = 0  # the most bytes CuPy's pool has held (threads racing may miss one block)
+    limits: dict = field(default_factory=dict)  # device -> the pipeline.gpu.memory-limit its pool is capped from
 
 
 @dataclass
@@ -112,6 +124,7 @@ context = ContextState()
 streams = StreamState()
 pinned = PinnedState()
 held = HeldState()
+ahead = AheadState()
 device = DeviceState()
 nvcomp = NvcompState()
 decode = DecodeState()

@@ -115,7 +115,7 @@ def test_the_device_memory_limit_caps_the_pool_and_counts_its_peak():
     finally:
         pool.set_limit(size=before_limit)
         cp.cuda.set_allocator(before_allocator)
-        backend._set_device_memory_limit.cache_clear()
+        backend.state.device.limits.clear()
 
 
 def test_partials_are_sized_from_the_reductions_result_not_their_input():

@@ -201,7 +201,7 @@ def test_gpu_two_pass_flow_holds_its_blocks_in_pinned_memory(tmp_path, budget):
         assert pool.get_limit() == limit
     finally:
         pool.set_limit(size=limit_before)
-        backend._set_device_memory_limit.cache_clear()
+        backend.state.device.limits.clear()
     held = spill.spilled_bytes()
     rows = spill._held_rows(x.data, spill.B._bytes_or_fraction(spills, 1))
     assert held == sum(x.data.chunks[0][:rows]) * 120 * 160 * 4

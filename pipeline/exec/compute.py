@@ -152,13 +152,23 @@ def compute(obj, progress: bool = False, threads: int | None = None):
             from dask.diagnostics import ProgressBar
 
             bar = ProgressBar(out=sys.stderr)
-        with bar, dask.config.set(pool=pool, scheduler="threads"):
+        with bar, dask.config.set(pool=pool, scheduler="threads"), _reading_ahead():
             # the scheduler as a function: named by a string, dask imports distributed to look
             # for a client first (0.3 s of a first run)
             return _compute_here(obj, functools.partial(threaded_get, pool=pool))
     finally:
         # dask's own pool would leave running tasks behind after an error; this one is joined
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _reading_ahead():
+    """On the GPU, sources of one-frame chunks larger than half of the device budget are decoded
+    on the host ahead of their tasks while the computation runs (:mod:`pipeline.gpu.ahead`)."""
+    if "cupy" not in sys.modules:
+        return contextlib.nullcontext()
+    from ..gpu import ahead
+
+    return ahead.reading_ahead()
 
 
 def _compute_here(obj, schedule):

@@ -146,19 +146,25 @@ def staged_read(shape: tuple[int, ...], dtype: np.dtype, fill):
     """A block read by a format's own library on the CPU: ``fill(host)`` writes it into pinned
     memory, which one asynchronous copy moves to the device. The path for what the device path
     does not decode."""
-    import cupy as cp
-
     nbytes = math.prod(shape) * dtype.itemsize
     staging = pinned.take(nbytes)
     try:
         host = staging.bytes[:nbytes].view(dtype).reshape(shape)
         fill(host)
-        out = cp.empty(shape, dtype=dtype)
-        with block_stream() as stream:  # its exit synchronizes the copy
-            out.set(host, stream=stream)
-        return out
+        return to_device(host)
     finally:
         pinned.give(staging)
+
+
+def to_device(host: np.ndarray):
+    """A block in pinned host memory copied to the device by one asynchronous copy on the block's
+    stream, done when this returns."""
+    import cupy as cp
+
+    out = cp.empty(host.shape, dtype=host.dtype)
+    with block_stream() as stream:  # its exit synchronizes the copy
+        out.set(host, stream=stream)
+    return out
 
 
 # --- Dask arrays ----------------------------------------------------------------------------------
@@ -167,24 +173,43 @@ def staged_read(shape: tuple[int, ...], dtype: np.dtype, fill):
 @dataclass(frozen=True)
 class BlockSource:
     """A stored array as a source for ``dask.array.from_array``: ``source[region]`` is a CuPy array
-    read by the format's :meth:`read`; a block that does not decode there (a frame nvCOMP refuses,
-    a checksum that does not hold, a file cut short) is read by :meth:`staged` instead, which names
-    the chunk if it cannot read it either, with one warning (:meth:`fallback_warning`)."""
+    read by the format's :meth:`read`, or, out of core, decoded on the host ahead of its task by
+    :meth:`read_host` where the source :attr:`reads_ahead` (:mod:`pipeline.gpu.ahead`); a block
+    that does not decode there (a frame nvCOMP refuses, a checksum that does not hold, a file cut
+    short) is read by :meth:`staged` instead, which names the chunk if it cannot read it either,
+    with one warning (:meth:`fallback_warning`). ``chunks``: the Dask array's blocks, whose order
+    reading ahead follows."""
 
     lay: object
     ndim: int
     shape: tuple[int, ...]
     dtype: np.dtype
+    chunks: tuple[tuple[int, ...], ...] = ()
 
     def __getitem__(self, region):
+        from . import ahead
+
         use_device_memory_limit()
         try:
+            if ahead.takes(self, region):
+                return ahead.read(self, region)
             return self.read(region)
         except (DecodeError, OSError) as e:
             _warn_once(self.fallback_warning(e))
             return self.staged()[region]
 
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether, out of core, this source's blocks are decoded on the host ahead of their tasks:
+        where each stored chunk is one frame, a block under a device budget is too few frames for
+        the GPU's decoders (:mod:`pipeline.gpu.ahead`)."""
+        return False
+
     def read(self, region):
+        raise NotImplementedError
+
+    def read_host(self, region, out: np.ndarray) -> None:
+        """Decode ``region`` on this thread into ``out`` (host memory)."""
         raise NotImplementedError
 
     def fallback_warning(self, error: Exception) -> str:
@@ -274,16 +299,18 @@ def decode_host(codec: str, frame, out: np.ndarray) -> None:
     out[:] = data
 
 
-def read_block_host(lay, region: tuple[slice, ...], frames) -> np.ndarray:
+def read_block_host(lay, region: tuple[slice, ...], frames, out: np.ndarray | None = None) -> np.ndarray:
     """The values of ``region`` (slices with starts and stops, anywhere in the array) as a NumPy
     array, read by the CPU from a Zarr layout (:class:`pipeline.gpu.reader.Layout`) whose chunk
     files ``frames(lay, blob)`` splits into frames (:func:`pipeline.gpu.reader.frames`). A chunk
     whole and contiguous in the block decodes its frames straight into place; any other (cut by
     the block or the array's edge, inner chunks that are not contiguous runs of it) decodes each
     frame it needs into a scratch inner chunk and copies the part that lies in the block. Chunks
-    and inner chunks never written hold the fill value, as zarr reads them."""
+    and inner chunks never written hold the fill value, as zarr reads them. ``out``: where to
+    decode (C-contiguous, of the region's shape and the array's dtype), else a new array."""
     starts = [s.start for s in region]
-    out = np.empty(tuple(s.stop - s.start for s in region), dtype=lay.dtype)
+    if out is None:
+        out = np.empty(tuple(s.stop - s.start for s in region), dtype=lay.dtype)
     nb, count = lay.inner_nbytes, math.prod(lay.grid)
     scratch = None
     ranges = [range(s.start // c, -(-s.stop // c)) for s, c in zip(region, lay.chunk)]

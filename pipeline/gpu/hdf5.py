@@ -563,21 +563,24 @@ def check_adler32(computed, expected: np.ndarray, where: str) -> None:
         raise DecodeError(f"{where}: adler32 checksum mismatch in {len(bad)} chunk(s) of a block")
 
 
-def read_block_host(lay: H5Layout, region: tuple[slice, ...]) -> np.ndarray:
+def read_block_host(lay: H5Layout, region: tuple[slice, ...], out: np.ndarray | None = None) -> np.ndarray:
     """The values of ``region`` (whole chunks of ``lay``; the last may be cut by the array's
     edge) read on the CPU: the plan, reads and steps of :func:`read_block` with NumPy in place of
     CuPy, and zlib inflating each whole stream (checking its adler32 itself) in place of nvCOMP.
 
     It is also how the CPU backend reads NetCDF4 (:mod:`pipeline.sources.reads`): zlib releases
     the GIL, so Dask's threads inflate their blocks at once, where h5py inflates one chunk at a
-    time under HDF5's global lock."""
+    time under HDF5's global lock. ``out``: where to decode (C-contiguous, of the region's shape
+    and the dataset's dtype), else a new array. Out of core on the GPU, the I/O threads decode
+    blocks with it ahead of their tasks (:mod:`pipeline.gpu.ahead`)."""
     plan = plan_block(lay, region)
     staging = np.empty(max(1, plan.total), dtype=np.uint8)
     for run in plan.runs:
         for offset, segments in run.pieces():
             read_segments(lay.path, offset, segments, staging)
     ops = stream_ops(lay, plan, staging)
-    out = np.empty(plan.shape, dtype=lay.dtype)
+    if out is None:
+        out = np.empty(plan.shape, dtype=lay.dtype)
     nb = lay.chunk_nbytes
     dst = out.reshape(-1).view(np.uint8) if plan.direct else np.empty(max(1, plan.scratch_bytes(lay)), dtype=np.uint8)
     where = f"{lay.path}: {lay.name!r}"
@@ -733,8 +736,13 @@ class H5Source(BlockSource):
 
     lay: H5Layout
 
+    reads_ahead = True  # a chunk is one deflate stream
+
     def read(self, region):
         return read_block(self.lay, region)
+
+    def read_host(self, region, out):
+        read_block_host(self.lay, region, out)
 
     def fallback_warning(self, e: Exception) -> str:
         # a chunk that does not hold what its filters say, or that nvCOMP refuses: h5py reads
@@ -807,7 +815,7 @@ def device_array(path: str | os.PathLike, name: str, chunks=None, *, nvcomp: boo
         else:
             needs_nvcomp = "deflate" in lay.filters and not lay.host_inflate
             if aligned(chunks, lay.chunk) and (nvcomp_available() or not needs_nvcomp):
-                source = H5Source(lay, len(shape), shape, lay.dtype)
+                source = H5Source(lay, len(shape), shape, lay.dtype, chunks)
     if source is None:
         source = H5StagedSource(path, name, len(shape), shape, dtype)
     return dask_array(source, chunks, dtype, name)

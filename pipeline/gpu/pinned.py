@@ -37,7 +37,7 @@ class Buffer:
     """``nbytes`` of host memory pinned by ``cudaHostRegister`` over an anonymous mapping of its own;
     ``bytes`` is a NumPy view of it."""
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, inline: bool = False):
         import ctypes
 
         import cupy as cp
@@ -50,7 +50,12 @@ class Buffer:
         self.bytes = np.frombuffer(self.map, dtype=np.uint8)
         self.ptr = self.bytes.ctypes.data
         # the pages are faulted in (zeroed by the kernel) by the I/O threads in pieces, in parallel
-        # (ctypes calls release the GIL), rather than by one thread inside cudaHostRegister
+        # (ctypes calls release the GIL), rather than by one thread inside cudaHostRegister; by
+        # this thread where it is one of them (``inline``: waiting on the pool could wait for ever)
+        if inline:
+            ctypes.memset(self.ptr, 0, nbytes)
+            cp.cuda.runtime.hostRegister(self.ptr, nbytes, 0)
+            return
         pool = io_pool()
         ticket = pool.ticket()
         jobs = [pool.submit(ctypes.memset, self.ptr + at, 0, min(TOUCH, nbytes - at), ticket=ticket)
@@ -82,16 +87,17 @@ class Buffer:
             pass
 
 
-def take(nbytes: int) -> Buffer:
+def take(nbytes: int, inline: bool = False) -> Buffer:
     """A pinned buffer of at least ``nbytes``: a free one that holds it without wasting more than
-    its size, else a new one. Hand it back with :func:`give` once nothing reads or writes it."""
+    its size, else a new one (whose pages this thread faults in itself where ``inline``: an I/O
+    thread). Hand it back with :func:`give` once nothing reads or writes it."""
     with state.pinned.lock:
         fits = [b for b in state.pinned.buffers if nbytes <= b.nbytes <= 2 * max(nbytes, GRAIN)]
         if fits:
             buf = min(fits, key=lambda b: b.nbytes)
             state.pinned.buffers.remove(buf)
             return buf
-    return Buffer(-(-max(nbytes, 1) // GRAIN) * GRAIN)
+    return Buffer(-(-max(nbytes, 1) // GRAIN) * GRAIN, inline)
 
 
 def give(buf: Buffer) -> None:

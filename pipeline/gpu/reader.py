@@ -53,7 +53,7 @@ from ..errors import DecodeError, UnsupportedLayout, chunk_error
 from ..kernels.copies import copy_into
 from . import pinned, split
 from .engine import (PIECE, BlockSource, aligned, block_chunks, block_stream, dask_array, decode_frames, decode_host,
-                     map_file, pread_into, staged_read)
+                     map_file, pread_into, read_block_host, staged_read)
 from .iopool import io_pool
 from .nvcomp import nvcomp_available
 
@@ -734,8 +734,15 @@ class GpuSource(BlockSource):
 
     lay: Layout
 
+    @property
+    def reads_ahead(self) -> bool:
+        return not self.lay.sharded  # a chunk file is one frame; a shard's frames batch well
+
     def read(self, region):
         return read_block(self.lay, region)
+
+    def read_host(self, region, out):
+        read_block_host(self.lay, region, frames, out)
 
     def fallback_warning(self, e: Exception) -> str:
         # a frame nvCOMP refuses (or a shard index that does not hold): zarr decodes this block
@@ -813,7 +820,7 @@ def open_array(store: str | os.PathLike, name: str, chunks=None, *, nvcomp: bool
         try:
             lay = layout(root)
             if aligned(chunks, lay.chunk):
-                source = GpuSource(lay, arr.ndim, arr.shape, lay.dtype)
+                source = GpuSource(lay, arr.ndim, arr.shape, lay.dtype, chunks)
         except UnsupportedLayout:
             pass
     if source is None:
