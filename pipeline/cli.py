@@ -62,29 +62,36 @@ def cmd_run(args) -> int:
         from .gpu import context
 
         context.start()  # made while the libraries below are imported
-    import dask.array  # noqa: F401  (a run needs them: imported here, its report counts them as imports)
-    import zarr  # noqa: F401
+    from .exec.cluster import open_cluster, profile_from_args, start_early
 
-    from .exec.cluster import open_cluster, profile_from_args
-    from .flows import check_report, load_flow, run_flow, step_times, with_source
-
-    if args.import_seconds is not None:
-        args.import_seconds += time.perf_counter() - t
-    _freeze_imports()
-
-    _one_shot_pinning()
-    flow = load_flow(args.flow)  # validate before any cluster starts
-    if args.input is not None:
-        flow = with_source(flow, args.input)
-    if args.report:
-        check_report(flow, args.report, args.output)  # before a cluster starts or anything is written
     profile = profile_from_args(args.cluster, args.scheduler, args.scheduler_file)
-    progress = not args.no_progress and sys.stderr.isatty()
-    with open_cluster(profile) as client:
-        rep = run_flow(
-            flow, backend=args.backend, output=args.output, client=client, report=args.report, progress=progress,
-            command=args.command_line, resume=args.resume, import_seconds=args.import_seconds,
-        )
+    starting = start_early(profile)  # a local cluster's workers start while this process imports
+    try:
+        import dask.array  # noqa: F401  (a run needs them: imported here, its report counts them as imports)
+        import zarr  # noqa: F401
+
+        from .flows import check_report, load_flow, run_flow, step_times, with_source
+
+        if args.import_seconds is not None:
+            args.import_seconds += time.perf_counter() - t
+        _freeze_imports()
+
+        _one_shot_pinning()
+        flow = load_flow(args.flow)  # validate before the cluster is used or anything is written
+        if args.input is not None:
+            flow = with_source(flow, args.input)
+        if args.report:
+            check_report(flow, args.report, args.output)
+        progress = not args.no_progress and sys.stderr.isatty()
+        cluster, starting = open_cluster(profile, starting), None  # it closes the cluster it takes
+        with cluster as client:
+            rep = run_flow(
+                flow, backend=args.backend, output=args.output, client=client, report=args.report, progress=progress,
+                command=args.command_line, resume=args.resume, import_seconds=args.import_seconds,
+            )
+    finally:
+        if starting is not None:  # not taken over: an invalid flow, an interrupt
+            starting.close()
     print(
         f"{rep['flow']}: wrote {rep['sink']['path']} on {rep['backend']} in {rep['wall_seconds']:.2f} s "
         f"({rep['bytes_read'] / 1e9:.3f} GB read, {rep['throughput_GBps']} GB/s; {step_times(rep['steps'])})"

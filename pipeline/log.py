@@ -121,9 +121,10 @@ def configure(fmt: str | None = None, level: str | int | None = None, stream=Non
 
 
 def dask_setup(worker) -> None:
-    """Run by each worker of the clusters that pipeline starts (``--preload pipeline.log``): its
-    log lines, distributed's included, in the format and from the level of the settings it
-    inherited from the process that started it (:func:`configure`)."""
+    """Run by a worker started with ``--preload pipeline.log``: its log lines, distributed's
+    included, in the format and from the level of the settings it inherited from the process that
+    started it (:func:`configure`). The clusters that pipeline starts preload
+    :mod:`pipeline.exec.worker`, which does this and more."""
     configure()
 
 

@@ -68,7 +68,7 @@ def test_the_gpu_profile_asks_for_gpus_and_starts_dask_cuda_workers_with_their_l
     assert _worker_option(command, "--local-directory") == '"$PIPELINE_SPILL"'
     assert 'PIPELINE_SPILL=$(mktemp -d "${TMPDIR:-/tmp}/pipeline-spill.XXXXXXXX") || exit 1\n' in script
     assert """\ntrap 'rm -rf "$PIPELINE_SPILL"' EXIT\n""" in script
-    assert _worker_option(command, "--preload") == "pipeline.log"  # the workers log as the run does
+    assert _worker_option(command, "--preload") == "pipeline.exec.worker"  # the workers log as the run does
     assert "--nanny" not in command and "--nworkers" not in command  # dask cuda worker has neither
 
 

@@ -1,0 +1,55 @@
+"""What each worker of the clusters that pipeline starts does as it starts (``--preload
+pipeline.exec.worker``), before it joins the scheduler.
+
+- Its log lines, distributed's included, take the format and level of the settings it inherited
+  from the process that started it (:func:`pipeline.log.configure`).
+- It imports what its first tasks would otherwise import one after another while the run waits:
+  xarray, zarr, pandas and numcodecs, pipeline's sources, sinks, kernels and computation, and on a
+  GPU worker CuPy, with the CUDA context made meanwhile (:mod:`pipeline.gpu.context`). A worker of
+  a local cluster starts while the run's own process imports its libraries, so this is done beside
+  them rather than after them. On a one-GPU machine, a tiny flow's first computation on a fresh
+  ``--cluster local-gpu`` took 2.13 s, where the same process without a cluster computed it in
+  0.3 s; a ``local-cpu`` worker here imported 80 modules during its first run (0.95 s of its
+  1.09 s; the second run took 0.14 s).
+
+Imports are done here, before the worker takes any task, rather than on a thread beside its
+tasks: two threads importing modules that import each other can fail one import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import time
+
+WARM = ("numpy", "pandas", "xarray", "zarr", "numcodecs", "dask.array", "pipeline.sources", "pipeline.sinks.zarr",
+        "pipeline.exec.compute", "pipeline.kernels", "pipeline.kernels.launch")
+
+
+def dask_setup(worker) -> None:
+    from .. import log
+
+    log.configure()
+    t = time.perf_counter()
+    gpu = _has_gpu()
+    if gpu:
+        from ..gpu import context
+
+        context.start()  # the driver's work, outside the GIL, beside the imports below
+    for name in WARM + (("cupy",) if gpu else ()):
+        try:
+            importlib.import_module(name)
+        except Exception:  # a library this worker lacks: its first task reports what is wrong
+            logging.getLogger(__name__).debug("worker warm-up: %s not imported", name, exc_info=True)
+    logging.getLogger(__name__).debug("worker warm-up took %.2f s", time.perf_counter() - t)
+
+
+def _has_gpu() -> bool:
+    """Whether this worker computes on a GPU: started by pipeline as one (``PIPELINE_WORKER_GPU``:
+    a dask-cuda worker of kind local-cuda, or of a SLURM job with GPUs), with CuPy installed."""
+    import importlib.util
+
+    from .cluster import GPU_WORKER
+
+    return os.environ.get(GPU_WORKER) == "1" and importlib.util.find_spec("cupy") is not None
