@@ -293,3 +293,16 @@ def test_genomics_sgkit_agree_value_by_value(tmp_path):
     assert bench._agree(rows[0], rows[1]) == "0.0e+00 (m)"  # digests only
     np.savez(tmp_path / "b.g.npz", m=x + 1e-3)
     assert bench._agree(rows[0], rows[1], str(tmp_path)) == "1.0e-03 (m)"
+
+
+def test_out_of_core_smoke(tmp_path):
+    bench = load("out_of_core")
+    out = bench.main(["--shape", "30,9,12", "--workdir", str(tmp_path), "--backend", "cpu", "--repeat", "1", "--budget", "2GB",
+                      "--stores", "v3-default,zlib", "--json", str(tmp_path / "ooc.json")])
+    assert [r["store"] for r in out["rows"]] == ["v3-default", "zlib"]
+    for r in out["rows"]:
+        assert r["none"]["run_seconds"] > 0 and r["budget"]["run_seconds"] > 0 and r["ratio_run"] > 0
+        assert r["none"]["same_output"] and r["budget"]["same_output"]
+        # both budgets hold this input: the same blocks, the same output
+        assert r["none"]["runs"][0]["digests"] == r["budget"]["runs"][0]["digests"]
+    assert (tmp_path / "ooc.json").exists()
