@@ -140,7 +140,8 @@ def takes(source, region) -> bool:
 
 def read(source, region):
     """``source[region]`` as a CuPy array: its block decoded on the host (ahead, or now), copied to
-    the device; the blocks after it start decoding."""
+    the device; the blocks nearest it start decoding. A region that is not one block of the grid
+    is read as in core (:meth:`~pipeline.gpu.engine.BlockSource.read`)."""
     from . import engine
 
     st = state.ahead
@@ -148,12 +149,12 @@ def read(source, region):
     with st.lock:
         g = _grid(source)
         flat = None if g is None else g.index(region)
-        if flat is None:  # not one block of the grid (a selection dask fused into the read)
-            entry = _submit(source, region)
-        else:
+        if flat is not None:
             g.counts.flat[flat] += 1
             entry = g.entries.pop(flat, None) or _submit(source, region)
             _ahead(g, flat, int(g.counts.flat[flat]))
+    if flat is None:  # not one block of the grid (a selection dask fused into the read): as in core
+        return source.read(region)
     try:
         buf, host = entry.future.result()
     finally:
