@@ -263,3 +263,40 @@ def test_the_connect_timeout_comes_from_the_profile_else_the_setting(tmp_path):
     with pytest.raises(InputError, match="nothing.json: not a scheduler file"):
         with open_cluster(load_profile(str(f))):
             pass
+
+
+FIRST_TASKS_NEED = ("xarray", "zarr", "pipeline.sources", "pipeline.sinks.zarr", "pipeline.exec.compute")
+
+
+def _warm_modules(names=FIRST_TASKS_NEED):
+    import sys
+
+    return sorted(m for m in names if m in sys.modules)
+
+
+def test_a_cluster_started_early_has_its_workers_warm_and_is_taken_over():
+    """start_early starts a local cluster on a thread; its worker processes import what their
+    first tasks need before they join (pipeline.exec.worker); open_cluster takes it over and closes it."""
+    from pipeline.exec.cluster import start_early
+
+    profile = ClusterProfile(kind="local", n_workers=1, threads_per_worker=1, dashboard_address=None)
+    starting = start_early(profile)
+    assert starting is not None
+    with open_cluster(profile, starting) as client:
+        cluster = client.cluster
+        assert list(client.run(_warm_modules).values()) == [sorted(FIRST_TASKS_NEED)]
+    assert cluster.status.name == "closed"
+    assert start_early(ClusterProfile(kind="threads")) is None
+
+
+def test_an_invalid_flow_closes_the_early_cluster_and_leaves_no_run_directory(tmp_path):
+    from .test_security import cli
+
+    spill = tmp_path / "spill"
+    profile = tmp_path / "p.yaml"
+    profile.write_text(f"kind: local\nn_workers: 1\nthreads_per_worker: 1\ndashboard_address: null\nlocal_directory: {spill}\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nsource: {path: nowhere.zarr, variable: tas}\nsteps: [{op: no_such_op}]\nsink: {path: out.zarr}\n")
+    r = cli("run", bad, "--cluster", profile, cwd=tmp_path)
+    assert r.returncode == 2 and "no_such_op" in r.stderr, r.stderr
+    assert not spill.exists() or not list(spill.iterdir())
