@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from pipeline import state
-from pipeline.gpu import ahead, engine, pinned
+from pipeline.gpu import ahead, pinned
 
 from .conftest import climate_array, requires_gpu
 
@@ -58,9 +58,14 @@ class FakeSource:
         out[...] = self.values[region]
 
 
+def read(source, region):
+    """``ahead.read`` with the device copy as a NumPy copy."""
+    return ahead.read(source, region, lambda host: np.array(host, copy=True))
+
+
 @pytest.fixture
 def host_only(monkeypatch):
-    """Pinned buffers and the device copy as plain NumPy; counts the buffers taken and given back."""
+    """Pinned buffers as plain NumPy; counts the buffers taken and given back."""
     taken, given = [], []
 
     def take(nbytes, inline=False):
@@ -69,7 +74,6 @@ def host_only(monkeypatch):
 
     monkeypatch.setattr(pinned, "take", take)
     monkeypatch.setattr(pinned, "give", lambda buf: given.append(buf.nbytes))
-    monkeypatch.setattr(engine, "to_device", lambda host: np.array(host, copy=True))
     monkeypatch.setattr(state, "ahead", state.AheadState())
     return taken, given
 
@@ -90,7 +94,7 @@ def test_blocks_read_in_order_are_decoded_once_ahead_and_equal(host_only, monkey
     with ahead.reading_ahead() as on:
         assert on
         for region in _regions(chunks):
-            np.testing.assert_array_equal(ahead.read(src, region), values[region])
+            np.testing.assert_array_equal(read(src, region), values[region])
     assert sorted(src.decoded) == sorted({tuple((s.start, s.stop) for s in r) for r in _regions(chunks)})
     assert len(src.decoded) == 12  # each block once: none decoded again, none twice ahead
     assert len(taken) == len(given) == 12 and state.ahead.bytes == 0 and not state.ahead.sources
@@ -103,11 +107,11 @@ def test_blocks_asked_for_backwards_as_dask_orders_reductions_are_decoded_ahead(
     monkeypatch.setattr(ahead, "budget", lambda: 10**6)
     order = [11, 8, 10, 9, 7, 6, 5, 4, 3, 2, 1, 0]  # subtree by subtree, mostly backwards
     with ahead.reading_ahead():
-        np.testing.assert_array_equal(ahead.read(src, (slice(11, 12), slice(0, 3))), values[11:])
+        np.testing.assert_array_equal(read(src, (slice(11, 12), slice(0, 3))), values[11:])
         # the blocks nearest the first one asked for are on their way, not only those after it
         assert {10, 9} <= set(state.ahead.sources[id(src)].entries)
         for b in order[1:]:
-            np.testing.assert_array_equal(ahead.read(src, (slice(b, b + 1), slice(0, 3))), values[b:b + 1])
+            np.testing.assert_array_equal(read(src, (slice(b, b + 1), slice(0, 3))), values[b:b + 1])
     assert sorted(src.decoded) == [((b, b + 1), (0, 3)) for b in range(12)]
 
 
@@ -119,7 +123,7 @@ def test_what_is_decoded_ahead_stays_within_the_budget(host_only, monkeypatch):
     monkeypatch.setattr(ahead, "budget", lambda: 3 * block)
     with ahead.reading_ahead():
         for region in _regions(chunks):
-            np.testing.assert_array_equal(ahead.read(src, region), values[region])
+            np.testing.assert_array_equal(read(src, region), values[region])
     # the task's own block, and at most the budget's three blocks after it
     assert src.in_flight_peak <= 4 * block
     assert len(src.decoded) == 10 and state.ahead.bytes == 0
@@ -134,9 +138,9 @@ def test_blocks_read_again_are_decoded_again_and_selections_directly(host_only, 
     with ahead.reading_ahead():
         for _ in range(2):  # a second pass over the input, as two-pass ops out of core make
             for region in _regions(chunks):
-                np.testing.assert_array_equal(ahead.read(src, region), values[region])
+                np.testing.assert_array_equal(read(src, region), values[region])
         part = (slice(3, 9), slice(0, 1))  # not one block: read as in core
-        np.testing.assert_array_equal(ahead.read(src, part), values[part])
+        np.testing.assert_array_equal(read(src, part), values[part])
     assert len(src.decoded) == 2 * 5 and src.direct == [((3, 9), (0, 1))]
     assert len(taken) == len(given) and state.ahead.bytes == 0
 
@@ -150,7 +154,7 @@ def test_blocks_decoded_ahead_and_never_taken_are_given_back(host_only, monkeypa
     monkeypatch.setattr(ahead, "budget", lambda: 10**6)
     with ahead.reading_ahead():
         gate.set()
-        ahead.read(src, (slice(0, 5), slice(0, 2)))  # only the first block is taken
+        read(src, (slice(0, 5), slice(0, 2)))  # only the first block is taken
     from pipeline.gpu.iopool import io_pool
 
     n = min(10, 1 + 2 * io_pool().threads)  # the block taken, and twice the I/O threads after it
@@ -166,10 +170,10 @@ def test_a_block_that_fails_raises_for_its_task_and_its_buffer_comes_back(host_o
     src = FakeSource(values, chunks, fail=bad)
     monkeypatch.setattr(ahead, "budget", lambda: 10**6)
     with ahead.reading_ahead():
-        np.testing.assert_array_equal(ahead.read(src, (slice(0, 3), slice(0, 1))), values[:3])
+        np.testing.assert_array_equal(read(src, (slice(0, 3), slice(0, 1))), values[:3])
         with pytest.raises(OSError, match="cut short"):
-            ahead.read(src, bad)
-        np.testing.assert_array_equal(ahead.read(src, (slice(6, 9), slice(0, 1))), values[6:9])
+            read(src, bad)
+        np.testing.assert_array_equal(read(src, (slice(6, 9), slice(0, 1))), values[6:9])
     assert len(taken) == len(given) and state.ahead.bytes == 0
 
 
@@ -229,12 +233,11 @@ def test_sources_decode_blocks_on_the_host_into_a_given_buffer(tmp_path, fmt):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pinned, "take", lambda n, inline=False: _Buffer(n))
         mp.setattr(pinned, "give", lambda buf: None)
-        mp.setattr(engine, "to_device", lambda host: np.array(host, copy=True))
         mp.setattr(state, "ahead", state.AheadState())
         got = np.empty_like(x.values)
         with ahead.reading_ahead():
             for region in _regions(chunks):
-                got[region] = ahead.read(source, region)
+                got[region] = read(source, region)
     np.testing.assert_array_equal(got, x.values)
 
 

@@ -138,12 +138,11 @@ def takes(source, region) -> bool:
     return math.prod(source.shape) * np.dtype(source.dtype).itemsize > memory_budget("gpu") / 2
 
 
-def read(source, region):
-    """``source[region]`` as a CuPy array: its block decoded on the host (ahead, or now), copied to
-    the device; the blocks nearest it start decoding. A region that is not one block of the grid
-    is read as in core (:meth:`~pipeline.gpu.engine.BlockSource.read`)."""
-    from . import engine
-
+def read(source, region, to_device):
+    """``source[region]`` as a CuPy array: its block decoded on the host (ahead, or now), then
+    ``to_device(host)`` (:func:`pipeline.gpu.engine.to_device`); the blocks nearest it start
+    decoding. A region that is not one block of the grid is read as in core
+    (:meth:`~pipeline.gpu.engine.BlockSource.read`)."""
     st = state.ahead
     region = tuple(region)
     with st.lock:
@@ -161,7 +160,7 @@ def read(source, region):
         with st.lock:
             st.bytes -= entry.nbytes
     try:
-        return engine.to_device(host)
+        return to_device(host)
     finally:
         pinned.give(buf)
 

@@ -192,7 +192,7 @@ class BlockSource:
         use_device_memory_limit()
         try:
             if ahead.takes(self, region):
-                return ahead.read(self, region)
+                return ahead.read(self, region, to_device)
             return self.read(region)
         except (DecodeError, OSError) as e:
             _warn_once(self.fallback_warning(e))
