@@ -403,9 +403,13 @@ def test_save_dataset_that_fails_writes_nothing(tmp_path):
 
 
 SAVE_UNTIL_SIGNALLED = """
-import os, sys, time
+import os, signal, sys, time
 import dask
 import pipeline.genomics as sg
+
+# Ctrl-C as in a terminal: a runner that starts the tests in the background without job control
+# has SIGINT ignored, and the process would inherit that
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 out, started = sys.argv[1], sys.argv[2]
 ds = sg.simulate_genotype_call_dataset(n_variant=40, n_sample=6).chunk({"variants": 10})
