@@ -256,3 +256,10 @@ def memory_budget(backend: Backend) -> int:
     import psutil
 
     return _bytes_or_fraction(config.get("cpu.memory-limit", None), psutil.virtual_memory().total, "cpu.memory-limit")
+
+
+def out_of_core(nbytes: int, backend: Backend) -> bool:
+    """Whether an array of ``nbytes`` runs out of core on ``backend``: larger than half of its
+    memory budget, so that it is never held whole (two-pass ops do not keep it between their
+    passes, and on the GPU its blocks may be decoded on the host ahead of their tasks)."""
+    return nbytes > memory_budget(backend) / 2

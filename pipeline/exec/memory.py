@@ -201,7 +201,7 @@ def graph_held(backend: str, *arrays: da.Array) -> int:
     declare held, and their largest array (their input) where it is not out of core, as
     :func:`pipeline.exec.spill.second_pass` decides: two-pass ops keep it between their passes."""
     largest = graph_array_bytes(*arrays)
-    return graph_held_bytes(*arrays) + (largest if largest <= B.memory_budget(backend) / 2 else 0)
+    return graph_held_bytes(*arrays) + (0 if B.out_of_core(largest, backend) else largest)
 
 
 def process_baseline(backend: str, worker=None) -> int:
@@ -361,7 +361,7 @@ def plan(source: da.Array, *results: da.Array, backend: str | None = None) -> Pl
         held_bytes=held,
         input_bytes=int(source.nbytes),
         budget_bytes=int(budget),
-        out_of_core=source.nbytes > budget / 2,
+        out_of_core=B.out_of_core(source.nbytes, backend),
     )
 
 

@@ -185,6 +185,6 @@ def second_pass(data: da.Array, *stats: da.Array) -> da.Array:
       being held in memory that is not there.
     """
     backend = B.backend_of(data)
-    if data.nbytes <= B.memory_budget(backend) / 2:
+    if not B.out_of_core(data.nbytes, backend):
         return data
     return held_second_pass(data, list(stats), hold_budget(backend))

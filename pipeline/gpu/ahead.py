@@ -54,12 +54,13 @@ def budget() -> int:
 
 
 @contextmanager
-def reading_ahead(on: bool = True):
-    """Within it (when ``on``), sources that read ahead (:attr:`pipeline.gpu.engine.BlockSource.reads_ahead`)
-    decode their blocks on the host ahead of their tasks; at its end, blocks decoded and not taken
-    are given back. Nested uses share one state, cleared by the last to end."""
+def reading_ahead():
+    """Within it, sources that read ahead (:attr:`pipeline.gpu.engine.BlockSource.reads_ahead`)
+    decode their blocks on the host ahead of their tasks, unless ``pipeline.gpu.read-ahead`` is 0
+    (it yields whether they do); at its end, blocks decoded and not taken are given back. Nested
+    uses share one state, cleared by the last to end."""
     st = state.ahead
-    on = bool(on) and budget() > 0
+    on = budget() > 0
     if on:
         with st.lock:
             st.active += 1
@@ -133,9 +134,9 @@ def takes(source, region) -> bool:
     (larger than half of the device budget, as :func:`pipeline.exec.spill.second_pass` decides)."""
     if not (active() and getattr(source, "reads_ahead", False) and len(region) == len(getattr(source, "chunks", ()))):
         return False
-    from ..backend import memory_budget
+    from ..backend import out_of_core
 
-    return math.prod(source.shape) * np.dtype(source.dtype).itemsize > memory_budget("gpu") / 2
+    return out_of_core(math.prod(source.shape) * np.dtype(source.dtype).itemsize, "gpu")
 
 
 def read(source, region, to_device):

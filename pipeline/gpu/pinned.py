@@ -54,14 +54,13 @@ class Buffer:
         # this thread where it is one of them (``inline``: waiting on the pool could wait for ever)
         if inline:
             ctypes.memset(self.ptr, 0, nbytes)
-            cp.cuda.runtime.hostRegister(self.ptr, nbytes, 0)
-            return
-        pool = io_pool()
-        ticket = pool.ticket()
-        jobs = [pool.submit(ctypes.memset, self.ptr + at, 0, min(TOUCH, nbytes - at), ticket=ticket)
-                for at in range(0, nbytes, TOUCH)]
-        for job in jobs:
-            job.result()
+        else:
+            pool = io_pool()
+            ticket = pool.ticket()
+            jobs = [pool.submit(ctypes.memset, self.ptr + at, 0, min(TOUCH, nbytes - at), ticket=ticket)
+                    for at in range(0, nbytes, TOUCH)]
+            for job in jobs:
+                job.result()
         cp.cuda.runtime.hostRegister(self.ptr, nbytes, 0)
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import xarray as xr
 from pydantic import Field
 
-from ..backend import backend_of, memory_budget, meta, to_backend, to_numpy
+from ..backend import backend_of, memory_budget, meta, out_of_core as is_out_of_core, to_backend, to_numpy
 from ..deferred import module as _deferred
 from ..errors import InputError
 from ..exec import spill
@@ -294,7 +294,7 @@ def quantile(x: xr.DataArray, q: Quantiles, dim: Dim = "time") -> xr.DataArray:
     _check(quantile.op, x, q=q, dim=dim)
     axis = x.get_axis_num(dim)
     budget = memory_budget(backend_of(data))
-    out_of_core = len(data.chunks[axis]) > 1 and data.nbytes > budget / 2
+    out_of_core = len(data.chunks[axis]) > 1 and is_out_of_core(data.nbytes, backend_of(data))
     # out of core, slabs of the grid cut along one axis only (the outermost): a chunk is a slab
     cut = next((i for i in range(x.ndim) if i != axis), None) if out_of_core else None
     chunks = da.core.normalize_chunks(
