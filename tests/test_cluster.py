@@ -299,4 +299,5 @@ def test_an_invalid_flow_closes_the_early_cluster_and_leaves_no_run_directory(tm
     bad.write_text("name: bad\nsource: {path: nowhere.zarr, variable: tas}\nsteps: [{op: no_such_op}]\nsink: {path: out.zarr}\n")
     r = cli("run", bad, "--cluster", profile, cwd=tmp_path)
     assert r.returncode == 2 and "no_such_op" in r.stderr, r.stderr
-    assert not spill.exists() or not list(spill.iterdir())
+    assert list(spill.iterdir()) == []  # the profile's local_directory is made; the run's own folder in it is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "p.yaml", "spill"]  # nothing else written or removed
