@@ -43,6 +43,9 @@ A tool named ``pipeline-gpu@4GB`` runs under that device budget (``pipeline.gpu.
 ``pipeline-cpu@4GB``: ``pipeline.cpu.memory-limit``), to show an out-of-core run; pipeline's
 processes report the most device memory CuPy's pool held and the host's peak resident set.
 ``--sgkit-runs 1`` times sgkit's first run only, where its runs on a large store take minutes.
+``--processes 2`` runs each tool's process twice, one after the other: the second (``TOOL#2``)
+finds in the disk caches the kernels the first compiled (Numba's, sgkit's included, and CuPy's),
+as every process after a machine's first does, and is compared with sgkit's second.
 
 sgkit 0.10 pins zarr<3; its code runs on current numpy/dask/xarray when installed without its
 pins (``pip install --no-deps --target DIR sgkit==0.10.0 scikit-learn``; ``--sgkit DIR``), and
@@ -281,6 +284,9 @@ def main(argv=None) -> int:
     p.add_argument("--pca-algorithm", choices=("tsqr", "randomized"), default="tsqr")
     p.add_argument("--sgkit-runs", type=int, choices=(1, 2), default=2,
                    help="runs of sgkit in each process (1: its first only)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="fresh processes per tool and group, one after the other: the second and later "
+                        "find the kernels their first compiled in the disk caches (labelled TOOL#2, ...)")
     p.add_argument("--json")
     p.add_argument("--one", nargs=2, metavar=("TOOL", "GROUP"), help=argparse.SUPPRESS)
     p.add_argument("--values-dir", help=argparse.SUPPRESS)
@@ -303,7 +309,8 @@ def _compare(a, shape, values_dir: str) -> list:
     rows = []
     for group in a.groups.split(","):
         by_tool = {}
-        for tool in a.tools.split(","):
+        for tool, k in ((t, k) for t in a.tools.split(",") for k in range(a.processes)):
+            label = tool if k == 0 else f"{tool}#{k + 1}"
             env = dict(os.environ)
             if "@" in tool:  # a budget: pipeline-gpu@4GB
                 side = "GPU" if tool.startswith("pipeline-gpu") else "CPU"
@@ -317,15 +324,15 @@ def _compare(a, shape, values_dir: str) -> list:
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
             except subprocess.TimeoutExpired:
-                print(f"{group:11s} {tool:13s} timed out after {a.timeout:.0f} s", flush=True)
+                print(f"{group:11s} {label:15s} timed out after {a.timeout:.0f} s", flush=True)
                 continue
             wall = time.perf_counter() - t
             line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode or not line:
-                print(f"{group:11s} {tool:13s} failed: {proc.stderr.strip()[-1500:]}", flush=True)
+                print(f"{group:11s} {label:15s} failed: {proc.stderr.strip()[-1500:]}", flush=True)
                 continue
-            r = json.loads(line[-1][7:]) | {"process_seconds": wall}
-            by_tool[tool] = r
+            r = json.loads(line[-1][7:]) | {"process_seconds": wall, "label": label}
+            by_tool[label] = r
             rows.append(r)
             warm = "-" if r["warm_seconds"] is None else f"{r['warm_seconds']:7.3f}"
             held = ""
@@ -335,19 +342,22 @@ def _compare(a, shape, values_dir: str) -> list:
                 held += f", device pool peak {r['memory']['gpu_pool_peak_bytes'] / 1e9:.2f} GB"
             if r["memory"].get("host_peak_rss_bytes"):
                 held += f", host peak RSS {r['memory']['host_peak_rss_bytes'] / 1e9:.2f} GB"
-            print(f"{group:11s} {tool:13s} process {wall:7.2f} s  first {r['first_seconds']:7.3f} s  warm {warm} s"
+            print(f"{group:11s} {label:15s} process {wall:7.2f} s  first {r['first_seconds']:7.3f} s  warm {warm} s"
                   f"  (import+open {r['import_open_seconds']:.2f} s, selection {r['select_seconds']:.2f} s{held})", flush=True)
-        ref_name = "sgkit" if "sgkit" in by_tool else next(iter(by_tool), None)
-        ref = by_tool.get(ref_name)
-        for tool, r in by_tool.items():
-            if ref is None or tool == ref_name:
+        for label, r in by_tool.items():
+            # each process against the reference's process of the same rank (its first where it ran once)
+            rank = label[label.index("#"):] if "#" in label else ""
+            ref_tool = "sgkit" if any(t.startswith("sgkit") for t in by_tool) else next(iter(by_tool)).split("#")[0]
+            ref_name = ref_tool + rank if ref_tool + rank in by_tool else ref_tool
+            ref = by_tool.get(ref_name)
+            if ref is None or label.split("#")[0] == ref_tool:
                 continue
             r["agrees_with"] = ref_name
-            r["agrees_with_sgkit" if ref_name == "sgkit" else "agrees_with_first"] = diff = _agree(r, ref, values_dir)
+            r["agrees_with_sgkit" if ref_tool == "sgkit" else "agrees_with_first"] = diff = _agree(r, ref, values_dir)
             # sgkit's warm run, or its only run where it ran once
             ref_warm = ref["warm_seconds"] or ref["first_seconds"]
             warm = f"{ref_warm / r['warm_seconds']:.1f}x" if r["warm_seconds"] else "-"
-            print(f"{group:11s} {tool:13s} vs {ref_name}: first {ref['first_seconds'] / r['first_seconds']:.1f}x, "
+            print(f"{group:11s} {label:15s} vs {ref_name}: first {ref['first_seconds'] / r['first_seconds']:.1f}x, "
                   f"warm {warm}, process {ref['process_seconds'] / r['process_seconds']:.1f}x; "
                   f"results differ by {diff}", flush=True)
     return rows

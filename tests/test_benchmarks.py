@@ -256,11 +256,15 @@ def test_genomics_sgkit_added_groups(tmp_path, capsys):
     store = tmp_path / "g.vcz"
     write_genomics_demo(store, samples=40, variants=1200, seed=2)
     bench = load("genomics_sgkit")
-    assert bench.main([str(store), "--tools", "pipeline-cpu,pipeline-cpu@1GB", "--groups", "relatedness",
+    assert bench.main([str(store), "--tools", "pipeline-cpu,pipeline-cpu@1GB", "--groups", "relatedness", "--processes", "2",
                        "--distance-samples", "30", "--distance-variants", "400", "--json", str(tmp_path / "g.json")]) == 0
     rows = json.loads((tmp_path / "g.json").read_text())
-    assert [(r["tool"], r["group"]) for r in rows] == [("pipeline-cpu", "relatedness"), ("pipeline-cpu@1GB", "relatedness")]
-    assert rows[1]["agrees_with_first"] == "0.0e+00 (stat_identity_by_state)", capsys.readouterr().out
+    assert [(r["label"], r["tool"], r["group"]) for r in rows] == [
+        ("pipeline-cpu", "pipeline-cpu", "relatedness"), ("pipeline-cpu#2", "pipeline-cpu", "relatedness"),
+        ("pipeline-cpu@1GB", "pipeline-cpu@1GB", "relatedness"), ("pipeline-cpu@1GB#2", "pipeline-cpu@1GB", "relatedness")]
+    # each process against the first tool's process of the same rank; the first tool's own second not compared
+    assert [r.get("agrees_with") for r in rows] == [None, None, "pipeline-cpu", "pipeline-cpu#2"], capsys.readouterr().out
+    assert {r.get("agrees_with_first") for r in rows[2:]} == {"0.0e+00 (stat_identity_by_state)"}
     shapes = {k: d[3] for k, d in rows[0]["digest"].items()}
     assert shapes == {k: [30, 30] for k in ("stat_identity_by_state", "stat_Weir_Goudet_beta", "stat_genomic_relationship",
                                                    "stat_inverse_relationship", "pc_relate_phi")}
