@@ -302,11 +302,14 @@ def test_genomics_sgkit_agree_value_by_value(tmp_path):
 def test_out_of_core_smoke(tmp_path):
     bench = load("out_of_core")
     out = bench.main(["--shape", "30,9,12", "--workdir", str(tmp_path), "--backend", "cpu", "--repeat", "1", "--budget", "2GB",
-                      "--stores", "v3-default,zlib", "--json", str(tmp_path / "ooc.json")])
+                      "--stores", "v3-default,zlib", "--cold", "--json", str(tmp_path / "ooc.json")])
     assert [r["store"] for r in out["rows"]] == ["v3-default", "zlib"]
     for r in out["rows"]:
         assert r["none"]["run_seconds"] > 0 and r["budget"]["run_seconds"] > 0 and r["ratio_run"] > 0
         assert r["none"]["same_output"] and r["budget"]["same_output"]
         # both budgets hold this input: the same blocks, the same output
         assert r["none"]["runs"][0]["digests"] == r["budget"]["runs"][0]["digests"]
+        cold = r["cold"]  # dropped from the page cache, read, dropped again, run: the same output
+        assert cold["same_output"] and cold["stored_bytes"] > 4 * 30 * 9 * 12 / 10 and cold["run_seconds"] > 0
+        assert 0 <= cold["resident_after_drop"] <= 1 and cold["share"] == pytest.approx(cold["run_rate"] / cold["disk_rate"])
     assert (tmp_path / "ooc.json").exists()
