@@ -28,6 +28,7 @@ H5PY = {
     "gzip9-f8": ("f8", dict(compression="gzip", compression_opts=9)),
     "gzip4-shuffle-fletcher-f4": ("f4", dict(compression="gzip", compression_opts=4, shuffle=True, fletcher32=True)),
     "gzip6-shuffle-i2": ("i2", dict(compression="gzip", compression_opts=6, shuffle=True)),
+    "gzip2-shuffle-f8": ("f8", dict(compression="gzip", compression_opts=2, shuffle=True)),
     "shuffle-only-i4": ("i4", dict(shuffle=True)),
     "fletcher-only-f4": ("f4", dict(fletcher32=True)),
     "unfiltered-f4": ("f4", dict()),
@@ -181,6 +182,21 @@ def test_unshuffle_host_leftover_bytes():
     original = np.arange(10, dtype=np.uint8)
     stored = np.concatenate([original[:8].reshape(2, 4).T.ravel(), original[8:]])
     np.testing.assert_array_equal(hdf5.unshuffle_host(stored.tobytes(), 4), original)
+
+
+@pytest.mark.parametrize("typesize", [2, 4, 8])
+def test_unshuffle_host_words_equal_numcodecs(typesize):
+    """The host's unshuffle by words gives numcodecs' Shuffle decode, chunk by chunk in place."""
+    import numcodecs
+
+    rng = np.random.default_rng(typesize)
+    nb = typesize * 1001
+    data = rng.integers(0, 256, 3 * nb, dtype=np.uint8)
+    want = np.concatenate([numcodecs.Shuffle(typesize).decode(data[i * nb:(i + 1) * nb]) for i in range(3)])
+    tmp = np.empty(2 * nb, dtype=np.uint8)
+    for i in range(3):
+        hdf5._unshuffle_host(data[i * nb:(i + 1) * nb], tmp[:nb], tmp[nb:], typesize)
+    np.testing.assert_array_equal(data, want)
 
 
 def test_contiguous_dataset(tmp_path):

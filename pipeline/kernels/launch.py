@@ -528,7 +528,10 @@ def prepare_numba_cuda() -> None:
 
 @once
 def _start_preparing() -> None:
-    threading.Thread(target=_prepare, name="pipeline-numba-cuda", daemon=True).start()
+    # not a daemon: the process's exit waits for it. A daemon thread still importing when the
+    # interpreter finalizes is frozen where it stands, holding what it holds: on the H200, a
+    # short genomics process that had printed its result then hung in its exit.
+    threading.Thread(target=_prepare, name="pipeline-numba-cuda", daemon=False).start()
 
 
 def _prepare() -> None:
