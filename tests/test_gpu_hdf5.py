@@ -184,19 +184,17 @@ def test_unshuffle_host_leftover_bytes():
     np.testing.assert_array_equal(hdf5.unshuffle_host(stored.tobytes(), 4), original)
 
 
-@pytest.mark.parametrize("typesize", [2, 4, 8])
-def test_unshuffle_host_words_equal_numcodecs(typesize):
-    """The host's unshuffle by words gives numcodecs' Shuffle decode, chunk by chunk in place."""
+@pytest.mark.parametrize("typesize", [2, 3, 4, 8])
+def test_unshuffle_words_equal_numcodecs(typesize):
+    """The host's unshuffle by words gives numcodecs' Shuffle decode, over more than one step of
+    elements; other element sizes take the transposed copy."""
     import numcodecs
 
-    rng = np.random.default_rng(typesize)
-    nb = typesize * 1001
-    data = rng.integers(0, 256, 3 * nb, dtype=np.uint8)
-    want = np.concatenate([numcodecs.Shuffle(typesize).decode(data[i * nb:(i + 1) * nb]) for i in range(3)])
-    tmp = np.empty(2 * nb, dtype=np.uint8)
-    for i in range(3):
-        hdf5._unshuffle_host(data[i * nb:(i + 1) * nb], tmp[:nb], tmp[nb:], typesize)
-    np.testing.assert_array_equal(data, want)
+    nb = typesize * (hdf5.UNSHUFFLE_STEP + 1001)
+    data = np.random.default_rng(typesize).integers(0, 256, nb, dtype=np.uint8)
+    out = np.empty_like(data)
+    hdf5._unshuffle_words(data, out, typesize)
+    np.testing.assert_array_equal(out, numcodecs.Shuffle(typesize).decode(data))
 
 
 def test_contiguous_dataset(tmp_path):

@@ -45,7 +45,7 @@ import os
 import zlib
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -59,15 +59,10 @@ from .engine import PIECE, BlockSource, aligned, block_chunks, block_stream, das
 from .iopool import io_pool
 from .nvcomp import nvcomp_available
 
-try:
-    # zlib-ng inflates the same streams as zlib, 2.3x as fast on one core and 1.8x on two (a
-    # NetCDF4 chunk of 721 x 1440 float32, shuffled, level 4: 1444 against 618 MB/s); it releases
-    # the GIL as zlib does. The host's inflate bounds NetCDF4 on the CPU backend, and out of core
-    # on the GPU (pipeline/gpu/ahead.py).
-    from zlib_ng import zlib_ng as _inflater
-except ImportError:  # an install without it: the standard library's
-    _inflater = zlib
-
+# The host inflates through CPython's zlib, which releases the GIL around each inflate: on the
+# H200 machine's 16 cores, out of core, 1,460 NetCDF4 chunks inflated in 15 s of threads' time,
+# the run 2.7 s. zlib-ng's binding (python-zlib-ng 1.1) inflates a chunk twice as fast on one
+# thread but does not scale over threads (0.97 GB/s on one, 0.96 on two): there 61 s, and 6.9 s.
 # A deflate stream inflates on few of the GPU's units, as a zstd frame does: chunks larger than this
 # are inflated by the I/O threads. The cut comes from zstd's measurements (a frame of hundreds of
 # MB decodes slower on the GPU than on one core); deflate's have not been made.
@@ -490,10 +485,10 @@ def unshuffle(lay: H5Layout, dst, shuffled: list, tmp) -> None:
     and transposed back, (chunks, typesize, n) -> (chunks, n, typesize)."""
     nb, ts = lay.chunk_nbytes, lay.dtype.itemsize
     n, per = nb // ts, len(tmp) // nb if tmp is not None else 0
-    if isinstance(dst, np.ndarray) and ts in (2, 4, 8) and per >= 2:
-        for start, count in _consecutive(shuffled, nb):
-            for i in range(count):
-                _unshuffle_host(dst[start + i * nb:start + (i + 1) * nb], tmp[:nb], tmp[nb:2 * nb], ts)
+    if isinstance(dst, np.ndarray) and tmp is not None:  # on the host, chunk by chunk, by words
+        for d in shuffled:
+            tmp[:nb] = dst[d:d + nb]
+            _unshuffle_words(tmp[:nb], dst[d:d + nb], ts)
         return
     for start, count in _consecutive(shuffled, nb):
         for i in range(0, count, per):
@@ -504,20 +499,31 @@ def unshuffle(lay: H5Layout, dst, shuffled: list, tmp) -> None:
             seg.reshape(m, n, ts)[...] = t.reshape(m, ts, n).transpose(0, 2, 1)
 
 
-def _unshuffle_host(chunk: np.ndarray, tmp: np.ndarray, wide: np.ndarray, ts: int) -> None:
-    """Undo one chunk's shuffle in place on the host, as whole words: each value is its byte
-    planes shifted into place and or-ed, read as little-endian words, whatever the data's own byte
-    order (byte ``k`` in memory is plane ``k``). NumPy's transposed byte copy above ran at
-    0.6-1.4 GB/s on a core, this at 4.2 GB/s: on 16 cores, with a NetCDF4 zlib block decoded on
-    the host out of core, the copy took half of each block's decode. ``tmp`` and ``wide`` hold
-    a chunk each."""
+# elements a step of the host's unshuffle takes: its planes and words stay in a core's cache
+UNSHUFFLE_STEP = 1 << 16
+
+
+def _unshuffle_words(src: np.ndarray, out: np.ndarray, ts: int) -> None:
+    """HDF5's shuffle of whole elements undone on the host, ``src`` (its byte planes) into ``out``
+    (bytes): each element is its bytes shifted into place and or-ed, as a little-endian word
+    whatever the data's own byte order (byte ``k`` in memory is plane ``k``), a cache-sized step
+    at a time. On one core that is 4.2 GB/s against 0.6-1.4 GB/s for NumPy's transposed byte copy;
+    on the H200 machine, with 16 threads inflating beside it out of core, the transposed copy in
+    place (to a temporary and back) took 12 s of the threads' time for 6 GB."""
+    if ts not in (2, 4, 8):  # other sizes: the transposed copy
+        out.reshape(-1, ts)[...] = src.reshape(ts, -1).T
+        return
     word = np.dtype(f"<u{ts}")
-    tmp[...] = chunk
-    planes, out, shifted = tmp.reshape(ts, -1), chunk.view(word), wide.view(word)
-    np.copyto(out, planes[0], casting="unsafe")
-    for k in range(1, ts):
-        np.left_shift(planes[k], 8 * k, out=shifted, dtype=word)
-        np.bitwise_or(out, shifted, out=out)
+    planes, words = src.reshape(ts, -1), out.view(word)
+    n = planes.shape[1]
+    shifted = np.empty(min(n, UNSHUFFLE_STEP), dtype=word)
+    for a in range(0, n, UNSHUFFLE_STEP):
+        b = min(n, a + UNSHUFFLE_STEP)
+        w, t = words[a:b], shifted[:b - a]
+        np.copyto(w, planes[0, a:b], casting="unsafe")
+        for k in range(1, ts):
+            np.left_shift(planes[k, a:b], 8 * k, out=t, dtype=word)
+            np.bitwise_or(w, t, out=w)
 
 
 def _consecutive(offsets: list, step: int) -> list[tuple[int, int]]:
@@ -614,11 +620,15 @@ def read_block_host(lay: H5Layout, region: tuple[slice, ...], out: np.ndarray | 
     nb = lay.chunk_nbytes
     dst = out.reshape(-1).view(np.uint8) if plan.direct else np.empty(max(1, plan.scratch_bytes(lay)), dtype=np.uint8)
     where = f"{lay.path}: {lay.name!r}"
-    for s, n, d in ops.inflate:
-        _inflate_into(staging[s:s + n], dst[d:d + nb], where)
+    shuffled = set(ops.shuffled)
+    ts = lay.dtype.itemsize
+    for s, n, d in ops.inflate:  # a shuffled chunk's shuffle undone as it is inflated
+        _inflate_into(staging[s:s + n], dst[d:d + nb], where, ts if d in shuffled else 1)
     for s, n, d in merged(ops.copy):
         dst[d:d + n] = staging[s:s + n]
-    finish(lay, plan, ops, out, dst, unshuffle_temp(np, lay, plan))
+    inflated = {d for _, _, d in ops.inflate}
+    ops = replace(ops, shuffled=[d for d in ops.shuffled if d not in inflated])
+    finish(lay, plan, ops, out, dst, unshuffle_temp(np, lay, plan) if ops.shuffled else None)
     return out
 
 
@@ -722,16 +732,21 @@ def _decode_on_device(lay: H5Layout, ops: StreamOps, dev, dst) -> None:
         dst[d:d + n] = dev[s:s + n]
 
 
-def _inflate_into(stream, out: np.ndarray, where: str) -> None:
+def _inflate_into(stream, out: np.ndarray, where: str, typesize: int = 1) -> None:
     """One whole zlib stream (its adler32 checked) inflated into ``out``: in an I/O thread on the
-    GPU path (:func:`_decode_on_host`), in a Dask thread on the CPU's (:func:`read_block_host`)."""
+    GPU path (:func:`_decode_on_host`), in a Dask thread on the CPU's (:func:`read_block_host`).
+    ``typesize`` > 1: the chunk is shuffled, and its shuffle is undone on the way into ``out``
+    (:func:`_unshuffle_words`), rather than copied in and undone in place after."""
     try:
-        got = _inflater.decompress(stream, bufsize=len(out))
-    except _inflater.error as e:
+        got = zlib.decompress(stream, bufsize=len(out))
+    except zlib.error as e:
         raise DecodeError(f"{where}: {e}") from e
     if len(got) != len(out):
         raise DecodeError(f"{where}: a chunk inflates to {len(got)} bytes, not {len(out)}")
-    out[...] = np.frombuffer(got, dtype=np.uint8)
+    if typesize > 1:
+        _unshuffle_words(np.frombuffer(got, dtype=np.uint8), out, typesize)
+    else:
+        out[...] = np.frombuffer(got, dtype=np.uint8)
 
 
 def _decode_on_host(lay: H5Layout, ops: StreamOps, staging: np.ndarray, dst, stream, hold: list) -> None:
