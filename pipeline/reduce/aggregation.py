@@ -57,13 +57,25 @@ ACC = np.float64  # accumulator type of every float partial
 class Scan:
     """State carried across the blocks of a binned reduction, as flox's ``Scan``.
 
-    ``continuation(partial, after) -> state`` is scanned from the last block backwards (``after``
+    ``continuation(carried, after) -> state`` is scanned from the last block backwards (``after``
     is the state of the block after, or None at the end); ``close(merged, before, after)`` settles
-    a merged partial given the partial of the block before it (or None) and the state after it
-    (or None)."""
+    a merged partial given the block before it (or None) and the state after it (or None).
+
+    The scan reaches the first blocks only once the last one is made, so what it keeps of each
+    block is not the partial but the few fields it reads, copied out: ``carried``, those the
+    continuation reads, and ``before``, those ``close`` reads of the block before. Each maps a
+    field to its dtype (a value per point), or to None for a number of the block; ``state`` is
+    the dtype of the continuation's state, a value per point."""
 
     continuation: Callable
     close: Callable
+    carried: Mapping[str, str | None]
+    before: Mapping[str, str | None]
+    state: str
+
+    def bytes_per_point(self, fields: Mapping[str, str | None]) -> int:
+        """Bytes a point of the fields ``fields`` (``carried`` or ``before``) hold."""
+        return sum(np.dtype(d).itemsize for d in fields.values() if d is not None)
 
 
 @dataclass(frozen=True)
@@ -405,12 +417,23 @@ def _sum_partials(parts: list[dict], agg: Aggregation, groups: np.ndarray) -> di
     return out
 
 
-def _finish(parts, agg: Aggregation, groups: np.ndarray, axis: int, out_dtype, before=None, after=None):
-    merged = merge_partials(parts, agg, groups)
+def _finish(parts, agg: Aggregation, groups: np.ndarray, axis: int, out_dtype):
+    return _settle(merge_partials(parts, agg, groups), agg, axis, out_dtype)
+
+
+def _settle(merged: dict, agg: Aggregation, axis: int, out_dtype, before=None, after=None):
+    """The result of a merged partial, closed first by the blueprint's scan given what it reads of
+    the block before (``before``) and its state after (``after``)."""
     if agg.scan is not None:
         merged = agg.scan.close(merged, before, after)
     res = agg.finalize(merged)  # a row per group
     return from_2d(res, (res.shape[0], *merged["rest"]), axis, xp_of(res)).astype(out_dtype, copy=False)
+
+
+def _extract(partial: dict, fields: tuple[str, ...]) -> dict:
+    """The fields ``fields`` of a block's partial, copied: a view (the spells kernel's per-point
+    state is one array) would keep the partial's arrays alive."""
+    return {f: partial[f].copy() if hasattr(partial[f], "copy") else partial[f] for f in fields}
 
 
 def _flatten(parts):
@@ -468,18 +491,22 @@ def binned_reduce(x: da.Array, agg: Aggregation, bins: np.ndarray, nbins: int, a
                   kernel: Callable) -> da.Array:
     """Reduce ``x`` into consecutive bins, blocks reduced by ``kernel``: ``bins`` (one per step,
     non-decreasing, in ``0..nbins-1``; bins with no step are allowed) -> ``nbins`` rows along
-    ``axis``."""
+    ``axis``.
+
+    With a scan, the partials of each output's blocks are merged as soon as those blocks are
+    made, as without; what waits for the scan, which runs from the last block back, is that
+    merged partial, and only the few fields of each block that the scan reads (:class:`Scan`)."""
     bins = np.asarray(bins, dtype=np.int64)
     if np.any(np.diff(bins) < 0):
         raise ValueError("bins must be non-decreasing along the axis")
     parts = _partials(x, bins, agg, axis, kernel)
     # a block's partial holds a row of fields for each bin it touches, and a point's state (a
-    # scan's runs): counted as one row more, at no less than 16 bytes a value; a scan runs from
-    # the last block back, so every partial stays alive until it has passed
+    # scan's runs): counted as one row more, at no less than 16 bytes a value
     edges = np.cumsum((0, *x.chunks[axis]))
     rows = max((len(np.unique(bins[a:b])) for a, b in zip(edges[:-1], edges[1:])), default=0) + 1
-    size = rows * int(np.prod([max(c) for i, c in enumerate(x.chunks) if i != axis])) * max(agg.bytes_per_value, 16)
-    declare(parts, partial_bytes=size, held_bytes=size * int(np.prod(x.numblocks)) if agg.scan else 0)
+    row_bytes = max(agg.bytes_per_value, 16)
+    size = rows * int(np.prod([max(c) for i, c in enumerate(x.chunks) if i != axis])) * row_bytes
+    declare(parts, partial_bytes=size)
     bounds = np.cumsum((0, *x.chunks[axis]))
     block_of_step = np.searchsorted(bounds, np.arange(bins.size), side="right") - 1
     first_step = np.searchsorted(bins, np.arange(nbins), side="left")
@@ -491,28 +518,50 @@ def binned_reduce(x: da.Array, agg: Aggregation, bins: np.ndarray, nbins: int, a
         outputs.append((int(b0), int(b1), int(blk), int(last)))
 
     name = f"{agg.name}-{tokenize(parts.name, nbins)}"
-    cont = f"{agg.name}-continuation-{tokenize(parts.name)}"
+    # the scan's tasks, in the layer ``name`` and named after it (a report counts them to its step)
+    merged, carried, before, cont = (f"{name}-{k}" for k in ("merged", "carried", "before", "continuation"))
     nblocks = x.numblocks[axis]
     scan = agg.scan
+    # (bins, block after) of the outputs that wait for a state from after their blocks: the scan
+    # runs back to the first block such a state comes from
+    waiting = [(b1 - b0, last + 1) for b0, b1, _, last in outputs if last + 1 < nblocks]
+    start = min((i for _, i in waiting), default=nblocks)
     dsk = {}
     for idx in itertools.product(*[range(n) for i, n in enumerate(x.numblocks) if i != axis]):
         key = lambda n, i: (n, *idx[:axis], i, *idx[axis:])  # noqa: E731
-        if scan is not None:  # scanned from the last block backwards
-            for i in reversed(range(nblocks)):
+        if scan is not None:  # scanned from the last block backwards, over the fields it reads
+            for i in range(start, nblocks):
+                dsk[key(carried, i)] = (_extract, key(parts.name, i), tuple(scan.carried))
+            for i in reversed(range(start, nblocks)):
                 nxt = key(cont, i + 1) if i + 1 < nblocks else None
-                dsk[key(cont, i)] = (scan.continuation, key(parts.name, i), nxt)
+                dsk[key(cont, i)] = (scan.continuation, key(carried, i), nxt)
         for j, (b0, b1, blk, last) in enumerate(outputs):
             span = [key(parts.name, i) for i in range(blk, last + 1)]
-            task = (_finish, span, agg, np.arange(b0, b1), axis, out_dtype)
-            if scan is not None:
-                before = key(parts.name, blk - 1) if blk > 0 else None
-                after = key(cont, last + 1) if last + 1 < nblocks else None
-                task = (*task, before, after)
-            dsk[key(name, j)] = task
+            if scan is None:
+                dsk[key(name, j)] = (_finish, span, agg, np.arange(b0, b1), axis, out_dtype)
+                continue
+            dsk[key(merged, j)] = (merge_partials, span, agg, np.arange(b0, b1))
+            prior = None
+            if blk > 0:
+                prior = key(before, blk - 1)
+                dsk[prior] = (_extract, key(parts.name, blk - 1), tuple(scan.before))
+            after = key(cont, last + 1) if last + 1 < nblocks else None
+            dsk[key(name, j)] = (_settle, key(merged, j), agg, axis, out_dtype, prior, after)
     out_chunks = tuple(b1 - b0 for b0, b1, _, _ in outputs)
     chunks = tuple(out_chunks if i == axis else c for i, c in enumerate(x.chunks))
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=[parts])
-    return da.Array(graph, name, chunks, meta=backend_meta(backend_of(x), out_dtype, x.ndim))
+    out = da.Array(graph, name, chunks, meta=backend_meta(backend_of(x), out_dtype, x.ndim))
+    if scan is None:
+        return out
+    # kept until the scan has come back to them: the fields it reads of the blocks it runs over,
+    # what the outputs read of the block before theirs, and the merged partials of the outputs
+    # that wait (their bins' rows and one more), with the states they wait for and the scan's own
+    point = ((nblocks - start) * scan.bytes_per_point(scan.carried)
+             + sum(blk > 0 for _, _, blk, _ in outputs) * scan.bytes_per_point(scan.before)
+             + sum(n + 1 for n, _ in waiting) * row_bytes
+             + (len(waiting) + 1 if waiting else 0) * np.dtype(scan.state).itemsize)
+    points = int(np.prod([n for i, n in enumerate(x.shape) if i != axis]))
+    return declare(out, held_bytes=points * point)
 
 
 # --- the reductions ---------------------------------------------------------------------------------
@@ -729,7 +778,7 @@ def _best(p):
     return p["best"]
 
 
-SPELLS = Scan(_spells_continuation, _spells_close)
+SPELLS = Scan(_spells_continuation, _spells_close, carried={"lead": I4, "length": None}, before={"tail": I4}, state=I4)
 
 
 def longest_spell(threshold: float, cut_at_bins: bool = False) -> Aggregation:
