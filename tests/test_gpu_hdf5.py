@@ -185,16 +185,21 @@ def test_unshuffle_host_leftover_bytes():
 
 
 @pytest.mark.parametrize("typesize", [2, 3, 4, 8])
-def test_unshuffle_words_equal_numcodecs(typesize):
-    """The host's unshuffle by words gives numcodecs' Shuffle decode, over more than one step of
-    elements; other element sizes take the transposed copy."""
+def test_byte_unshuffle_into_equals_numcodecs(typesize):
+    """The host's compiled unshuffle gives numcodecs' Shuffle decode, and the NumPy twin's with
+    bytes left over."""
     import numcodecs
 
-    nb = typesize * (hdf5.UNSHUFFLE_STEP + 1001)
-    data = np.random.default_rng(typesize).integers(0, 256, nb, dtype=np.uint8)
+    from pipeline.kernels import shuffle
+
+    data = np.random.default_rng(typesize).integers(0, 256, typesize * 100_003 + typesize - 1, dtype=np.uint8)
+    whole = data[:typesize * 100_003]
+    out = np.empty_like(whole)
+    shuffle.byte_unshuffle_into(whole, out, typesize)
+    np.testing.assert_array_equal(out, numcodecs.Shuffle(typesize).decode(whole))
     out = np.empty_like(data)
-    hdf5._unshuffle_words(data, out, typesize)
-    np.testing.assert_array_equal(out, numcodecs.Shuffle(typesize).decode(data))
+    shuffle.byte_unshuffle_into(data, out, typesize)
+    np.testing.assert_array_equal(out, shuffle.byte_unshuffle_unit(data, typesize))
 
 
 def test_contiguous_dataset(tmp_path):

@@ -53,6 +53,7 @@ from .. import config
 from ..backend import use_device_memory_limit
 from ..errors import DecodeError, UnsupportedLayout, chunk_error
 from ..kernels import checksum
+from ..kernels.shuffle import byte_unshuffle_into
 from . import pinned
 from .blosc import _warn_once
 from .engine import PIECE, BlockSource, aligned, block_chunks, block_stream, dask_array, decode_frames, pread_into, staged_read
@@ -488,7 +489,7 @@ def unshuffle(lay: H5Layout, dst, shuffled: list, tmp) -> None:
     if isinstance(dst, np.ndarray) and tmp is not None:  # on the host, chunk by chunk, by words
         for d in shuffled:
             tmp[:nb] = dst[d:d + nb]
-            _unshuffle_words(tmp[:nb], dst[d:d + nb], ts)
+            byte_unshuffle_into(tmp[:nb], dst[d:d + nb], ts)
         return
     for start, count in _consecutive(shuffled, nb):
         for i in range(0, count, per):
@@ -497,33 +498,6 @@ def unshuffle(lay: H5Layout, dst, shuffled: list, tmp) -> None:
             t = tmp[:m * nb]
             t[...] = seg
             seg.reshape(m, n, ts)[...] = t.reshape(m, ts, n).transpose(0, 2, 1)
-
-
-# elements a step of the host's unshuffle takes: its planes and words stay in a core's cache
-UNSHUFFLE_STEP = 1 << 16
-
-
-def _unshuffle_words(src: np.ndarray, out: np.ndarray, ts: int) -> None:
-    """HDF5's shuffle of whole elements undone on the host, ``src`` (its byte planes) into ``out``
-    (bytes): each element is its bytes shifted into place and or-ed, as a little-endian word
-    whatever the data's own byte order (byte ``k`` in memory is plane ``k``), a cache-sized step
-    at a time. On one core that is 4.2 GB/s against 0.6-1.4 GB/s for NumPy's transposed byte copy;
-    on the H200 machine, with 16 threads inflating beside it out of core, the transposed copy in
-    place (to a temporary and back) took 12 s of the threads' time for 6 GB."""
-    if ts not in (2, 4, 8):  # other sizes: the transposed copy
-        out.reshape(-1, ts)[...] = src.reshape(ts, -1).T
-        return
-    word = np.dtype(f"<u{ts}")
-    planes, words = src.reshape(ts, -1), out.view(word)
-    n = planes.shape[1]
-    shifted = np.empty(min(n, UNSHUFFLE_STEP), dtype=word)
-    for a in range(0, n, UNSHUFFLE_STEP):
-        b = min(n, a + UNSHUFFLE_STEP)
-        w, t = words[a:b], shifted[:b - a]
-        np.copyto(w, planes[0, a:b], casting="unsafe")
-        for k in range(1, ts):
-            np.left_shift(planes[k, a:b], 8 * k, out=t, dtype=word)
-            np.bitwise_or(w, t, out=w)
 
 
 def _consecutive(offsets: list, step: int) -> list[tuple[int, int]]:
@@ -736,7 +710,8 @@ def _inflate_into(stream, out: np.ndarray, where: str, typesize: int = 1) -> Non
     """One whole zlib stream (its adler32 checked) inflated into ``out``: in an I/O thread on the
     GPU path (:func:`_decode_on_host`), in a Dask thread on the CPU's (:func:`read_block_host`).
     ``typesize`` > 1: the chunk is shuffled, and its shuffle is undone on the way into ``out``
-    (:func:`_unshuffle_words`), rather than copied in and undone in place after."""
+    (:func:`pipeline.kernels.shuffle.byte_unshuffle_into`), rather than copied in and undone in
+    place after."""
     try:
         got = zlib.decompress(stream, bufsize=len(out))
     except zlib.error as e:
@@ -744,7 +719,7 @@ def _inflate_into(stream, out: np.ndarray, where: str, typesize: int = 1) -> Non
     if len(got) != len(out):
         raise DecodeError(f"{where}: a chunk inflates to {len(got)} bytes, not {len(out)}")
     if typesize > 1:
-        _unshuffle_words(np.frombuffer(got, dtype=np.uint8), out, typesize)
+        byte_unshuffle_into(np.frombuffer(got, dtype=np.uint8), out, typesize)
     else:
         out[...] = np.frombuffer(got, dtype=np.uint8)
 
