@@ -292,8 +292,9 @@ class Starting:
     (:func:`_run_directory`), here or on a thread of its own (``thread``); :meth:`result` waits
     for it, :meth:`close` closes it (once started) and removes the directory."""
 
-    def __init__(self, profile: ClusterProfile, thread: bool = True):
+    def __init__(self, profile: ClusterProfile, thread: bool = True, forkserver: bool = False):
         self.profile = profile
+        self.forkserver = forkserver  # workers forked from the started fork server (_start_forkserver)
         self.cluster = None
         self.error: BaseException | None = None
         self._run = None
@@ -308,12 +309,14 @@ class Starting:
         import dask
 
         profile = self.profile
-        saturation = {} if profile.worker_saturation is None else {"distributed.scheduler.worker-saturation": profile.worker_saturation}
+        settings = {} if profile.worker_saturation is None else {"distributed.scheduler.worker-saturation": profile.worker_saturation}
+        if self.forkserver:  # read as each nanny starts its worker's process
+            settings["distributed.worker.multiprocessing-method"] = "forkserver"
         t = time.perf_counter()
         try:
             self._run = _run_directory(profile)
             run = self._run.__enter__()
-            with dask.config.set({**saturation, "temporary-directory": run}):  # read as the scheduler starts
+            with dask.config.set({**settings, "temporary-directory": run}):  # read as the scheduler starts
                 self.cluster = _start_cluster(profile, run)
         except BaseException as e:  # raised where the cluster is waited for
             self.error = e
@@ -333,7 +336,9 @@ class Starting:
             self._thread.join()
         try:
             if self.cluster is not None:
+                t = time.perf_counter()
                 _close(self.cluster)
+                log.debug("cluster %s closed in %.2f s", self.profile.kind, time.perf_counter() - t)
         finally:
             if self._run is not None:
                 self._run.__exit__(None, None, None)
@@ -357,7 +362,33 @@ def start_early(profile: ClusterProfile) -> Starting | None:
     if profile.kind == "local-cuda":
         with contextlib.suppress(ImportError):  # reported where the cluster is waited for
             import dask_cuda  # noqa: F401
-    return Starting(profile)
+    forked = (profile.kind == "local-cuda" or profile.processes) and _start_forkserver()
+    return Starting(profile, forkserver=forked)
+
+
+def _start_forkserver() -> bool:
+    """Start multiprocessing's fork server now, importing what a worker imports
+    (:data:`pipeline.exec.worker.WARM`), so that the workers' processes, forked from it, start
+    with their libraries imported: those imports run beside this process's own, before the
+    cluster is asked for its first worker. With distributed's default (``spawn``) each worker
+    starts a new interpreter and imports them after the nanny asks for it. False where the
+    platform has no fork server (then workers are spawned).
+
+    The server is a fresh interpreter, not a fork of this process, so this process's threads and
+    CUDA context are not in it; no CUDA call is made there (CuPy is imported by each worker)."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    from .worker import WARM
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return False
+    # distributed's own list (utils.get_mp_context) is set when a nanny first starts a process,
+    # once the server runs: it is in this one
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        ["distributed", "dask", "cloudpickle", "msgpack", "tornado", "toolz", "lz4", *WARM, WORKER_PRELOAD])
+    forkserver.ensure_running()
+    return True
 
 
 # how long a worker of a local cluster has to close and exit: distributed's nannies kill one after
