@@ -357,38 +357,67 @@ def start_early(profile: ClusterProfile) -> Starting | None:
     if profile.kind not in ("local", "local-cuda"):
         return None
     config.check()
+    # first, so that its imports start before this process's
+    forked = (profile.kind == "local-cuda" or profile.processes) and _start_forkserver(profile.kind == "local-cuda")
     import distributed  # noqa: F401  (imported on this thread, above)
 
     if profile.kind == "local-cuda":
         with contextlib.suppress(ImportError):  # reported where the cluster is waited for
             import dask_cuda  # noqa: F401
-    forked = (profile.kind == "local-cuda" or profile.processes) and _start_forkserver()
     return Starting(profile, forkserver=forked)
 
 
-def _start_forkserver() -> bool:
+def _start_forkserver(gpu: bool) -> bool:
     """Start multiprocessing's fork server now, importing what a worker imports
-    (:data:`pipeline.exec.worker.WARM`), so that the workers' processes, forked from it, start
-    with their libraries imported: those imports run beside this process's own, before the
-    cluster is asked for its first worker. With distributed's default (``spawn``) each worker
-    starts a new interpreter and imports them after the nanny asks for it. False where the
-    platform has no fork server (then workers are spawned).
+    (:data:`pipeline.exec.worker.WARM`, and dask-cuda and CuPy for GPU workers), so that the
+    workers' processes, forked from it, start with their libraries imported: those imports run
+    beside this process's own, before the cluster is asked for its first worker. With
+    distributed's default (``spawn``) each worker starts a new interpreter and imports them after
+    the nanny asks for it. False where the platform has no fork server (then workers are spawned).
 
-    The server is a fresh interpreter, not a fork of this process, so this process's threads and
-    CUDA context are not in it; no CUDA call is made there (CuPy is imported by each worker)."""
+    - **No CUDA in the server**: it is a fresh interpreter, not a fork of this process, so this
+      process's threads and CUDA context are not in it; importing CuPy and dask-cuda makes no CUDA
+      call, and each worker makes its context after the fork, under the ``CUDA_VISIBLE_DEVICES``
+      its nanny gives it (checked on the H200 machine).
+    - **The environment**: a worker inherits the server's environment, not this process's when
+      the nanny starts it. What must be set before a process starts (distributed's
+      ``distributed.nanny.pre-spawn-environ``: one BLAS thread, glibc's trim threshold), and where
+      Numba and CuPy keep kernels (read as they are imported), are set here first; the nanny's
+      own variables (``distributed.nanny.environ``, dask-cuda's devices) are set by the worker as
+      it starts, as with ``spawn``."""
     import multiprocessing
     from multiprocessing import forkserver
 
+    from ..backend import cache_env
     from .worker import WARM
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return False
+    cache_env()
+    os.environ.update({k: os.environ.get(k, v) for k, v in _pre_spawn_environ().items()})
     # distributed's own list (utils.get_mp_context) is set when a nanny first starts a process,
     # once the server runs: it is in this one
     multiprocessing.get_context("forkserver").set_forkserver_preload(
-        ["distributed", "dask", "cloudpickle", "msgpack", "tornado", "toolz", "lz4", *WARM, WORKER_PRELOAD])
+        ["distributed", "dask", "cloudpickle", "msgpack", "tornado", "toolz", "lz4", *WARM, WORKER_PRELOAD]
+        + (["dask_cuda", "cupy"] if gpu else []))
     forkserver.ensure_running()
     return True
+
+
+def _pre_spawn_environ() -> dict[str, str]:
+    """``distributed.nanny.pre-spawn-environ``: from the settings, else from distributed's own
+    defaults file, read without importing distributed (this process imports it meanwhile)."""
+    import importlib.util
+
+    import dask
+    import yaml
+
+    value = dask.config.get("distributed.nanny.pre-spawn-environ", None)
+    if value is None:
+        spec = importlib.util.find_spec("distributed")
+        with open(os.path.join(spec.submodule_search_locations[0], "distributed.yaml")) as f:
+            value = yaml.safe_load(f)["distributed"]["nanny"]["pre-spawn-environ"]
+    return {k: str(v) for k, v in (value or {}).items() if v is not None}
 
 
 # how long a worker of a local cluster has to close and exit: distributed's nannies kill one after
