@@ -13,7 +13,10 @@ pipeline.exec.worker``), before it joins the scheduler.
   1.09 s; the second run took 0.14 s).
 
 Imports are done here, before the worker takes any task, rather than on a thread beside its
-tasks: two threads importing modules that import each other can fail one import.
+tasks: two threads importing modules that import each other can fail one import. A worker forked
+from the fork server that ``pipeline run`` starts for a local cluster
+(:func:`pipeline.exec.cluster._start_forkserver`, which imports :data:`WARM` itself) finds them
+imported already, and only makes its CUDA context here.
 """
 
 from __future__ import annotations
