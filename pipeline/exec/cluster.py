@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .. import config
 from ..errors import InputError
+from .worker import GPU_WORKER, WARM
 
 log = logging.getLogger(__name__)
 
@@ -389,7 +390,6 @@ def _start_forkserver(gpu: bool) -> bool:
     from multiprocessing import forkserver
 
     from ..backend import cache_env
-    from .worker import WARM
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return False
@@ -671,10 +671,8 @@ def _loopback(dashboard_address: str | None) -> str | None:
     return dashboard_address
 
 
-# what the workers of the clusters started here run as they start (their logs, their imports), and
-# the variable that tells a GPU worker's start to prepare its device
+# what the workers of the clusters started here run as they start (their logs, their imports)
 WORKER_PRELOAD = "pipeline.exec.worker"
-GPU_WORKER = "PIPELINE_WORKER_GPU"
 
 
 def _worker_env(gpu: bool = False) -> dict[str, str]:

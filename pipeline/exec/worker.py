@@ -26,6 +26,7 @@ import logging
 import os
 import time
 
+GPU_WORKER = "PIPELINE_WORKER_GPU"  # set for the workers that compute on a GPU: their start makes the device ready
 WARM = ("numpy", "pandas", "xarray", "zarr", "numcodecs", "dask.array", "pipeline.sources", "pipeline.sinks.zarr",
         "pipeline.exec.compute", "pipeline.kernels", "pipeline.kernels.launch")
 
@@ -52,7 +53,5 @@ def _has_gpu() -> bool:
     """Whether this worker computes on a GPU: started by pipeline as one (``PIPELINE_WORKER_GPU``:
     a dask-cuda worker of kind local-cuda, or of a SLURM job with GPUs), with CuPy installed."""
     import importlib.util
-
-    from .cluster import GPU_WORKER
 
     return os.environ.get(GPU_WORKER) == "1" and importlib.util.find_spec("cupy") is not None
