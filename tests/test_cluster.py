@@ -289,6 +289,39 @@ def test_a_cluster_started_early_has_its_workers_warm_and_is_taken_over():
     assert start_early(ClusterProfile(kind="threads")) is None
 
 
+def _worker_facts():
+    import os
+
+    names = ("OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_", "NUMBA_CACHE_DIR", "CUPY_CACHE_DIR", "PIPELINE_TEST_NANNY")
+    return {"parent": os.getppid(), **{k: os.environ.get(k) for k in names}}
+
+
+def test_an_early_cluster_forks_its_workers_with_their_environment():
+    """The workers of an early local cluster are forked from the fork server (not spawned by this
+    process), and still get what must be in their environment: distributed's pre-spawn variables,
+    the kernel caches' folders, and the nanny's own variables."""
+    import multiprocessing.forkserver
+    import os
+
+    import dask
+
+    from pipeline.exec.cluster import start_early
+
+    profile = ClusterProfile(kind="local", n_workers=2, threads_per_worker=1, dashboard_address=None)
+    with dask.config.set({"distributed.nanny.environ": {"PIPELINE_TEST_NANNY": "given"}}):
+        starting = start_early(profile)
+        assert starting.forkserver
+        with open_cluster(profile, starting) as client:
+            facts = list(client.run(_worker_facts).values())
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    assert len(facts) == 2
+    for f in facts:
+        assert f["parent"] == server != os.getpid()
+        assert f["OMP_NUM_THREADS"] == "1" and f["MALLOC_TRIM_THRESHOLD_"] == "65536"
+        assert f["NUMBA_CACHE_DIR"] == os.environ["NUMBA_CACHE_DIR"] and f["CUPY_CACHE_DIR"] == os.environ["CUPY_CACHE_DIR"]
+        assert f["PIPELINE_TEST_NANNY"] == "given"
+
+
 def test_an_invalid_flow_closes_the_early_cluster_and_leaves_no_run_directory(tmp_path):
     from .test_security import cli
 
