@@ -147,6 +147,7 @@ RULES = {  # each setting of pipeline.yaml: (whether a value is valid, what is e
     "log.level": ((lambda v: isinstance(v, str) and v.lower() in LEVELS), f"one of {', '.join(LEVELS)}"),
     "cluster.locality": _BOOL,
     "cluster.connect-timeout": ((lambda v: _parses(seconds, v)), "a duration such as 10s or 5m"),
+    "cluster.fork-workers": _BOOL,
     "cpu.block-size": _or_null(_SIZE),
     "cpu.memory-limit": _LIMIT,
     "gpu.prebuilt-kernels": _BOOL,

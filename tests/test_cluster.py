@@ -322,6 +322,24 @@ def test_an_early_cluster_forks_its_workers_with_their_environment():
         assert f["PIPELINE_TEST_NANNY"] == "given"
 
 
+def test_fork_workers_off_spawns_them():
+    """``pipeline.cluster.fork-workers: false``: distributed's own spawned workers, children of
+    this process."""
+    import os
+
+    import dask
+
+    from pipeline.exec.cluster import start_early
+
+    profile = ClusterProfile(kind="local", n_workers=1, threads_per_worker=1, dashboard_address=None)
+    with dask.config.set({"pipeline.cluster.fork-workers": False}):
+        starting = start_early(profile)
+        assert not starting.forkserver
+        with open_cluster(profile, starting) as client:
+            (facts,) = client.run(_worker_facts).values()
+    assert facts["parent"] == os.getpid()
+
+
 def test_an_invalid_flow_closes_the_early_cluster_and_leaves_no_run_directory(tmp_path):
     from .test_security import cli
 

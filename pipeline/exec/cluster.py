@@ -359,7 +359,8 @@ def start_early(profile: ClusterProfile) -> Starting | None:
         return None
     config.check()
     # first, so that its imports start before this process's
-    forked = (profile.kind == "local-cuda" or profile.processes) and _start_forkserver(profile.kind == "local-cuda")
+    forked = ((profile.kind == "local-cuda" or profile.processes) and config.get("cluster.fork-workers", True)
+              and _start_forkserver(profile.kind == "local-cuda"))
     import distributed  # noqa: F401  (imported on this thread, above)
 
     if profile.kind == "local-cuda":
