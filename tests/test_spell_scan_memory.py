@@ -244,3 +244,28 @@ def test_heatwave_flow_under_a_budget_that_the_whole_partials_exceeded(store, tm
     np.testing.assert_array_equal(tight["longest_hot_spell"].values, spells)
     counts = np.stack([hot[bins == b].sum(axis=0) for b in range(len(labels))]).reshape(spells.shape)
     np.testing.assert_array_equal(tight["hot_days"].values, counts)
+
+
+@pytest.mark.parametrize("op", ["count_above", "max_spell_length"])
+def test_each_block_partial_is_merged_into_its_output_as_it_is_made(op):
+    """An output's merges are a chain in axis order, each step reading one block's partial and the
+    step before: no task reads the partials of several blocks, which would hold them all until
+    the output's last block is made."""
+    from dask.core import get_deps
+
+    x = _lazy((400, 4, 6), (7, 2, 6))
+    out = getattr(pipeline.ops, op)(x, threshold=0.5, freq="YS").data
+    graph = dict(out.__dask_graph__())
+    deps, _ = get_deps(graph)
+    kind = functools.partial(_kind, result=out.name)
+    steps = [k for k in graph if kind(k) == "merged"]
+    assert steps
+    for k in steps:
+        read = [d for d in deps[k] if "-chunk-" in d[0]]  # the blocks' partials
+        earlier = [d for d in deps[k] if kind(d) == "merged"]
+        assert len(read) == 1 and len(earlier) == (k[-1] > 0)
+        if earlier:
+            assert earlier[0][:-1] == k[:-1] and earlier[0][-1] == k[-1] - 1
+    for k in graph:
+        if "-chunk-" not in k[0] and kind(k) not in ("merged", "carried", "before"):
+            assert not any("-chunk-" in d[0] for d in deps[k]), k

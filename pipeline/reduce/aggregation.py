@@ -493,9 +493,10 @@ def binned_reduce(x: da.Array, agg: Aggregation, bins: np.ndarray, nbins: int, a
     non-decreasing, in ``0..nbins-1``; bins with no step are allowed) -> ``nbins`` rows along
     ``axis``.
 
-    With a scan, the partials of each output's blocks are merged as soon as those blocks are
-    made, as without; what waits for the scan, which runs from the last block back, is that
-    merged partial, and only the few fields of each block that the scan reads (:class:`Scan`)."""
+    Each block's partial is merged into its output's as soon as it is made, one at a time in axis
+    order, so that memory holds an output's merged partial, not every partial of its blocks. With a
+    scan, what waits for the scan, which runs from the last block back, is that merged partial,
+    and only the few fields of each block that the scan reads (:class:`Scan`)."""
     bins = np.asarray(bins, dtype=np.int64)
     if np.any(np.diff(bins) < 0):
         raise ValueError("bins must be non-decreasing along the axis")
@@ -518,7 +519,8 @@ def binned_reduce(x: da.Array, agg: Aggregation, bins: np.ndarray, nbins: int, a
         outputs.append((int(b0), int(b1), int(blk), int(last)))
 
     name = f"{agg.name}-{tokenize(parts.name, nbins)}"
-    # the scan's tasks, in the layer ``name`` and named after it (a report counts them to its step)
+    # the merges' and the scan's tasks, in the layer ``name`` and named after it (a report counts
+    # them to its step)
     merged, carried, before, cont = (f"{name}-{k}" for k in ("merged", "carried", "before", "continuation"))
     nblocks = x.numblocks[axis]
     scan = agg.scan
@@ -536,17 +538,24 @@ def binned_reduce(x: da.Array, agg: Aggregation, bins: np.ndarray, nbins: int, a
                 nxt = key(cont, i + 1) if i + 1 < nblocks else None
                 dsk[key(cont, i)] = (scan.continuation, key(carried, i), nxt)
         for j, (b0, b1, blk, last) in enumerate(outputs):
-            span = [key(parts.name, i) for i in range(blk, last + 1)]
+            # the output's partials merged one at a time, in axis order, each as soon as its block
+            # is made: the same merges as merge_partials of them all, but a block's partial is
+            # released once merged rather than held until the output's last block is made
+            acc = None
+            for k, i in enumerate(range(blk, last + 1)):
+                step = (merged, *idx[:axis], j, *idx[axis:], k)
+                dsk[step] = (merge_partials, [key(parts.name, i)] if acc is None else [acc, key(parts.name, i)], agg,
+                             np.arange(b0, b1))
+                acc = step
             if scan is None:
-                dsk[key(name, j)] = (_finish, span, agg, np.arange(b0, b1), axis, out_dtype)
+                dsk[key(name, j)] = (_settle, acc, agg, axis, out_dtype)
                 continue
-            dsk[key(merged, j)] = (merge_partials, span, agg, np.arange(b0, b1))
             prior = None
             if blk > 0:
                 prior = key(before, blk - 1)
                 dsk[prior] = (_extract, key(parts.name, blk - 1), tuple(scan.before))
             after = key(cont, last + 1) if last + 1 < nblocks else None
-            dsk[key(name, j)] = (_settle, key(merged, j), agg, axis, out_dtype, prior, after)
+            dsk[key(name, j)] = (_settle, acc, agg, axis, out_dtype, prior, after)
     out_chunks = tuple(b1 - b0 for b0, b1, _, _ in outputs)
     chunks = tuple(out_chunks if i == axis else c for i, c in enumerate(x.chunks))
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=[parts])
