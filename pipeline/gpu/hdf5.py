@@ -486,7 +486,7 @@ def unshuffle(lay: H5Layout, dst, shuffled: list, tmp) -> None:
     and transposed back, (chunks, typesize, n) -> (chunks, n, typesize)."""
     nb, ts = lay.chunk_nbytes, lay.dtype.itemsize
     n, per = nb // ts, len(tmp) // nb if tmp is not None else 0
-    if isinstance(dst, np.ndarray) and tmp is not None:  # on the host, chunk by chunk, by words
+    if isinstance(dst, np.ndarray) and tmp is not None:  # on the host, chunk by chunk, by a compiled loop
         for d in shuffled:
             tmp[:nb] = dst[d:d + nb]
             byte_unshuffle_into(tmp[:nb], dst[d:d + nb], ts)
