@@ -9,8 +9,9 @@ kernels, which the tests use as a second reference for the current ones.
   twins they remain; the group loops are here);
 - detrend: the Numba ``detrend`` kernel alone, which reads each series twice (the package still
   uses it where the tile kernel does not fit);
-- genotype counts of int8 diploid biallelic calls (per variant, per sample): the Numba CUDA word
-  kernels, uint64 words of four calls (``genotype_counts.py --previous``).
+- genotype counts of int8 diploid biallelic calls (per variant, per sample, per call): the Numba
+  CUDA word kernels, uint64 words of four calls (``genotype_counts.py --previous``); the per-call
+  counts of other calls, a Numba CUDA kernel a thread a call.
 
 Nothing here is imported by the package.
 """
@@ -356,7 +357,7 @@ def detrend_numba_gpu(x, u, *, axis: int, deg: int, out_dtype):
 # The package counts int8 diploid biallelic calls with CUDA C (pipeline/kernels/cuda/genotypes.cu,
 # 32-bit words and 16-byte loads); these were its kernels before, over the same per-call rules.
 
-from pipeline.kernels.genotypes import CLASSES, _tally_genotype, _words_of, make_call_counters, n_genotypes  # noqa: E402
+from pipeline.kernels.genotypes import CLASSES, _call_alleles, _tally_genotype, make_call_counters, n_genotypes  # noqa: E402
 
 INNER = np.uint64(0x7E7E7E7E7E7E7E7E)  # bits 1 to 6 of each byte
 LOWS = np.uint64(0x0101010101010101)  # bit 0 of each byte
@@ -369,6 +370,12 @@ BAD_WORD = np.uint64(0x0202020202020202)  # a word _word_bytes refuses: its call
 WORD_CALLS = 4  # diploid int8 calls in a word
 _S1, _S8, _S32, _S64 = (np.uint64(n) for n in (1, 8, 32, 64))
 _H8, _H16 = np.uint32(8), np.uint32(16)
+
+
+def _words_of(g):
+    """The whole uint64 words of C-contiguous ``g``'s bytes (a view)."""
+    flat = g.reshape(-1)
+    return flat[: flat.size // 8 * 8].view(np.uint64)
 
 
 def _word_bytes(x):
@@ -731,3 +738,88 @@ def sample_call_counts_gpu_previous(g, *, threads: int = THREADS_PER_BLOCK, unro
     grid = (-(-(-(-ns // WORD_CALLS)) // threads), -(-nv // vtile))
     launch.launch_numba(_word_sample_kernel(unroll), 0, g, _words_of(g), np.int64(vtile), out, threads=threads, grid=grid)
     return out[None]
+
+
+# --- per-call allele counts: the Numba CUDA kernels (the package's are CUDA C, cuda/calls.cu) -------
+
+
+@launch.once
+def _call_kernel(ploidy: int, n_alleles: int):
+    call_alleles = cuda.jit(device=True)(_call_alleles)
+
+    @launch.cuda_kernel
+    def call_counts(g, out):
+        i = cuda.grid(1)
+        ns = g.shape[1]
+        if i < g.shape[0] * ns:
+            call_alleles(g, i // ns, i % ns, ploidy, n_alleles, out)
+
+    return call_counts
+
+
+@launch.once
+def _word_call_kernel(unroll: int):
+    """The per-call word kernel: a word of counts written for each whole word of calls,
+    grid-stride. A word with other values than 0, 1, -1 and -2 has its calls counted one by one
+    (``_call_alleles``) from its own bytes, so that the kernel writes the counts through one array
+    only (the simulator copies each argument apart, and two views of the output would not see
+    each other's writes)."""
+    word_bytes, word_call_alleles = (cuda.jit(device=True)(f) for f in (_word_bytes, _word_call_alleles))
+    call_alleles = cuda.jit(device=True)(_call_alleles)
+
+    @cuda.jit(device=True)
+    def count_word(x, calls, counts):
+        bad, neg, low = word_bytes(x)
+        if bad == 0:
+            return word_call_alleles(neg, low)
+        for b in range(2 * WORD_CALLS):
+            byte = np.int64((x >> np.uint64(8 * b)) & np.uint64(0xFF))
+            calls[0, b // 2, b % 2] = byte - 256 * (byte >> 7)  # its int8 value
+        y = np.uint64(0)
+        for j in range(WORD_CALLS):
+            call_alleles(calls, 0, j, 2, 2, counts)
+            for a in range(2):
+                y |= np.uint64(counts[0, j, a]) << np.uint64(16 * j + 8 * a)
+        return y
+
+    @launch.cuda_kernel
+    def word_call_counts(words, out_words):
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        nw = words.shape[0]
+        calls = cuda.local.array((1, WORD_CALLS, 2), np.int8)
+        counts = cuda.local.array((1, WORD_CALLS, 2), np.uint8)
+        buf = cuda.local.array(unroll, np.uint64)
+        q = i
+        while q + (unroll - 1) * stride < nw:
+            for u in range(unroll):
+                buf[u] = words[q + u * stride]
+            for u in range(unroll):
+                out_words[q + u * stride] = count_word(buf[u], calls, counts)
+            q += unroll * stride
+        while q < nw:
+            out_words[q] = count_word(words[q], calls, counts)
+            q += stride
+
+    return word_call_counts
+
+
+def call_allele_counts_gpu_previous(g, n_alleles: int = 2, *, threads: int = THREADS_PER_BLOCK, unroll: int = 4):
+    """The per-call counts: a word of calls a step (the word kernel, grid-stride) for int8 diploid
+    biallelic calls at an address that is a multiple of 8, the calls past the last whole word (and
+    any other calls) a thread a call."""
+    import cupy
+
+    g = cupy.ascontiguousarray(g)
+    out = cupy.empty(g.shape[:2] + (n_alleles,), np.uint8)
+    words = g.dtype == np.int8 and g.shape[2] == 2 and n_alleles == 2 and g.data.ptr % 8 == 0
+    if words:
+        w = _words_of(g)
+        grid = max(1, -(-w.size // (threads * unroll)))
+        launch.launch_numba(_word_call_kernel(unroll), 0, w, _words_of(out), threads=threads, grid=(grid,))
+        v = WORD_CALLS * w.size // g.shape[1]  # the rows of the calls past the last whole word
+        if v < g.shape[0]:
+            launch.launch_numba(_call_kernel(2, 2), (g.shape[0] - v) * g.shape[1], g[v:], out[v:], threads=threads)
+    elif g.size and n_alleles:
+        launch.launch_numba(_call_kernel(g.shape[2], n_alleles), g.shape[0] * g.shape[1], g, out, threads=threads)
+    return out

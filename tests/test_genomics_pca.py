@@ -1,6 +1,6 @@
 """pca and count_call_alternate_alleles against sgkit 0.10's results (``sgkit_pca.npz``, made by
-``tests/fixtures/genomics/sgkit_pca.py``), on several chunkings; the alternate allele kernel's GPU
-loop in Numba's CUDA simulator; GPU against CPU where a GPU is present."""
+``tests/fixtures/genomics/sgkit_pca.py``), on several chunkings; the alternate allele kernel's
+CUDA C kernel against its CPU loop, and GPU against CPU, where a GPU is present."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pipeline.genomics as sg
 from pipeline import backend as B
 from pipeline import kernels
 from pipeline.errors import InputError
-from pipeline.kernels import alternate, launch
+from pipeline.kernels import alternate
 
 from .conftest import raise_if_dask_computes, requires_gpu
 from .genomics_data import dataset, sgkit
@@ -100,17 +100,26 @@ def test_alternate_allele_kernel(ploidy, n_alleles):
     np.testing.assert_array_equal(out, naive_alternate_counts(g, n_alleles))
 
 
-@pytest.mark.cudasim
-@pytest.mark.parametrize("ploidy,n_alleles", [(2, 3), (3, None)])
-def test_alternate_allele_kernel_gpu_loop(ploidy, n_alleles):
-    """The Numba CUDA kernel (four calls a thread, a grid's width apart) against the CPU loop:
-    150 calls over 3 blocks of 16 threads, so threads take both the unrolled and the tail loop."""
-    g = random_genotypes(ploidy)
-    calls = g.reshape(-1, ploidy)
-    out = np.full(calls.shape[0], 99, dtype=np.int16)
-    launch.launch_numba(alternate._gpu_kernel(ploidy), -(-calls.shape[0] // alternate.UNROLL), calls,
-                        alternate._n_alleles(n_alleles), out, threads=16)
-    np.testing.assert_array_equal(out.reshape(g.shape[:2]), alternate.alternate_allele_count_cpu(g, n_alleles))
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("ploidy,n_alleles,dtype", [(2, 3, np.int8), (3, None, np.int8), (1, 2, np.int16),
+                                                    (2, 2, np.int32), (4, 5, np.int64)])
+def test_alternate_allele_kernel_gpu_equals_cpu(ploidy, n_alleles, dtype):
+    """The CUDA C kernel (``cuda/calls.cu``) against the CPU loop, on every allele value from -3 to
+    5: 1,001 calls (one block of 256 threads, four calls a thread: the unrolled loop and its tail),
+    6 million (threads taking several unrolled steps), and a view that is not C-contiguous."""
+    import cupy
+
+    rng = np.random.default_rng(ploidy)
+    for shape in [(77, 13, ploidy), (3000, 2001, ploidy)]:
+        g = rng.integers(-3, 6, size=shape).astype(dtype)
+        expected = alternate.alternate_allele_count_cpu(g, n_alleles)
+        got = alternate.alternate_allele_count_gpu(cupy.asarray(g), n_alleles)
+        assert got.dtype == np.int16 and got.shape == shape[:2]
+        np.testing.assert_array_equal(cupy.asnumpy(got), expected)
+    g = rng.integers(-3, 6, size=(40, 30, ploidy)).astype(dtype)
+    got = alternate.alternate_allele_count_gpu(cupy.asarray(g)[:, ::3], n_alleles)
+    np.testing.assert_array_equal(cupy.asnumpy(got), alternate.alternate_allele_count_cpu(g[:, ::3], n_alleles))
 
 
 # --- pca against sgkit -----------------------------------------------------------------------------

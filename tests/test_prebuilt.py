@@ -27,7 +27,7 @@ def test_every_manifest_entry_has_the_binary_of_its_current_source():
 def test_the_manifest_covers_the_genomics_and_climate_modules():
     files = {e.get("file") for e in build.manifest()}
     specs = {e["spec"]["name"] for e in build.manifest() if "spec" in e}
-    assert {"genotypes.cu", "popgen.cu", "patterson.cu", "moments.cu", "weighted.cu"} <= files
+    assert {"genotypes.cu", "calls.cu", "popgen.cu", "patterson.cu", "moments.cu", "weighted.cu"} <= files
     assert {"pipeline_standardize", "pipeline_cf_decode"} <= specs
 
 
@@ -123,7 +123,7 @@ def _results(prebuilt_on: bool) -> dict:
     """Kernels of the genomics and climate families, with the binaries or compiled by NVRTC."""
     import cupy
 
-    from pipeline.kernels import copies, elementwise, genotypes, gwas, ld, linalg, moments, popgen, trend, weighted
+    from pipeline.kernels import alternate, copies, elementwise, genotypes, gwas, ld, linalg, moments, popgen, trend, weighted
 
     launch.raw_kernel.cache_clear()
     launch._streaming_kernel.cache_clear()
@@ -139,6 +139,7 @@ def _results(prebuilt_on: bool) -> dict:
         out["variant_calls"] = genotypes.variant_call_counts_gpu(dg, 2)
         out["variant_genotypes"] = genotypes.variant_genotype_counts_gpu(dg, 2)
         out["sample_calls"] = genotypes.sample_call_counts_gpu(dg)
+        out["per_call"] = (genotypes.call_allele_counts_gpu(dg, 2), alternate.alternate_allele_count_gpu(dg, 2))
         het, hom1, hom2 = (rng.integers(0, 400, size=200).astype(np.int64) for _ in range(3))
         out["hwe"] = genotypes.hwe_exact_gpu(het, hom1, hom2)
         cohort = cupy.asarray(rng.integers(0, 3, size=257).astype(np.int32))

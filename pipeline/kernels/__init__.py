@@ -104,13 +104,11 @@ FAMILIES: dict[str, str] = {
 
 BACKENDS = ("cpu", "gpu")
 
-# The kernels whose GPU kernels are Numba CUDA kernels (``launch.cuda_kernel``): resolving one of
+# The families whose GPU kernels are Numba CUDA kernels (``launch.cuda_kernel``): resolving one of
 # them for the GPU starts ``numba.cuda``'s import in the background (launch.prepare_numba_cuda).
-# Every kernel of these families; of the genotypes family, the per-call allele counts (the other
-# counts and the HWE test are CUDA C for int8 diploid biallelic calls, and import numba.cuda at
-# their first launch on other calls).
-NUMBA_CUDA_FAMILIES = frozenset({"alternate", "groups", "trend"})
-NUMBA_CUDA_KERNELS = frozenset({"call_allele_counts"})
+# The genotype counts are CUDA C for int8 diploid biallelic calls and for every per-call count;
+# their generic per-variant and per-sample kernels import numba.cuda at their first launch.
+NUMBA_CUDA_FAMILIES = frozenset({"groups", "trend"})
 
 
 @functools.cache
@@ -129,14 +127,13 @@ def _resolve(name: str, backend: str) -> Callable:
 
 def get(name: str, backend: str) -> Callable:
     """The kernel ``name`` for ``backend`` ("cpu" or "gpu"), to run: an op building its graph asks
-    for it, and a Numba CUDA kernel's module starts loading now (:data:`NUMBA_CUDA_FAMILIES`,
-    :data:`NUMBA_CUDA_KERNELS`)."""
+    for it, and a Numba CUDA kernel's module starts loading now (:data:`NUMBA_CUDA_FAMILIES`)."""
     kernel = _resolve(name, backend)
     if backend == "gpu":
         from .copies import prepare_cupy
 
         prepare_cupy()  # dask's joins and gathers of CuPy blocks by pipeline's copies
-        if FAMILIES[name] in NUMBA_CUDA_FAMILIES or name in NUMBA_CUDA_KERNELS:
+        if FAMILIES[name] in NUMBA_CUDA_FAMILIES:
             from .launch import prepare_numba_cuda
 
             prepare_numba_cuda()

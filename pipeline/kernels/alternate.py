@@ -8,16 +8,16 @@ the alternate alleles, cast to int16, and -1 where ``call_genotype_mask`` has an
 call masked), computed from the genotypes alone: VCF Zarr's and sgkit's ``call_genotype_mask``
 is ``call_genotype < 0``, so the int8 genotypes are read once and the mask not at all.
 
-The per-call step (:func:`make_call_count`) is one function compiled twice: by Numba for the CPU
-(a loop over the calls, :func:`alternate_allele_count_cpu`) and by Numba CUDA for the GPU
-(:func:`alternate_allele_count_gpu`), so the CPU tests check the GPU kernel's logic (in Numba's
-CUDA simulator where no GPU is present) and both give the same integers.
+The CPU kernel is a Numba loop over the calls of the per-call step (:func:`make_call_count`);
+the GPU kernel is CUDA C (``pipeline_alternate_counts`` in ``cuda/calls.cu``, launched by
+:func:`pipeline.kernels.genotypes.per_call_gpu`), the same comparisons, with no ``numba.cuda`` to
+import. Both give the same integers (the GPU tests compare them).
 
 The GPU kernel is memory-bound: 2 bytes read and 2 written per diploid call. Each thread takes
-``UNROLL`` calls a grid's width apart (so a warp's loads of one step are contiguous), loads all of
-their alleles before it writes any count, so that it has ``UNROLL * ploidy`` independent loads in
-flight rather than one (see :mod:`pipeline.kernels.launch`, streaming kernels), and the ploidy is
-a compile-time constant, so the loop over a call's alleles is unrolled.
+``CALL_UNROLL`` calls a grid's width apart (so a warp's loads of one step are contiguous), loads all
+of their alleles before it writes any count, so that it has several independent loads in flight
+rather than one (see :mod:`pipeline.kernels.launch`, streaming kernels), and the ploidy is a
+compile-time constant, so the loop over a call's alleles is unrolled.
 """
 
 from __future__ import annotations
@@ -26,16 +26,11 @@ import numpy as np
 
 from . import launch
 
-UNROLL = 4  # calls per thread, their loads in flight together
 NO_ALLELE_LIMIT = np.iinfo(np.int64).max  # n_alleles when a dataset has no alleles dimension
-
-# numba.cuda, set on first GPU use by _gpu_kernel: a global of the module that defines the
-# @cuda.jit kernel, as Numba's CUDA simulator requires (see launch.numba_cuda)
-cuda = None
 
 
 def make_call_count(jit, ploidy: int):
-    """The per-call step compiled by ``jit`` (``numba.njit`` or ``cuda.jit(device=True)``):
+    """The per-call step compiled by ``jit`` (``launch.cpu_jit``):
     ``count(g, n_alleles, i)`` for the call ``g[i, :]`` of a (calls, ploidy) array."""
 
     @jit
@@ -63,36 +58,6 @@ def _cpu_loop(ploidy: int):
     return calls
 
 
-@launch.once
-def _gpu_kernel(ploidy: int):
-    """The Numba CUDA kernel for ``ploidy``: ``(g2d, n_alleles, out)``, ``UNROLL`` calls a thread.
-    (The tests launch it on NumPy arrays under Numba's CUDA simulator.)"""
-    global cuda
-    cuda = launch.numba_cuda()
-    count = make_call_count(cuda.jit(device=True), ploidy)
-
-    @launch.cuda_kernel
-    def alternate_counts(g, n_alleles, out):
-        n = g.shape[0]
-        stride = cuda.gridsize(1)
-        i = cuda.grid(1)
-        while i + 3 * stride < n:
-            c0 = count(g, n_alleles, i)
-            c1 = count(g, n_alleles, i + stride)
-            c2 = count(g, n_alleles, i + 2 * stride)
-            c3 = count(g, n_alleles, i + 3 * stride)
-            out[i] = c0
-            out[i + stride] = c1
-            out[i + 2 * stride] = c2
-            out[i + 3 * stride] = c3
-            i += 4 * stride
-        while i < n:
-            out[i] = count(g, n_alleles, i)
-            i += stride
-
-    return alternate_counts
-
-
 def _calls(g):
     """A (variants, samples, ploidy) block as C-contiguous (calls, ploidy)."""
     v, s, p = g.shape
@@ -116,12 +81,13 @@ def alternate_allele_count_cpu(g, n_alleles: int | None = None):
 
 
 def alternate_allele_count_gpu(g, n_alleles: int | None = None):
-    """:func:`alternate_allele_count_cpu` on a CuPy block, by the same step under Numba CUDA, on
-    CuPy's current stream."""
+    """:func:`alternate_allele_count_cpu` on a CuPy block, by the CUDA C kernel, on CuPy's current
+    stream."""
     import cupy
 
+    from .genotypes import per_call_gpu
+
     v, s, p = g.shape
-    out = cupy.empty(v * s, dtype=np.int16)
-    if out.size:
-        launch.launch_numba(_gpu_kernel(int(p)), -(-out.size // UNROLL), _calls(g), _n_alleles(n_alleles), out)
-    return out.reshape(v, s)
+    out = cupy.empty((v, s), dtype=np.int16)
+    per_call_gpu("pipeline_alternate_counts", cupy.ascontiguousarray(g), out, _n_alleles(n_alleles))
+    return out

@@ -35,7 +35,7 @@ pass over the variant's row for each allele (vectorized by the compiler, the row
 where a GPU thread compares each of its calls' alleles with every allele index (the GPU's way runs
 on the CPU as :func:`call_counts_twin`, for the tests); and the per-call allele counts, written
 out in the CPU loop. Integer counts do not depend on the order of additions, so CPU and GPU agree
-exactly, and the CPU tests run the Numba CUDA kernels in Numba's CUDA simulator (the CUDA C word
+exactly, and the CPU tests run the Numba CUDA kernels in Numba's CUDA simulator (the CUDA C
 kernels below run in the GPU tests).
 
 Generic GPU kernels (Numba CUDA, launched on CuPy's current stream), over any dtype, ploidy and
@@ -52,7 +52,6 @@ alleles:
   of many alleles or a high ploidy (a count per genotype per thread);
 - per sample (``sample_call_counts``): a thread a sample and a tile of variants, ``UNROLL``
   variants' calls loaded at once, counts added to the output once per tile;
-- per call (``call_allele_counts``): a thread a call;
 - ``hwe_exact`` (CUDA C, ``cuda/genotypes.cu``, for every input): a thread a variant. The exact
   test needs the distribution of heterozygote counts; sgkit keeps it in an array of length
   ``2 * n + 1``, which a GPU thread cannot hold, so both kernels compute it twice instead (the
@@ -88,9 +87,11 @@ above in Python; the tests hold them equal on every byte value).
 - per sample: a thread 16 bytes of a row (eight samples) and a tile of variants, four samples'
   counts in the 8-bit lanes of a register (summed into 16-bit lanes every 255 variants); tiles
   sized to give the GPU about ``WORD_THREADS`` threads; rows that do not start at a multiple of
-  16 bytes are joined from two aligned loads;
-- per call (Numba CUDA): a word of counts for each word of calls (with two alleles a call's counts
-  take its two bytes), grid-stride; the last calls short of a word by the generic kernel.
+  16 bytes are joined from two aligned loads.
+
+The per-call allele counts (``call_allele_counts``), for every input: CUDA C (``cuda/calls.cu``),
+a thread ``CALL_UNROLL`` calls, each call's alleles compared with every allele index (the
+comparisons of :func:`_call_alleles`).
 
 Nothing here imports CuPy or ``numba.cuda`` at module level.
 """
@@ -242,7 +243,7 @@ def _call_alleles(g, v, s, ploidy, n_alleles, out):
 # bit 0 of bytes or of calls; any other byte (an allele of 2 or more, a value below -2) sends the
 # word back to the per-call functions above. The CUDA kernels (``cuda/genotypes.cu``,
 # ``count_fast``) compute these flags; :func:`word_flags` is the same formulas on NumPy words, for
-# the tests, and ``_word_bytes`` and ``_word_call_alleles`` the per-call counts' (Numba CUDA).
+# the tests.
 
 LOWS32 = np.uint32(0x01010101)  # bit 0 of each byte
 CALLS32 = np.uint32(0x00010001)  # bit 0 of each call's first byte
@@ -267,30 +268,6 @@ def word_flags(x, at: int = 0) -> dict:
     s0, t = x >> eight, x >> nine  # at a call's first byte: its second byte's bit 0 and sign
     return {"odd": (x ^ y) & INNER32, "hom_ref": ~(u | u1) & m, "hom_alt": x & s & ~u1 & m, "called": ~u1 & m,
             "zeros": ~(x | y) & LOWS32, "ones": x & ~y & LOWS32, "refused": ((y & ~x) | (~y & t & ~s0)) & CALLS32}
-
-
-# The per-call allele counts' words (call_allele_counts, a Numba CUDA kernel), eight bytes a word.
-INNER = np.uint64(0x7E7E7E7E7E7E7E7E)  # bits 1 to 6 of each byte
-LOWS = np.uint64(0x0101010101010101)  # bit 0 of each byte
-LOW_BYTES = np.uint64(0x00FF00FF00FF00FF)  # each call's first byte
-WORD_CALLS = 4  # diploid int8 calls in a uint64 word
-_S1, _S8 = np.uint64(1), np.uint64(8)
-
-
-def _word_bytes(x):
-    """``(bad, neg, low)`` of uint64 word ``x``: ``bad`` is non-zero where a byte is not 0, 1, -1
-    or -2 (as ``odd`` of :func:`word_flags`); ``neg`` has bit 0 of each byte set where the byte is
-    negative (its bit 1), ``low`` where its bit 0 is (allele 1, or -1)."""
-    y = x >> _S1
-    return (x ^ y) & INNER, y & LOWS, x & LOWS
-
-
-def _word_call_alleles(neg, low):
-    """The word of per-call allele counts, as ``call_allele_counts`` writes them with two alleles:
-    each call's count of allele 0 in its first byte, of allele 1 in its second (the same bytes as
-    the calls: a word of counts for each word of calls)."""
-    zeros, ones = ~(neg | low) & LOWS, low & ~neg
-    return ((zeros + (zeros >> _S8)) & LOW_BYTES) | (((ones + (ones >> _S8)) & LOW_BYTES) << _S8)
 
 
 def _hwe_p_value(obs_hets, obs_hom1, obs_hom2):
@@ -618,75 +595,11 @@ def _sample_kernel(dtype, ploidy: int, unroll: int, vtile: int):
     return sample_counts
 
 
-@launch.once
-def _call_kernel(ploidy: int, n_alleles: int):
-    _numba_cuda()
-    call_alleles = cuda.jit(device=True)(_call_alleles)
-
-    @launch.cuda_kernel
-    def call_counts(g, out):
-        i = cuda.grid(1)
-        ns = g.shape[1]
-        if i < g.shape[0] * ns:
-            call_alleles(g, i // ns, i % ns, ploidy, n_alleles, out)
-
-    return call_counts
-
-
-@launch.once
-def _word_call_kernel(unroll: int):
-    """The per-call word kernel: a word of counts written for each whole word of calls,
-    grid-stride. A word with other values than 0, 1, -1 and -2 has its calls counted one by one
-    (``_call_alleles``) from its own bytes, so that the kernel writes the counts through one array
-    only (the simulator copies each argument apart, and two views of the output would not see
-    each other's writes)."""
-    _numba_cuda()
-    word_bytes, word_call_alleles = (cuda.jit(device=True)(f) for f in (_word_bytes, _word_call_alleles))
-    call_alleles = cuda.jit(device=True)(_call_alleles)
-
-    @cuda.jit(device=True)
-    def count_word(x, calls, counts):
-        bad, neg, low = word_bytes(x)
-        if bad == 0:
-            return word_call_alleles(neg, low)
-        for b in range(2 * WORD_CALLS):
-            byte = np.int64((x >> np.uint64(8 * b)) & np.uint64(0xFF))
-            calls[0, b // 2, b % 2] = byte - 256 * (byte >> 7)  # its int8 value
-        y = np.uint64(0)
-        for j in range(WORD_CALLS):
-            call_alleles(calls, 0, j, 2, 2, counts)
-            for a in range(2):
-                y |= np.uint64(counts[0, j, a]) << np.uint64(16 * j + 8 * a)
-        return y
-
-    @launch.cuda_kernel
-    def word_call_counts(words, out_words):
-        i = cuda.grid(1)
-        stride = cuda.gridsize(1)
-        nw = words.shape[0]
-        calls = cuda.local.array((1, WORD_CALLS, 2), np.int8)
-        counts = cuda.local.array((1, WORD_CALLS, 2), np.uint8)
-        buf = cuda.local.array(unroll, np.uint64)
-        q = i
-        while q + (unroll - 1) * stride < nw:
-            for u in range(unroll):
-                buf[u] = words[q + u * stride]
-            for u in range(unroll):
-                out_words[q + u * stride] = count_word(buf[u], calls, counts)
-            q += unroll * stride
-        while q < nw:
-            out_words[q] = count_word(words[q], calls, counts)
-            q += stride
-
-    return word_call_counts
-
-
 # --- GPU: the word kernels (int8, diploid, biallelic), CUDA C -----------------------------------------
 #
 # cuda/genotypes.cu: the per-variant and per-sample counts and the HWE test, compiled by CuPy (one
 # module, once per machine, in about a second on a fresh machine, where the Numba CUDA kernels they
-# replace took 3.4 s for the counting statistics; and no numba.cuda to import). The per-call allele
-# counts stay a Numba CUDA kernel (below).
+# replace took 3.4 s for the counting statistics; and no numba.cuda to import).
 
 WORD_THREADS = 1 << 18  # threads the word kernels aim for (an H200 holds 270,336)
 SAMPLE_LANE_MAX = 0xFFFF  # variants a thread of the per-sample kernel counts in 16-bit lanes
@@ -716,28 +629,15 @@ def word_path(g, n_alleles: int = 2) -> bool:
     return bool(g.flags.c_contiguous)
 
 
-def _address(g) -> int:
-    interface = getattr(g, "__cuda_array_interface__", None) or g.__array_interface__
-    return interface["data"][0]
-
-
-def _use_words(g, n_alleles: int, words: bool | None, *, numba: bool = False) -> bool:
+def _use_words(g, n_alleles: int, words: bool | None) -> bool:
     """Whether to count ``g`` by the word kernels (:func:`word_path`), unless ``words`` says: the
     CUDA C kernels take an array on the GPU at any address (under Numba's CUDA simulator, NumPy
-    arrays take the generic Numba kernels); the Numba CUDA per-call kernel (``numba``) reads
-    uint64 views, so an address that is a multiple of 8, NumPy arrays too."""
-    where = _address(g) % 8 == 0 if numba else hasattr(g, "__cuda_array_interface__")
-    fits = word_path(g, n_alleles) and where
+    arrays take the generic Numba kernels)."""
+    fits = word_path(g, n_alleles) and hasattr(g, "__cuda_array_interface__")
     if words and not fits:
         raise ValueError("the word kernels count C-contiguous int8 calls of ploidy 2 and two alleles, four calls "
-                         "or more" + (", 8-byte aligned" if numba else ", on the GPU"))
+                         "or more, on the GPU")
     return fits if words is None else words
-
-
-def _words_of(g):
-    """The whole uint64 words of C-contiguous ``g``'s bytes (a view)."""
-    flat = g.reshape(-1)
-    return flat[: flat.size // 8 * 8].view(np.uint64)
 
 
 def row_shape(n_samples: int, tx: int | None = None, unroll: int = UNROLL, tile: int | None = None):
@@ -849,23 +749,41 @@ def sample_call_counts_gpu(g, *, threads: int = THREADS, unroll: int = UNROLL, v
     return out[None]
 
 
-def call_allele_counts_gpu(g, n_alleles: int, *, threads: int = THREADS, unroll: int = UNROLL,
-                           words: bool | None = None):
-    """:func:`call_allele_counts_cpu` by a Numba CUDA kernel: a word of calls a step (the word
-    kernel, grid-stride), else a call a thread."""
-    xp = _xp(g)
-    g = xp.ascontiguousarray(g)
-    out = xp.empty(g.shape[:2] + (n_alleles,), np.uint8)  # every count is written
-    if _use_words(g, n_alleles, words, numba=True):
-        w = _words_of(g)
-        grid = max(1, -(-w.size // (threads * unroll)))
-        launch.launch_numba(_word_call_kernel(unroll), 0, w, _words_of(out), threads=threads, grid=(grid,))
-        v = WORD_CALLS * w.size // g.shape[1]  # the rows of the calls past the last whole word
-        if v < g.shape[0]:
-            launch.launch_numba(_call_kernel(2, 2), (g.shape[0] - v) * g.shape[1], g[v:], out[v:], threads=threads)
-    elif g.size and n_alleles:
-        launch.launch_numba(_call_kernel(g.shape[2], n_alleles), g.shape[0] * g.shape[1], g, out, threads=threads)
+def call_allele_counts_gpu(g, n_alleles: int):
+    """:func:`call_allele_counts_cpu` on a CuPy block, by the CUDA C kernel (``cuda/calls.cu``,
+    ``pipeline_call_allele_counts``)."""
+    import cupy
+
+    g = cupy.ascontiguousarray(g)
+    out = cupy.empty(g.shape[:2] + (n_alleles,), np.uint8)  # every count is written
+    if out.size:
+        per_call_gpu("pipeline_call_allele_counts", g, out, np.int32(n_alleles))
     return out
+
+
+# --- GPU: per-call kernels, CUDA C ------------------------------------------------------------------
+#
+# cuda/calls.cu: the per-call allele counts (here) and alternate allele counts (alternate.py), any
+# integer type and ploidy (a compile-time constant). They were Numba CUDA kernels; as CUDA C no
+# numba.cuda is imported for them: in a second process on an H200 (its kernels in the disk cache),
+# importing numba.cuda and loading its registries took 0.5-1 s of the first run of sgkit's
+# frequencies and relatedness functions, where their warm runs take 0.2-0.3 s.
+
+CALL_UNROLL = 4  # calls a thread of a per-call kernel loads before it writes any count
+
+
+def per_call_gpu(name: str, g, out, *args) -> None:
+    """Launch the per-call kernel ``name`` of ``cuda/calls.cu`` over the calls of C-contiguous
+    ``g`` (variants, samples, ploidy) into ``out``, with ``args`` after the number of calls; a
+    thread ``CALL_UNROLL`` calls a grid's width apart, a grid of at most 32 blocks a
+    multiprocessor (grid-stride)."""
+    calls = g.shape[0] * g.shape[1]
+    if not calls:
+        return
+    kernel = launch.raw_kernel("calls.cu", name, (), call_t=launch.c_type(g.dtype), ploidy=g.shape[2],
+                               unroll=CALL_UNROLL)
+    grid = min(launch.blocks(-(-calls // CALL_UNROLL)), launch.sm_count() * 32)
+    kernel((grid,), (launch.THREADS,), (g, out, np.int64(calls), *args))
 
 
 def hwe_exact_gpu(het, hom1, hom2, *, threads: int = THREADS):
