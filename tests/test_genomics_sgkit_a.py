@@ -160,16 +160,32 @@ def test_convert_call_to_index_is_sgkits(backend):
         np.testing.assert_array_equal(values(out.call_genotype_index_mask), REF[f"convert_call_to_index_{name}_call_genotype_index"] < 0)
 
 
-def test_convert_call_to_index_refuses_what_sgkit_refuses():
-    bi, multi = dataset("bi", CHUNKS), dataset("multi", CHUNKS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_convert_call_to_index_refuses_what_sgkit_refuses(backend):
+    bi, multi = dataset("bi", CHUNKS, backend), dataset("multi", CHUNKS, backend)
     assert "ValueError: Mixed-ploidy" in str(REF["convert_call_to_index_bi_error"])
     for ds in (bi, multi):  # calls with fill (-2): the computation raises
         with pytest.raises(InputError, match="call_genotype holds a fill value"):
             sg.convert_call_to_index(ds).compute()
     assert "ValueError: Allele value > 1" in str(REF["convert_call_to_index_big_error"])
     g = nofill(bi).call_genotype
+    two = g.copy(data=g.data.map_blocks(lambda b: b + (b == 1), dtype=g.dtype))  # every allele 1 made 2
     with pytest.raises(InputError, match="holds an allele above 1 where the alleles dimension has length 2"):
-        sg.convert_call_to_index(nofill(bi).assign(call_genotype=g.where(g != 1, 2))).compute()
+        sg.convert_call_to_index(nofill(bi).assign(call_genotype=two)).compute()
+    # a missing first allele ends the call: sgkit does not look at what follows it (an allele of
+    # 5, or a fill value)
+    for after in (5, -2):
+        cut = g.copy(data=g.data.map_blocks(_missing_then, after, dtype=g.dtype))
+        out = sg.convert_call_to_index(nofill(bi).assign(call_genotype=cut), merge=False)
+        assert (values(out.call_genotype_index) == -1).all()
+
+
+def _missing_then(block, after: int):
+    """Diploid calls (-1, ``after``), on the block's backend."""
+    out = block.copy()
+    out[..., 0] = -1
+    out[..., 1] = after
+    return out
     assert "ValueError: Mixed-ploidy dataset" in str(REF["convert_call_to_index_mixed_error"])
     with pytest.raises(InputError, match="'call_genotype' is mixed-ploidy"):
         sg.convert_call_to_index(with_genotypes(multi, mixed(values(multi.call_genotype)), "cpu", mixed_ploidy=True))

@@ -548,6 +548,35 @@ def test_call_allele_counts_kernel_equals_the_cpu_kernel(ploidy, n_alleles, dtyp
 
 @pytest.mark.gpu
 @requires_gpu
+@pytest.mark.parametrize("ploidy,biallelic,dtype", [(2, True, np.int8), (2, False, np.int8), (3, False, np.int16),
+                                                    (1, True, np.int32), (4, False, np.int64)])
+def test_call_genotype_index_kernel_equals_the_cpu_kernel(ploidy, biallelic, dtype):
+    """The CUDA C genotype index (``cuda/calls.cu``) against the CPU's array formulas: on 1,001
+    and 6 million calls, a view that is not C-contiguous, and the flags of the calls sgkit raises
+    on (a fill value anywhere; an allele above 1 with two alleles)."""
+    import cupy
+
+    top = 2 if biallelic else 6  # alleles 0 to top - 1, and -1
+    rng = np.random.default_rng(ploidy)
+    for shape in [(77, 13, ploidy), (3000, 2001, ploidy)]:
+        g = rng.integers(-1, top, size=shape).astype(dtype)
+        index, refused = K.call_genotype_index_gpu(cupy.asarray(g), biallelic)
+        expected, expected_refused = K.call_genotype_index_cpu(g, biallelic)
+        assert refused == expected_refused == 0
+        assert index.dtype == np.int64
+        np.testing.assert_array_equal(cupy.asnumpy(index), expected)
+    g = rng.integers(-1, top, size=(40, 30, ploidy)).astype(dtype)
+    np.testing.assert_array_equal(cupy.asnumpy(K.call_genotype_index_gpu(cupy.asarray(g)[:, 1::3], biallelic)[0]),
+                                  K.call_genotype_index_cpu(g[:, 1::3], biallelic)[0])
+    g[7, 11, 0] = 0
+    for value, flag in ((-2, K.REFUSED_FILL), (2, K.REFUSED_ABOVE_ONE if biallelic else 0)):
+        bad = g.copy()
+        bad[7, 11, 0] = value
+        assert K.call_genotype_index_gpu(cupy.asarray(bad), biallelic)[1] == K.call_genotype_index_cpu(bad, biallelic)[1] == flag
+
+
+@pytest.mark.gpu
+@requires_gpu
 @pytest.mark.parametrize("kind", KINDS)
 def test_gpu_ops_equal_cpu_ops(kind):
     import cupy

@@ -86,6 +86,7 @@ FAMILIES: dict[str, str] = {
     "linreg_block": "gwas",
     "linreg_p_value": "gwas",
     "call_allele_counts": "genotypes",
+    "call_genotype_index": "genotypes",
     "variant_call_counts": "genotypes",
     "sample_call_counts": "genotypes",
     "variant_genotype_counts": "genotypes",

@@ -484,6 +484,37 @@ def call_allele_counts_cpu(g, n_alleles: int):
     return out
 
 
+# flags of call_genotype_index: a call sgkit's convert_call_to_index raises on (as cuda/calls.cu)
+REFUSED_FILL = 1  # a fill value (-2): mixed-ploidy genotypes
+REFUSED_ABOVE_ONE = 2  # an allele above 1 where there are two alleles
+
+
+def call_genotype_index_cpu(g, biallelic: bool):
+    """``(index, refused)``: the index of each call's genotype of ``g`` (variants, samples,
+    ploidy) in VCF order, int64, -1 where an allele is missing (sgkit's ``convert_call_to_index``:
+    ``biallelic_genotype_call_index``, the alleles in the call's order, the first missing one
+    ending it, or ``sorted_genotype_call_index`` on the sorted alleles), and the flags
+    (``REFUSED_FILL``, ``REFUSED_ABOVE_ONE``) of the calls sgkit raises on. Array formulas."""
+    g = np.asarray(g).astype(np.int64)
+    refused = 0
+    if biallelic:
+        before = np.cumsum(g < 0, axis=-1) - (g < 0)  # missing alleles before each allele
+        seen = before == 0  # sgkit's loop reaches this allele
+        refused |= REFUSED_FILL * bool((seen & (g < -1)).any()) | REFUSED_ABOVE_ONE * bool((seen & (g > 1)).any())
+        return np.where((g < 0).any(axis=-1), -1, g.sum(axis=-1)), refused
+    g = np.sort(g, axis=-1)
+    first = g[..., 0]
+    refused |= REFUSED_FILL * bool((first < -1).any())
+    index = np.zeros(first.shape, dtype=np.int64)
+    for i in range(g.shape[-1]):
+        # C(a + i, i + 1): the genotypes of i + 1 alleles below a (exact: a binomial at every step)
+        a, c = np.maximum(g[..., i], 0), np.ones(first.shape, dtype=np.int64)
+        for j in range(1, i + 2):
+            c = c * (a + j - 1) // j
+        index += c
+    return np.where(first < 0, -1, index), refused
+
+
 def hwe_exact_cpu(het, hom1, hom2):
     """float64 p-values of the HWE exact test from counts of heterozygotes and of both homozygotes
     (NaN where there are no calls)."""
@@ -761,10 +792,24 @@ def call_allele_counts_gpu(g, n_alleles: int):
     return out
 
 
+def call_genotype_index_gpu(g, biallelic: bool):
+    """:func:`call_genotype_index_cpu` on a CuPy block, by the CUDA C kernel (``cuda/calls.cu``,
+    ``pipeline_call_genotype_index``): the index of each call in one pass, where the array
+    formulas took a dozen CuPy kernels and int64 copies of the block. The flags are read back to
+    the host (a synchronisation)."""
+    import cupy
+
+    g = cupy.ascontiguousarray(g)
+    out = cupy.empty(g.shape[:2], np.int64)
+    refused = cupy.zeros(1, np.uint32)
+    per_call_gpu("pipeline_call_genotype_index", g, out, np.int32(bool(biallelic)), refused)
+    return out, int(refused.get()[0])
+
+
 # --- GPU: per-call kernels, CUDA C ------------------------------------------------------------------
 #
-# cuda/calls.cu: the per-call allele counts (here) and alternate allele counts (alternate.py), any
-# integer type and ploidy (a compile-time constant). They were Numba CUDA kernels; as CUDA C no
+# cuda/calls.cu: the per-call allele counts and genotype indices (here) and alternate allele
+# counts (alternate.py), any integer type and ploidy (a compile-time constant). They were Numba CUDA kernels; as CUDA C no
 # numba.cuda is imported for them: in a second process on an H200 (its kernels in the disk cache),
 # importing numba.cuda and loading its registries took 0.5-1 s of the first run of sgkit's
 # frequencies and relatedness functions, where their warm runs take 0.2-0.3 s.

@@ -1,9 +1,9 @@
-// Per-call counts of genotype calls (a C-contiguous (calls, PLOIDY) array of integer alleles: -1
-// missing, -2 fill): the count of each allele of each call (sgkit's count_call_alleles) and the
-// count of its alternate alleles (count_call_alternate_alleles). One module for both, with the
-// ploidy fixed, so that the loop over a call's alleles unrolls.
-// The Python twins: _call_alleles in pipeline/kernels/genotypes.py, make_call_count in
-// pipeline/kernels/alternate.py (their CPU loops).
+// Per-call values of genotype calls (a C-contiguous (calls, PLOIDY) array of integer alleles: -1
+// missing, -2 fill): the count of each allele of each call (sgkit's count_call_alleles), the count
+// of its alternate alleles (count_call_alternate_alleles) and its genotype's index
+// (convert_call_to_index). One module for the three, with the ploidy fixed, so that the loops over
+// a call's alleles unroll. The Python twins: _call_alleles and call_genotype_index_cpu in
+// pipeline/kernels/genotypes.py, make_call_count in pipeline/kernels/alternate.py.
 //
 // Both are memory-bound, a few bytes read and written a call. A thread takes UNROLL calls a grid's
 // width apart (a warp's loads of one step are contiguous) and loads all of their alleles before it
@@ -81,4 +81,72 @@ extern "C" __global__ void pipeline_alternate_counts(const call_t* __restrict__ 
         for (int k = 0; k < PLOIDY; ++k) a[k] = (long long)g[i * PLOIDY + k];
         out[i] = alternate(a, alleles);
     }
+}
+
+// The index of one call's genotype in VCF order (sgkit's convert_call_to_index), -1 where it is
+// missing. BIALLELIC (two alleles): sgkit's biallelic_genotype_call_index, the sum of the alleles
+// walked in the call's order, the first negative one ending it; else sorted_genotype_call_index,
+// the sum over the sorted alleles a_(i) of C(a_(i) + i, i + 1), each allele's place in the sorted
+// call found by counting (no sort in a thread), each binomial built a factor at a time (exact at
+// every step). Where sgkit raises, -1 and a bit of `flags`: REFUSED_FILL for a fill value (-2,
+// mixed ploidy), REFUSED_ABOVE_ONE for an allele above 1 with two alleles.
+#define REFUSED_FILL 1u
+#define REFUSED_ABOVE_ONE 2u
+
+__device__ __forceinline__ long long genotype_index(const long long* a, int biallelic, unsigned int* flags) {
+    long long index = 0;
+    if (biallelic) {
+        for (int k = 0; k < PLOIDY; ++k) {
+            if (a[k] < 0) {
+                if (a[k] < -1) *flags |= REFUSED_FILL;
+                return -1;
+            }
+            if (a[k] > 1) {
+                *flags |= REFUSED_ABOVE_ONE;
+                return -1;
+            }
+            index += a[k];
+        }
+        return index;
+    }
+    long long low = a[0];
+#pragma unroll
+    for (int k = 1; k < PLOIDY; ++k) low = a[k] < low ? a[k] : low;
+    if (low < -1) *flags |= REFUSED_FILL;
+    if (low < 0) return -1;
+#pragma unroll
+    for (int k = 0; k < PLOIDY; ++k) {
+        int place = 0;
+#pragma unroll
+        for (int m = 0; m < PLOIDY; ++m) place += a[m] < a[k] || (a[m] == a[k] && m < k);
+        long long r = 1;
+        for (int d = 1; d <= place + 1; ++d) r = r * (a[k] - 1 + d) / d;
+        index += r;
+    }
+    return index;
+}
+
+// out (calls), int64: each call's genotype index; `refused` (one word) gets the flags of the calls
+// sgkit raises on, OR-ed once a thread.
+extern "C" __global__ void pipeline_call_genotype_index(const call_t* __restrict__ g, long long* __restrict__ out,
+                                                        long long calls, int biallelic, unsigned int* refused) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned int flags = 0;
+    for (; i + (UNROLL - 1) * stride < calls; i += UNROLL * stride) {
+        long long a[UNROLL][PLOIDY];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int k = 0; k < PLOIDY; ++k) a[u][k] = (long long)g[(i + u * stride) * PLOIDY + k];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) out[i + u * stride] = genotype_index(a[u], biallelic, &flags);
+    }
+    for (; i < calls; i += stride) {
+        long long a[PLOIDY];
+#pragma unroll
+        for (int k = 0; k < PLOIDY; ++k) a[k] = (long long)g[i * PLOIDY + k];
+        out[i] = genotype_index(a, biallelic, &flags);
+    }
+    if (flags) atomicOr(refused, flags);
 }

@@ -28,9 +28,11 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from ...backend import backend_of, meta, to_numpy, xp_of
+from ... import kernels
+from ...backend import backend_of, meta, xp_of
 from ...deferred import module as _deferred
 from ...errors import InputError, NotImplementedInputError
+from ...kernels.genotypes import REFUSED_ABOVE_ONE, REFUSED_FILL
 from ._dataset import as_dask, merge as _merge, variable
 from .specs import annotate
 
@@ -58,39 +60,17 @@ def _new(variables: dict) -> xr.Dataset:
 # --- convert_call_to_index ----------------------------------------------------------------------------
 
 
-def _any(x) -> bool:
-    return bool(to_numpy(x.any())) if x.size else False
-
-
-def _call_index(block, *, biallelic: bool):
+def _call_index(block, *, biallelic: bool, kernel):
     """The VCF index of each call of a (variants, samples, ploidy) block, int64, -1 where an
-    allele is missing: sgkit's ``biallelic_genotype_call_index`` (alleles in the call's order:
-    the first missing one ends it) or ``sorted_genotype_call_index`` (alleles sorted)."""
-    xp = xp_of(block)
-    g = block.astype(xp.int64)
-    if biallelic:
-        before = xp.cumsum(g < 0, axis=-1) - (g < 0)  # missing alleles before each allele
-        seen = before == 0  # sgkit's loop reaches this allele
-        if _any(seen & (g < -1)):
-            raise InputError("convert_call_to_index: call_genotype holds a fill value (-2): mixed-ploidy genotypes "
-                             "are not supported")
-        if _any(seen & (g > 1)):
-            raise InputError("convert_call_to_index: call_genotype holds an allele above 1 where the alleles "
-                             "dimension has length 2")
-        return xp.where((g < 0).any(axis=-1), -1, g.sum(axis=-1))
-    g = xp.sort(g, axis=-1)
-    first = g[..., 0]
-    if _any(first < -1):
+    allele is missing, by the ``call_genotype_index`` kernel; sgkit's errors where it raises."""
+    index, refused = kernel(block, biallelic)
+    if refused & REFUSED_FILL:
         raise InputError("convert_call_to_index: call_genotype holds a fill value (-2): mixed-ploidy genotypes "
                          "are not supported")
-    index = xp.zeros(first.shape, dtype=xp.int64)
-    for i in range(g.shape[-1]):
-        # C(a + i, i + 1): the genotypes of i + 1 alleles below a (exact: a binomial at every step)
-        a, c = xp.maximum(g[..., i], 0), xp.ones(first.shape, dtype=xp.int64)
-        for j in range(1, i + 2):
-            c = c * (a + j - 1) // j
-        index += c
-    return xp.where(first < 0, -1, index)
+    if refused & REFUSED_ABOVE_ONE:
+        raise InputError("convert_call_to_index: call_genotype holds an allele above 1 where the alleles "
+                         "dimension has length 2")
+    return index
 
 
 def convert_call_to_index(ds: xr.Dataset, *, call_genotype: str = "call_genotype", merge: bool = True) -> xr.Dataset:
@@ -102,7 +82,8 @@ def convert_call_to_index(ds: xr.Dataset, *, call_genotype: str = "call_genotype
         raise InputError(f"{op}: variable {call_genotype!r} is mixed-ploidy (attribute mixed_ploidy), "
                          "which has no genotype index")
     G = as_dask(g).rechunk({2: -1})
-    X = G.map_blocks(_call_index, biallelic=ds.sizes.get("alleles") == 2, drop_axis=2, dtype=np.int64,
+    kernel = kernels.get("call_genotype_index", backend_of(G))
+    X = G.map_blocks(_call_index, biallelic=ds.sizes.get("alleles") == 2, kernel=kernel, drop_axis=2, dtype=np.int64,
                      meta=meta(backend_of(G), np.int64, 2))
     dims = ("variants", "samples")
     return _merge(ds, _new({"call_genotype_index": (dims, X), "call_genotype_index_mask": (dims, X < 0)}), merge)
