@@ -169,15 +169,19 @@ def test_convert_call_to_index_refuses_what_sgkit_refuses(backend):
             sg.convert_call_to_index(ds).compute()
     assert "ValueError: Allele value > 1" in str(REF["convert_call_to_index_big_error"])
     g = nofill(bi).call_genotype
-    two = g.copy(data=g.data.map_blocks(lambda b: b + (b == 1), dtype=g.dtype))  # every allele 1 made 2
+    # on the blocks' backend (the meta says which kernel runs)
+    two = g.copy(data=g.data.map_blocks(lambda b: b + (b == 1), dtype=g.dtype, meta=g.data._meta))  # every 1 made 2
     with pytest.raises(InputError, match="holds an allele above 1 where the alleles dimension has length 2"):
         sg.convert_call_to_index(nofill(bi).assign(call_genotype=two)).compute()
     # a missing first allele ends the call: sgkit does not look at what follows it (an allele of
     # 5, or a fill value)
     for after in (5, -2):
-        cut = g.copy(data=g.data.map_blocks(_missing_then, after, dtype=g.dtype))
+        cut = g.copy(data=g.data.map_blocks(_missing_then, after, dtype=g.dtype, meta=g.data._meta))
         out = sg.convert_call_to_index(nofill(bi).assign(call_genotype=cut), merge=False)
         assert (values(out.call_genotype_index) == -1).all()
+    assert "ValueError: Mixed-ploidy dataset" in str(REF["convert_call_to_index_mixed_error"])
+    with pytest.raises(InputError, match="'call_genotype' is mixed-ploidy"):
+        sg.convert_call_to_index(with_genotypes(multi, mixed(values(multi.call_genotype)), backend, mixed_ploidy=True))
 
 
 def _missing_then(block, after: int):
@@ -186,9 +190,6 @@ def _missing_then(block, after: int):
     out[..., 0] = -1
     out[..., 1] = after
     return out
-    assert "ValueError: Mixed-ploidy dataset" in str(REF["convert_call_to_index_mixed_error"])
-    with pytest.raises(InputError, match="'call_genotype' is mixed-ploidy"):
-        sg.convert_call_to_index(with_genotypes(multi, mixed(values(multi.call_genotype)), "cpu", mixed_ploidy=True))
 
 
 def dosage_dataset(backend: str = "cpu") -> xr.Dataset:

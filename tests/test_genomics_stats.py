@@ -398,7 +398,8 @@ def word_calls(shape, seed=0):
 def test_word_flags_count_as_the_call_functions():
     """Every word of two calls of 0, 1, -1 and -2 (4**4 words), counted by the bit operations of
     the CUDA kernels (``word_flags``), against the CPU kernels on the same calls; every byte value
-    in every place, for the test that sends a word to the per-call rules."""
+    in every place, for the test that sends a word to the per-call rules; and the per-call allele
+    counts' 64-bit words (4**8)."""
     values = np.array([0, 1, -1, -2], np.int8)
     choice = np.arange(4**4)[:, None] >> 2 * np.arange(4) & 3  # every choice of a value for each byte
     calls = values[choice].reshape(-1, 2, 2)  # a variant a word
@@ -421,6 +422,17 @@ def test_word_flags_count_as_the_call_functions():
         b[:, place] = np.arange(256)
         odd = K.word_flags(b.view(np.uint32).ravel())["odd"]
         np.testing.assert_array_equal(odd != 0, ~np.isin(b[:, place].view(np.int8), values))
+    # the per-call allele counts' 64-bit words (four calls): every word of 0, 1, -1 and -2 (4**8)
+    choice = np.arange(4**8)[:, None] >> 2 * np.arange(8) & 3
+    calls = values[choice].reshape(-1, 4, 2)
+    fast, counts = K.word_call_alleles(calls.reshape(-1, 8).view(np.uint64).ravel())
+    assert fast.all()
+    np.testing.assert_array_equal(counts, K.call_allele_counts_cpu(calls, 2).reshape(-1, 8).view(np.uint64).ravel())
+    for place in range(8):  # any other byte, in any place, sends the word call by call
+        b = np.zeros((256, 8), np.uint8)
+        b[:, place] = np.arange(256)
+        fast, _ = K.word_call_alleles(b.view(np.uint64).ravel())
+        np.testing.assert_array_equal(fast, np.isin(b[:, place].view(np.int8), values))
 
 
 def bit_counts(words):
@@ -530,9 +542,10 @@ def test_gpu_kernels_equal_the_cpu_kernels(ploidy, n_alleles, dtype):
 @requires_gpu
 @pytest.mark.parametrize("ploidy,n_alleles,dtype", [(2, 2, np.int8), (1, 3, np.int32), (3, 4, np.int64), (2, 7, np.int16)])
 def test_call_allele_counts_kernel_equals_the_cpu_kernel(ploidy, n_alleles, dtype):
-    """The per-call CUDA C kernel (``cuda/calls.cu``): 1,001 calls (the unrolled loop and its
-    tail), 6 million (several unrolled steps a thread), a view that is not C-contiguous, and no
-    alleles at all."""
+    """The per-call CUDA C kernels (``cuda/calls.cu``): 1,001 calls (the unrolled loop and its
+    tail; with words, a call past the last word), 6 million (several unrolled steps a thread), a
+    view that is not C-contiguous, no alleles at all, and int8 diploid biallelic calls at an
+    address that is not a multiple of 8 (call by call)."""
     import cupy
 
     for shape in [(77, 13, ploidy), (3000, 2001, ploidy)]:
@@ -544,6 +557,13 @@ def test_call_allele_counts_kernel_equals_the_cpu_kernel(ploidy, n_alleles, dtyp
     got = K.call_allele_counts_gpu(cupy.asarray(g)[:, 1::3], n_alleles)
     np.testing.assert_array_equal(cupy.asnumpy(got), K.call_allele_counts_cpu(np.ascontiguousarray(g[:, 1::3]), n_alleles))
     assert K.call_allele_counts_gpu(cupy.asarray(g), 0).shape == (40, 30, 0)
+    if K.word_path(g, n_alleles):  # int8 diploid biallelic: by words at a multiple of 8, else call by call
+        only = np.clip(g, -2, 1)  # every word by bit operations
+        d = cupy.asarray(only)
+        shifted = cupy.zeros(only.size + 8, np.int8)[2 : 2 + only.size].reshape(only.shape)
+        shifted[...] = d
+        for x in (d, shifted):
+            np.testing.assert_array_equal(cupy.asnumpy(K.call_allele_counts_gpu(x, 2)), K.call_allele_counts_cpu(only, 2))
 
 
 @pytest.mark.gpu

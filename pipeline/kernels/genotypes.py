@@ -91,7 +91,7 @@ above in Python; the tests hold them equal on every byte value).
 
 The per-call allele counts (``call_allele_counts``), for every input: CUDA C (``cuda/calls.cu``),
 a thread ``CALL_UNROLL`` calls, each call's alleles compared with every allele index (the
-comparisons of :func:`_call_alleles`).
+comparisons of :func:`_call_alleles`); int8 diploid biallelic calls by 64-bit words of four calls.
 
 Nothing here imports CuPy or ``numba.cuda`` at module level.
 """
@@ -268,6 +268,27 @@ def word_flags(x, at: int = 0) -> dict:
     s0, t = x >> eight, x >> nine  # at a call's first byte: its second byte's bit 0 and sign
     return {"odd": (x ^ y) & INNER32, "hom_ref": ~(u | u1) & m, "hom_alt": x & s & ~u1 & m, "called": ~u1 & m,
             "zeros": ~(x | y) & LOWS32, "ones": x & ~y & LOWS32, "refused": ((y & ~x) | (~y & t & ~s0)) & CALLS32}
+
+
+# The per-call allele counts' words (``word_counts`` in cuda/calls.cu), eight bytes, four calls, a word.
+LOWS = np.uint64(0x0101010101010101)  # bit 0 of each byte
+INNER = np.uint64(0x7E7E7E7E7E7E7E7E)  # bits 1 to 6 of each byte
+LOW_BYTES = np.uint64(0x00FF00FF00FF00FF)  # each call's first byte
+
+
+def word_call_alleles(x):
+    """``word_counts`` of ``cuda/calls.cu`` on uint64 words ``x`` of four int8 diploid calls:
+    ``(fast, counts)``, where ``fast`` says which words have only the bytes 0, 1, -1 and -2 (bit 0
+    and the sign of each byte then say what it is), and ``counts`` is their words of per-call
+    allele counts by bit operations (each call's count of allele 0 in its first byte, of allele 1
+    in its second); the kernel counts the other words call by call."""
+    x = np.asarray(x, np.uint64)
+    one, eight = np.uint64(1), np.uint64(8)
+    y = x >> one
+    neg, low = y & LOWS, x & LOWS
+    zeros, ones = ~(neg | low) & LOWS, low & ~neg
+    counts = ((zeros + (zeros >> eight)) & LOW_BYTES) | (((ones + (ones >> eight)) & LOW_BYTES) << eight)
+    return ((x ^ y) & INNER) == 0, counts
 
 
 def _hwe_p_value(obs_hets, obs_hom1, obs_hom2):
@@ -781,13 +802,23 @@ def sample_call_counts_gpu(g, *, threads: int = THREADS, unroll: int = UNROLL, v
 
 
 def call_allele_counts_gpu(g, n_alleles: int):
-    """:func:`call_allele_counts_cpu` on a CuPy block, by the CUDA C kernel (``cuda/calls.cu``,
-    ``pipeline_call_allele_counts``)."""
+    """:func:`call_allele_counts_cpu` on a CuPy block, by a CUDA C kernel (``cuda/calls.cu``):
+    ``pipeline_call_allele_counts_words`` for int8 diploid calls of two alleles (:func:`word_path`)
+    at an address that is a multiple of 8 (:func:`word_call_alleles` is its arithmetic on NumPy
+    words), ``pipeline_call_allele_counts`` for the others."""
     import cupy
 
     g = cupy.ascontiguousarray(g)
     out = cupy.empty(g.shape[:2] + (n_alleles,), np.uint8)  # every count is written
-    if out.size:
+    if not out.size:
+        return out
+    if word_path(g, n_alleles) and g.data.ptr % 8 == 0:  # int8, diploid, two alleles: 64-bit words
+        calls = g.shape[0] * g.shape[1]
+        kernel = launch.raw_kernel("calls.cu", "pipeline_call_allele_counts_words", (), call_t="signed char", ploidy=2,
+                                   unroll=CALL_UNROLL)
+        grid = min(launch.blocks(-(-calls // (4 * CALL_UNROLL))), launch.sm_count() * 32)
+        kernel((grid,), (launch.THREADS,), (g, out, np.int64(calls)))
+    else:
         per_call_gpu("pipeline_call_allele_counts", g, out, np.int32(n_alleles))
     return out
 

@@ -48,6 +48,58 @@ extern "C" __global__ void pipeline_call_allele_counts(const call_t* __restrict_
     }
 }
 
+// The same counts for int8 diploid calls of two alleles (VCF Zarr as bio2zarr writes it), read and
+// written as 64-bit words of four calls (a word of counts for each word of calls: with two alleles
+// a call's counts take its two bytes), UNROLL words a thread a grid's width apart. Where every
+// byte of a word is 0, 1, -1 or -2, bit 0 of a byte and its sign (bit 1, as bits 1 to 7 are then
+// equal) say what it is, and the counts are flags at bit 0 of each byte added by shifts (a few
+// operations a word); a word holding any other byte is counted call by call. The calls past the
+// last whole word: by the first thread. g and out at addresses that are multiples of 8.
+#define LOWS 0x0101010101010101ull     // bit 0 of each byte
+#define INNER 0x7E7E7E7E7E7E7E7Eull    // bits 1 to 6 of each byte
+#define LOW_BYTES 0x00FF00FF00FF00FFull  // each call's first byte
+
+__device__ __forceinline__ unsigned long long word_counts(unsigned long long x) {
+    const unsigned long long y = x >> 1;
+    if (((x ^ y) & INNER) == 0) {  // every byte 0, 1, -1 or -2
+        const unsigned long long neg = y & LOWS, low = x & LOWS;
+        const unsigned long long zeros = ~(neg | low) & LOWS, ones = low & ~neg;
+        return ((zeros + (zeros >> 8)) & LOW_BYTES) | (((ones + (ones >> 8)) & LOW_BYTES) << 8);
+    }
+    unsigned long long out = 0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const int a0 = (signed char)(x >> (16 * c)), a1 = (signed char)(x >> (16 * c + 8));
+        out |= (unsigned long long)((a0 == 0) + (a1 == 0)) << (16 * c);
+        out |= (unsigned long long)((a0 == 1) + (a1 == 1)) << (16 * c + 8);
+    }
+    return out;
+}
+
+extern "C" __global__ void pipeline_call_allele_counts_words(const signed char* __restrict__ g,
+                                                             unsigned char* __restrict__ out, long long calls) {
+    const unsigned long long* w = (const unsigned long long*)g;
+    unsigned long long* o = (unsigned long long*)out;
+    const long long words = calls / 4;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + (UNROLL - 1) * stride < words; i += UNROLL * stride) {
+        unsigned long long x[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) x[u] = w[i + u * stride];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) o[i + u * stride] = word_counts(x[u]);
+    }
+    for (; i < words; i += stride) o[i] = word_counts(w[i]);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        for (long long c = 4 * words; c < calls; ++c) {
+            const int a0 = g[2 * c], a1 = g[2 * c + 1];
+            out[2 * c] = (unsigned char)((a0 == 0) + (a1 == 0));
+            out[2 * c + 1] = (unsigned char)((a0 == 1) + (a1 == 1));
+        }
+    }
+}
+
 // The alternate alleles of one call: those in [1, alleles), or -1 where any allele is negative.
 __device__ __forceinline__ short alternate(const long long* a, long long alleles) {
     int n = 0;
