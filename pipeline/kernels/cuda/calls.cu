@@ -5,19 +5,19 @@
 // a call's alleles unroll. The Python twins: _call_alleles and call_genotype_index_cpu in
 // pipeline/kernels/genotypes.py, make_call_count in pipeline/kernels/alternate.py.
 //
-// Both are memory-bound, a few bytes read and written a call. A thread takes UNROLL calls a grid's
+// Each is memory-bound, a few bytes read and written a call. A thread takes UNROLL calls a grid's
 // width apart (a warp's loads of one step are contiguous) and loads all of their alleles before it
-// writes any count, so that it has UNROLL * PLOIDY independent loads in flight rather than one.
+// uses any (each_call), so that it has UNROLL * PLOIDY independent loads in flight rather than one.
 
 typedef ${call_t} call_t;
 
 #define PLOIDY ${ploidy}
 #define UNROLL ${unroll}
 
-// out (calls, alleles), uint8: for each allele j below `alleles`, how many of the call's alleles
-// are j (a missing, fill or out-of-range allele counts nowhere); every count is written.
-extern "C" __global__ void pipeline_call_allele_counts(const call_t* __restrict__ g, unsigned char* __restrict__ out,
-                                                       long long calls, int alleles) {
+// visit(i, a) for each call i of g (grid-stride), a its PLOIDY alleles (64-bit: any integer type
+// compares exactly)
+template <typename Visit>
+__device__ __forceinline__ void each_call(const call_t* __restrict__ g, long long calls, Visit visit) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     for (; i + (UNROLL - 1) * stride < calls; i += UNROLL * stride) {
@@ -27,25 +27,29 @@ extern "C" __global__ void pipeline_call_allele_counts(const call_t* __restrict_
 #pragma unroll
             for (int k = 0; k < PLOIDY; ++k) a[u][k] = (long long)g[(i + u * stride) * PLOIDY + k];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            unsigned char* o = out + (i + u * stride) * alleles;
-            for (int j = 0; j < alleles; ++j) {
-                int n = 0;
-#pragma unroll
-                for (int k = 0; k < PLOIDY; ++k) n += a[u][k] == j;
-                o[j] = (unsigned char)n;
-            }
-        }
+        for (int u = 0; u < UNROLL; ++u) visit(i + u * stride, a[u]);
     }
     for (; i < calls; i += stride) {
+        long long a[PLOIDY];
+#pragma unroll
+        for (int k = 0; k < PLOIDY; ++k) a[k] = (long long)g[i * PLOIDY + k];
+        visit(i, a);
+    }
+}
+
+// out (calls, alleles), uint8: for each allele j below `alleles`, how many of the call's alleles
+// are j (a missing, fill or out-of-range allele counts nowhere); every count is written.
+extern "C" __global__ void pipeline_call_allele_counts(const call_t* __restrict__ g, unsigned char* __restrict__ out,
+                                                       long long calls, int alleles) {
+    each_call(g, calls, [&](long long i, const long long* a) {
         unsigned char* o = out + i * alleles;
         for (int j = 0; j < alleles; ++j) {
             int n = 0;
 #pragma unroll
-            for (int k = 0; k < PLOIDY; ++k) n += (long long)g[i * PLOIDY + k] == j;
+            for (int k = 0; k < PLOIDY; ++k) n += a[k] == j;
             o[j] = (unsigned char)n;
         }
-    }
+    });
 }
 
 // The same counts for int8 diploid calls of two alleles (VCF Zarr as bio2zarr writes it), read and
@@ -116,23 +120,7 @@ __device__ __forceinline__ short alternate(const long long* a, long long alleles
 // length; alleles from it on are not counted).
 extern "C" __global__ void pipeline_alternate_counts(const call_t* __restrict__ g, short* __restrict__ out,
                                                      long long calls, long long alleles) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i + (UNROLL - 1) * stride < calls; i += UNROLL * stride) {
-        long long a[UNROLL][PLOIDY];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-            for (int k = 0; k < PLOIDY; ++k) a[u][k] = (long long)g[(i + u * stride) * PLOIDY + k];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) out[i + u * stride] = alternate(a[u], alleles);
-    }
-    for (; i < calls; i += stride) {
-        long long a[PLOIDY];
-#pragma unroll
-        for (int k = 0; k < PLOIDY; ++k) a[k] = (long long)g[i * PLOIDY + k];
-        out[i] = alternate(a, alleles);
-    }
+    each_call(g, calls, [&](long long i, const long long* a) { out[i] = alternate(a, alleles); });
 }
 
 // The index of one call's genotype in VCF order (sgkit's convert_call_to_index), -1 where it is
@@ -182,23 +170,7 @@ __device__ __forceinline__ long long genotype_index(const long long* a, int bial
 // sgkit raises on, OR-ed once a thread.
 extern "C" __global__ void pipeline_call_genotype_index(const call_t* __restrict__ g, long long* __restrict__ out,
                                                         long long calls, int biallelic, unsigned int* refused) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     unsigned int flags = 0;
-    for (; i + (UNROLL - 1) * stride < calls; i += UNROLL * stride) {
-        long long a[UNROLL][PLOIDY];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-            for (int k = 0; k < PLOIDY; ++k) a[u][k] = (long long)g[(i + u * stride) * PLOIDY + k];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) out[i + u * stride] = genotype_index(a[u], biallelic, &flags);
-    }
-    for (; i < calls; i += stride) {
-        long long a[PLOIDY];
-#pragma unroll
-        for (int k = 0; k < PLOIDY; ++k) a[k] = (long long)g[i * PLOIDY + k];
-        out[i] = genotype_index(a, biallelic, &flags);
-    }
+    each_call(g, calls, [&](long long i, const long long* a) { out[i] = genotype_index(a, biallelic, &flags); });
     if (flags) atomicOr(refused, flags);
 }
