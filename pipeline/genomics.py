@@ -83,6 +83,9 @@ def _open_zarr(store, storage_options, backend, chunks, variables, kwargs):
             ds[name] = ds[name].astype(bool)
     ds = _strings_as_objects(ds)
     target = B.resolve(backend)
+    from .exec.compute import skip_client_lookup
+
+    skip_client_lookup()  # as pipeline.open_dataset: the user's .values import no distributed
     if target == "gpu":
         from . import patches
 

@@ -15,7 +15,8 @@ used (dask's ``einsum_lookup``); elsewhere a function is wrapped. Every change h
   names in :data:`PATCHES`;
 - lists, in :data:`ELSEWHERE`, the changes other modules make where they are needed (CuPy's
   compilations, dask's shuffle gathers, NumPy's ``row_stack``, distributed's import), which the
-  same setting governs;
+  same setting governs (one of them, dask's scheduler lookup, applies to NumPy data too: it
+  changes no result, only skips an import);
 - checks that its target is the function it was written against (its name and parameters) and
   leaves a different one alone; the versions it was tested with are in :data:`TESTED`
   (tests/test_patches.py checks them on the versions installed).
@@ -681,6 +682,11 @@ ELSEWHERE: dict[str, tuple[str, str]] = {
     "distributed-shuffle-import": (
         "pipeline.exec.compute.distributed_not_imported",
         "dask imports all of distributed (0.65-1.0 s) to look for its tasks in a graph that cannot hold any",
+    ),
+    "dask-client-lookup": (
+        "pipeline.exec.compute.skip_client_lookup",
+        "dask imports all of distributed in a first .values or .compute() to look for a client that cannot "
+        "exist before distributed is imported",
     ),
 }
 

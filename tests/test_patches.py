@@ -311,3 +311,57 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+_SCHEDULER_LOOKUP = """
+import sys
+import dask, dask.base, dask.local, dask.threaded, dask.multiprocessing
+import dask.array as da
+import numpy as np
+import xarray as xr
+import pipeline
+from pipeline import patches
+from pipeline.exec.compute import skip_client_lookup
+
+original = dask.base.get_scheduler
+with dask.config.set({"pipeline.patches": [n for n in patches.ELSEWHERE if n != "dask-client-lookup"]}):
+    skip_client_lookup()
+assert dask.base.get_scheduler is original  # turned off: left alone
+xr.Dataset({"t": (("x", "y"), np.arange(12.0).reshape(3, 4))}).to_zarr(sys.argv[1], zarr_format=3)
+ds = pipeline.open_dataset(sys.argv[1], backend="cpu")  # installs it, once
+get = dask.base.get_scheduler
+assert get.__pipeline_original__ is original
+skip_client_lookup()
+assert dask.base.get_scheduler is get
+# what dask itself answers after finding no client
+x = da.ones((4, 4), chunks=2)
+assert get(collections=[x]) is dask.threaded.get and get(cls=type(x)) is dask.threaded.get
+assert get() is None and get(collections=[None]) is None
+assert get(scheduler="sync") is dask.local.get_sync and get(scheduler="Threads") is dask.threaded.get
+with dask.config.set(scheduler="processes"):
+    assert get(collections=[x]) is dask.multiprocessing.get
+with dask.config.set(scheduler=dask.local.get_sync):
+    assert get(collections=[x]) is dask.local.get_sync
+assert float(ds.t.sum().values) == 66.0 and float(x.sum().compute()) == 16.0
+assert "distributed" not in sys.modules
+# distributed imported, a client made: dask decides, and the client computes
+from distributed import Client
+with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=":0") as client:
+    assert get(collections=[x]) == client.get
+    assert float(ds.t.sum().values) == 66.0
+assert get(collections=[x]) is dask.threaded.get  # the client closed
+print("ok")
+"""
+
+
+def test_dask_picks_its_scheduler_without_importing_distributed(tmp_path):
+    """A user's first ``.values`` on what pipeline opened imports no distributed only to look for a
+    client that cannot exist (dask.base.get_scheduler, pipeline.exec.compute.skip_client_lookup):
+    dask's own answers where no client exists, a client's get once one does, and the setting
+    turns it off (in a fresh process: this one has imported distributed)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _SCHEDULER_LOOKUP, str(tmp_path / "t.zarr")], capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

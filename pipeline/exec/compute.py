@@ -117,6 +117,55 @@ def distributed_not_imported():
             del sys.modules[name]
 
 
+def skip_client_lookup() -> None:
+    """Let dask choose its scheduler without importing distributed where distributed is not
+    imported yet: the arrays pipeline opens compute as dask would compute them, without that cost.
+
+    With no scheduler set, dask's ``get_scheduler`` imports distributed (``from distributed import
+    get_client``) to look for a default client, and a scheduler named by a string (``"threads"``)
+    imports it to check for one: 0.13 s of a user's first ``.values`` on the 2-core machine (and
+    distributed's import took 0.65-1.0 s on the GPU machine). A client exists only once distributed is imported;
+    until then the lookup's answer is known (none), and this answers as dask does after it: the
+    named scheduler, or the collections' own (dask's threads for arrays). With distributed imported
+    (a client made, a cluster attached), dask's own function decides. Installed once, by
+    :func:`pipeline.open_dataset` and ``pipeline.genomics.load_dataset``; the setting
+    ``pipeline.patches`` governs it (``dask-client-lookup``)."""
+    if not config.patched("dask-client-lookup"):
+        return
+    import dask
+    import dask.base
+
+    original = dask.base.get_scheduler
+    if hasattr(original, "__pipeline_original__"):
+        return
+    try:
+        import inspect
+
+        if tuple(inspect.signature(original).parameters) != ("get", "scheduler", "collections", "cls"):
+            return  # not the function this was written against
+    except (TypeError, ValueError):
+        return
+
+    def get_scheduler(get=None, scheduler=None, collections=None, cls=None):
+        if get is None and "distributed" not in sys.modules:
+            chosen = scheduler if scheduler is not None else dask.config.get("scheduler", None)
+            if isinstance(chosen, str) and chosen.lower() in dask.base.named_schedulers:
+                return dask.base.named_schedulers[chosen.lower()]
+            if chosen is None and dask.config.get("get", None) is None:
+                if cls is not None:
+                    return cls.__dask_scheduler__
+                found = [c for c in collections or () if c is not None]
+                if not found:
+                    return None
+                if all(c.__dask_scheduler__ == found[0].__dask_scheduler__ for c in found):
+                    return found[0].__dask_scheduler__
+        return original(get=get, scheduler=scheduler, collections=collections, cls=cls)  # dask decides (or raises)
+
+    get_scheduler.__doc__ = original.__doc__
+    get_scheduler.__pipeline_original__ = original
+    dask.base.get_scheduler = get_scheduler
+
+
 def compute(obj, progress: bool = False, threads: int | None = None):
     """Compute on the current distributed client if there is one, else on dask's threads
     (``threads`` of them; by default ``pipeline.gpu.threads`` for data on the GPU, else dask's

@@ -122,6 +122,9 @@ def open_dataset(
     target = B.resolve(backend)
     name = "zarr3" if is_url(path) else store_format(path)
     fmt = FORMATS[name]
+    from ..exec.compute import skip_client_lookup
+
+    skip_client_lookup()  # the user's own .values and .compute() import no distributed only to find no client
     if target == "gpu":
         from ..kernels.copies import prepare_cupy
 
