@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit as _atexit
 import gc as _gc
 
+from .exec.compute import skip_client_lookup as _skip_client_lookup
 from .ops.genomics import *  # noqa: F401,F403
 from .ops.genomics import __all__ as _ops
 from .ops.genomics import specs as variables
@@ -33,6 +34,11 @@ def _freeze_at_exit() -> None:
 
 
 _atexit.register(_freeze_at_exit)
+
+# Every result of these functions is a Dask array of pipeline's: a script's first .values chooses
+# dask's scheduler without importing distributed where no client can exist (as pipeline.open_dataset
+# arranges; pipeline.exec.compute.skip_client_lookup).
+_skip_client_lookup()
 
 
 def load_dataset(store, storage_options=None, *, backend: str | None = None, chunks=None, variables=None,
@@ -83,9 +89,6 @@ def _open_zarr(store, storage_options, backend, chunks, variables, kwargs):
             ds[name] = ds[name].astype(bool)
     ds = _strings_as_objects(ds)
     target = B.resolve(backend)
-    from .exec.compute import skip_client_lookup
-
-    skip_client_lookup()  # as pipeline.open_dataset: the user's .values import no distributed
     if target == "gpu":
         from . import patches
 

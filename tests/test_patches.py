@@ -344,6 +344,9 @@ with dask.config.set(scheduler=dask.local.get_sync):
     assert get(collections=[x]) is dask.local.get_sync
 assert float(ds.t.sum().values) == 66.0 and float(x.sum().compute()) == 16.0
 assert "distributed" not in sys.modules
+with dask.config.set({"pipeline.patches": False}):  # turned off once made: dask's own lookup
+    assert get(collections=[x]) is dask.threaded.get
+assert "distributed" in sys.modules
 # distributed imported, a client made: dask decides, and the client computes
 from distributed import Client
 with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=":0") as client:
@@ -365,3 +368,21 @@ def test_dask_picks_its_scheduler_without_importing_distributed(tmp_path):
     out = subprocess.run([sys.executable, "-c", _SCHEDULER_LOOKUP, str(tmp_path / "t.zarr")], capture_output=True,
                          text=True, timeout=180)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_a_genomics_script_imports_no_distributed():
+    """``import pipeline.genomics as sg``, then sgkit-style calls and ``.values``: no distributed
+    imported (the import of pipeline.genomics makes the scheduler lookup's change)."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import pipeline.genomics as sg
+ds = sg.simulate_genotype_call_dataset(n_variant=50, n_sample=10, seed=1)
+counts = sg.count_call_alleles(ds).call_allele_count.values
+print(counts.shape, int(counts.sum()), "distributed" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["(50,", "10,", "2)", "1000", "False"]

@@ -128,8 +128,9 @@ def skip_client_lookup() -> None:
     until then the lookup's answer is known (none), and this answers as dask does after it: the
     named scheduler, or the collections' own (dask's threads for arrays). With distributed imported
     (a client made, a cluster attached), dask's own function decides. Installed once, by
-    :func:`pipeline.open_dataset` and ``pipeline.genomics.load_dataset``; the setting
-    ``pipeline.patches`` governs it (``dask-client-lookup``)."""
+    :func:`pipeline.open_dataset` and the import of :mod:`pipeline.genomics`; the setting
+    ``pipeline.patches`` governs it (``dask-client-lookup``), where it is installed and as it is
+    called."""
     if not config.patched("dask-client-lookup"):
         return
     import dask
@@ -147,7 +148,7 @@ def skip_client_lookup() -> None:
         return
 
     def get_scheduler(get=None, scheduler=None, collections=None, cls=None):
-        if get is None and "distributed" not in sys.modules:
+        if get is None and "distributed" not in sys.modules and config.patched("dask-client-lookup"):
             chosen = scheduler if scheduler is not None else dask.config.get("scheduler", None)
             if isinstance(chosen, str) and chosen.lower() in dask.base.named_schedulers:
                 return dask.base.named_schedulers[chosen.lower()]
