@@ -24,7 +24,11 @@ is the five above):
   of the dosage) and its ``invert_relationship_matrix``, and ``pc_relate`` (on the samples' 4 PCs
   from ``pca``);
 - ``regenie``: ``regenie`` of ``sample_trait`` on the dosage with ``sample_covariate``, the variants
-  split into two contigs, then ``regenie_loco_regression`` with its LOCO predictions.
+  split into two contigs, then ``regenie_loco_regression`` with its LOCO predictions;
+- ``pedigree``: ``pedigree_kinship``, ``pedigree_inbreeding``, ``pedigree_inverse_kinship`` and
+  ``pedigree_contribution`` of a random pedigree of the first ``--distance-samples`` samples (the
+  first tenth founders, each other sample's two parents drawn among the samples before it, the
+  same for both tools). These run on the host, in both tools.
 
 ``relatedness`` and ``regenie`` work on the first ``--distance-samples`` samples and, of the
 variants polymorphic among those, the first ``--distance-variants``: sgkit's matrices and ridge
@@ -76,7 +80,7 @@ import time
 T_START = time.perf_counter()
 GROUPS = ("counting", "popgen", "gwas", "pca", "distance")
 # sgkit 0.10's functions added to pipeline.genomics: chosen with --groups, not run by default
-ADDED = ("frequencies", "haplotypes", "relatedness", "regenie")
+ADDED = ("frequencies", "haplotypes", "relatedness", "regenie", "pedigree")
 # the groups on the first --distance-samples samples and --distance-variants variants
 SUBSET = ("relatedness", "regenie")
 DOSAGE = ("gwas", "pca", "distance") + SUBSET
@@ -115,6 +119,21 @@ def _subset(ds, distance_shape, compute):
     nv, ns = distance_shape
     ds = _dosage(ds.isel(samples=slice(0, ns)), compute)
     return ds.isel(variants=slice(0, nv))
+
+
+def _pedigree(ds):
+    """``ds`` with a random pedigree ``parent`` (samples, parents): the first tenth of the samples
+    founders (-1), every later sample's two parents distinct samples before it."""
+    import numpy as np
+
+    n = ds.sizes["samples"]
+    rng = np.random.default_rng(0)
+    parent = np.full((n, 2), -1, np.int64)
+    i = np.arange(n // 10, n) if n >= 20 else np.arange(2, n)
+    a = (rng.random(i.size) * i).astype(np.int64)
+    b = (rng.random(i.size) * (i - 1)).astype(np.int64)
+    parent[i] = np.stack([a, b + (b >= a)], axis=1)
+    return ds.assign(parent=(("samples", "parents"), parent))
 
 
 def _analysis(group: str, sg, ds, distance_shape, pca_algorithm: str = "tsqr"):
@@ -171,6 +190,13 @@ def _analysis(group: str, sg, ds, distance_shape, pca_algorithm: str = "tsqr"):
                 "stat_Weir_Goudet_beta": sg.Weir_Goudet_beta(ibs, merge=False).stat_Weir_Goudet_beta,
                 "stat_genomic_relationship": grm.stat_genomic_relationship,
                 "stat_inverse_relationship": inverse.stat_inverse_relationship, "pc_relate_phi": phi}
+    if group == "pedigree":
+        d = _pedigree(ds.isel(samples=slice(0, distance_shape[1])))
+        return {"stat_pedigree_kinship": sg.pedigree_kinship(d, merge=False).stat_pedigree_kinship,
+                "stat_pedigree_inbreeding": sg.pedigree_inbreeding(d, merge=False).stat_pedigree_inbreeding,
+                "stat_pedigree_inverse_kinship":
+                    sg.pedigree_inverse_kinship(d, merge=False).stat_pedigree_inverse_kinship,
+                "stat_pedigree_contribution": sg.pedigree_contribution(d, merge=False).stat_pedigree_contribution}
     if group == "regenie":
         # two contigs, the variants' halves: the LOCO predictions need more than one
         n = ds.sizes["variants"]
