@@ -245,6 +245,23 @@ def _device_meta(out, like):
     return out
 
 
+def _values_on_host(original):
+    """xarray's ``_as_array_or_item`` (``DataArray.values``, ``Variable.values``, and through them
+    ``np.asarray``, ``float`` and ``int`` of a DataArray), giving device data to the host by
+    :func:`pipeline.backend.to_numpy` (a Dask array computed where its blocks are, then copied),
+    as ``DataArray.to_numpy()`` does; NumPy data as it is."""
+
+    @functools.wraps(original)
+    def as_array_or_item(data):
+        if on_device(data):
+            from .backend import to_numpy
+
+            data = to_numpy(data)
+        return original(data)
+
+    return as_array_or_item
+
+
 def _keeps_device_meta(original):
     """``original(a, ...)``, whose result's meta dask infers as NumPy whatever ``a``'s blocks are,
     with the meta of ``a``'s backend (:func:`_device_meta`)."""
@@ -563,6 +580,12 @@ def _einsum_lookup():
 PATCHES: dict[str, Patch] = {
     p.name: p
     for p in (
+        Patch(
+            "xarray-values-on-host", "xarray.core.variable", "_as_array_or_item", ("data",), _values_on_host,
+            "DataArray.values (how sgkit scripts read every result) calls numpy.asarray, which CuPy refuses "
+            "(TypeError: Implicit conversion to a NumPy array is not allowed); to_numpy() and pipeline.to_numpy "
+            "give the same array",
+        ),
         Patch(
             "dask-elemwise", "dask.array.core", "elemwise", ("op",), _elemwise,
             "xarray's where/fillna/weights and coordinate arithmetic put 0-d NumPy fill values and "

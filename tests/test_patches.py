@@ -15,6 +15,8 @@ from pipeline import config, patches
 from pipeline.errors import InputError
 from pipeline.kernels import duck
 
+from .conftest import requires_gpu
+
 
 @pytest.fixture
 def blocks():
@@ -386,3 +388,41 @@ print(counts.shape, int(counts.sum()), "distributed" in sys.modules)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["(50,", "10,", "2)", "1000", "False"]
+
+
+def test_values_of_host_data_reach_xarrays_function_unchanged():
+    import xarray.core.variable as variable
+
+    values = patches._values_on_host(variable._as_array_or_item)
+    a = np.arange(6.0).reshape(2, 3)
+    assert values(a) is a  # no copy: xarray's in-place updates of .values still work
+    day = np.array(np.datetime64("2000-01-02", "D"))
+    assert values(day) == variable._as_array_or_item(day) and isinstance(values(day), np.datetime64)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_values_of_device_data_come_to_the_host():
+    """sgkit's way of reading a result, ``.values``, on the GPU backend: the NumPy array that
+    pipeline.to_numpy gives (CuPy refuses numpy.asarray), and np.asarray, float and int of a
+    DataArray with it; a CuPy-backed DataArray too."""
+    import cupy
+
+    from pipeline import backend as B
+
+    from .genomics_data import dataset
+
+    import pipeline.genomics as sg
+
+    patches.apply()
+    assert "xarray-values-on-host" in patches._applied
+    rate = sg.variant_stats(dataset("bi", {"variants": 37}, "gpu")).variant_call_rate
+    assert B.backend_of(rate.data) == "gpu"
+    host = rate.values
+    assert isinstance(host, np.ndarray)
+    np.testing.assert_array_equal(host, sg.variant_stats(dataset("bi", {"variants": 37}, "cpu")).variant_call_rate.values)
+    np.testing.assert_array_equal(np.asarray(rate), host)
+    assert float(rate.sum()) == pytest.approx(float(host.sum()))
+    assert int(rate.count()) == host.size
+    on_device = rate.copy(data=cupy.asarray(host))
+    np.testing.assert_array_equal(on_device.values, host)
