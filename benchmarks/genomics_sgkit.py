@@ -26,11 +26,13 @@ is the five above):
 - ``regenie``: ``regenie`` of ``sample_trait`` on the dosage with ``sample_covariate``, the variants
   split into two contigs, then ``regenie_loco_regression`` with its LOCO predictions;
 - ``pedigree``: ``pedigree_kinship``, ``pedigree_inbreeding``, ``pedigree_inverse_kinship`` and
-  ``pedigree_contribution`` of a random pedigree of the first ``--distance-samples`` samples (the
-  first tenth founders, each other sample's two parents drawn among the samples before it, the
-  same for both tools). These run on the host, in both tools.
+  ``pedigree_contribution`` of a random pedigree of the samples (the first tenth founders, each
+  other sample's two parents drawn among the samples before it, the same for both tools), then
+  ``hybrid_relationship`` and ``hybrid_inverse_relationship`` (Martini) of the pedigree's and the
+  dosage's VanRaden relationships, every sample genotyped. The pedigree functions run on the host
+  in both tools.
 
-``relatedness`` and ``regenie`` work on the first ``--distance-samples`` samples and, of the
+``relatedness``, ``regenie`` and ``pedigree`` work on the first ``--distance-samples`` samples and, of the
 variants polymorphic among those, the first ``--distance-variants``: sgkit's matrices and ridge
 regressions take minutes beyond a few thousand.
 
@@ -82,7 +84,7 @@ GROUPS = ("counting", "popgen", "gwas", "pca", "distance")
 # sgkit 0.10's functions added to pipeline.genomics: chosen with --groups, not run by default
 ADDED = ("frequencies", "haplotypes", "relatedness", "regenie", "pedigree")
 # the groups on the first --distance-samples samples and --distance-variants variants
-SUBSET = ("relatedness", "regenie")
+SUBSET = ("relatedness", "regenie", "pedigree")
 DOSAGE = ("gwas", "pca", "distance") + SUBSET
 # results of up to this many values are compared value by value; larger ones by their digests
 COMPARED = 1 << 25
@@ -191,12 +193,29 @@ def _analysis(group: str, sg, ds, distance_shape, pca_algorithm: str = "tsqr"):
                 "stat_genomic_relationship": grm.stat_genomic_relationship,
                 "stat_inverse_relationship": inverse.stat_inverse_relationship, "pc_relate_phi": phi}
     if group == "pedigree":
-        d = _pedigree(ds.isel(samples=slice(0, distance_shape[1])))
-        return {"stat_pedigree_kinship": sg.pedigree_kinship(d, merge=False).stat_pedigree_kinship,
+        import xarray as xr
+
+        d = _pedigree(ds)
+        kinship = sg.pedigree_kinship(d, return_relationship=True, merge=False)
+        inverse = sg.pedigree_inverse_kinship(d, return_relationship=True, merge=False)
+        # the hybrid matrices of the dosage's VanRaden relationship (every sample genotyped) and the pedigree's
+        d = d.assign(variant_ancestral_frequency=d.call_dosage.mean("samples") / 2)
+        grm = sg.genomic_relationship(d, call_dosage="call_dosage", estimator="VanRaden",
+                                      ancestral_frequency="variant_ancestral_frequency", ploidy=2, merge=False)
+        ginv = sg.invert_relationship_matrix(grm, relationship="stat_genomic_relationship", merge=False)
+        both = xr.merge([grm, ginv, kinship, inverse])
+        hybrid = sg.hybrid_relationship(both, genomic_relationship="stat_genomic_relationship",
+                                        pedigree_relationship="stat_pedigree_relationship", estimator="Martini",
+                                        merge=False).stat_hybrid_relationship
+        hybrid_inverse = sg.hybrid_inverse_relationship(
+            both, genomic_inverse_relationship="stat_inverse_relationship",
+            pedigree_inverse_relationship="stat_pedigree_inverse_relationship", estimator="Martini",
+            merge=False).stat_hybrid_inverse_relationship
+        return {"stat_pedigree_kinship": kinship.stat_pedigree_kinship,
                 "stat_pedigree_inbreeding": sg.pedigree_inbreeding(d, merge=False).stat_pedigree_inbreeding,
-                "stat_pedigree_inverse_kinship":
-                    sg.pedigree_inverse_kinship(d, merge=False).stat_pedigree_inverse_kinship,
-                "stat_pedigree_contribution": sg.pedigree_contribution(d, merge=False).stat_pedigree_contribution}
+                "stat_pedigree_inverse_kinship": inverse.stat_pedigree_inverse_kinship,
+                "stat_pedigree_contribution": sg.pedigree_contribution(d, merge=False).stat_pedigree_contribution,
+                "stat_hybrid_relationship": hybrid, "stat_hybrid_inverse_relationship": hybrid_inverse}
     if group == "regenie":
         # two contigs, the variants' halves: the LOCO predictions need more than one
         n = ds.sizes["variants"]

@@ -99,22 +99,28 @@ def _frequencies(g, n_alleles: int | None):
 def _ibs_terms(af_i, af_j, *, skipna: bool):
     """Numerator (and, skipping NaN, denominator) of the IBS of two tiles' allele frequencies."""
     xp = xp_of(af_i)
+    same = af_j is af_i  # a tile of the diagonal: a symmetric product (see _van_raden_terms)
     if skipna:
-        called_i, called_j = xp.nansum(af_i, axis=-1), xp.nansum(af_j, axis=-1)
-        af_i, af_j = xp.where(xp.isnan(af_i), 0.0, af_i), xp.where(xp.isnan(af_j), 0.0, af_j)
+        called_i = xp.nansum(af_i, axis=-1)
+        called_j = called_i if same else xp.nansum(af_j, axis=-1)
+        af_i = xp.where(xp.isnan(af_i), 0.0, af_i)
+        af_j = af_i if same else xp.where(xp.isnan(af_j), 0.0, af_j)
     # einsum("vsa,vta->st") as one matrix product (BLAS, cuBLAS): NumPy's einsum without
     # optimize loops in C, 3.5 s against 0.05 s for 1,000 samples x 1,000 variants x 2 alleles
     v, s, a = af_i.shape
-    num = af_i.transpose(1, 0, 2).reshape(s, v * a) @ af_j.transpose(1, 0, 2).reshape(af_j.shape[1], v * a).T
+    rows_i = af_i.transpose(1, 0, 2).reshape(s, v * a)
+    rows_j = rows_i if same else af_j.transpose(1, 0, 2).reshape(af_j.shape[1], v * a)
+    num = rows_i @ rows_j.T
     if not skipna:
         return num[..., None]
-    return xp.stack([num, called_i.T @ called_j], axis=-1)
+    return xp.stack([num, called_i.T @ (called_i if same else called_j)], axis=-1)
 
 
 def _ibs_of_genotypes(g_i, g_j, *, n_alleles: int | None, skipna: bool):
     if n_alleles is None:  # "matching": any allele value, the same width for both tiles
         n_alleles = max(int(g_i.max()) + 1 if g_i.size else 1, int(g_j.max()) + 1 if g_j.size else 1, 1)
-    return _ibs_terms(_frequencies(g_i, n_alleles), _frequencies(g_j, n_alleles), skipna=skipna)
+    af_i = _frequencies(g_i, n_alleles)
+    return _ibs_terms(af_i, af_i if g_j is g_i else _frequencies(g_j, n_alleles), skipna=skipna)
 
 
 def identity_by_state(
@@ -181,14 +187,23 @@ def _with_call_allele_frequency(ds: xr.Dataset) -> xr.Dataset:
 # --- genomic relationship ----------------------------------------------------------------------------
 
 
+# On a tile of the diagonal the two tiles are one block (dask passes the same object twice): its
+# terms are made once and multiplied by their own transpose, which NumPy computes as a symmetric
+# rank-k update (BLAS syrk, half the products of a general one: 0.09 s against 0.15 s for 1,000
+# variants x 3,000 samples on 2 cores). Off the diagonal, two blocks.
+
+
 def _van_raden_terms(d_i, d_j, af, *, ploidy: int, skipna: bool):
     xp = xp_of(d_i)
     ad = af * ploidy
-    m_i, m_j = d_i.astype(F8) - ad[:, None], d_j.astype(F8) - ad[:, None]
+    m_i = d_i.astype(F8) - ad[:, None]
+    m_j = m_i if d_j is d_i else d_j.astype(F8) - ad[:, None]
     if not skipna:
         return (m_i.T @ m_j)[..., None]
-    nan_i, nan_j = xp.isnan(m_i), xp.isnan(m_j)
-    num = xp.where(nan_i, 0.0, m_i).T @ xp.where(nan_j, 0.0, m_j)
+    nan_i = xp.isnan(m_i)
+    nan_j = nan_i if m_j is m_i else xp.isnan(m_j)
+    w_i = xp.where(nan_i, 0.0, m_i)
+    num = w_i.T @ (w_i if m_j is m_i else xp.where(nan_j, 0.0, m_j))
     den = (~nan_i * ad[:, None]).T @ (~nan_j * (1 - af)[:, None])
     return xp.stack([num, den], axis=-1)
 
@@ -196,8 +211,10 @@ def _van_raden_terms(d_i, d_j, af, *, ploidy: int, skipna: bool):
 def _endelman_jannink_terms(d_i, d_j, af, w_mean_i, w_mean_j, *, ploidy: int):
     xp = xp_of(d_i)
     x_i = d_i.astype(F8) - (af * ploidy)[:, None] - w_mean_i[None, :]
-    x_j = d_j.astype(F8) - (af * ploidy)[:, None] - w_mean_j[None, :]
-    return xp.stack([x_i.T @ x_j, (x_i**2).T @ (x_j**2)], axis=-1)
+    same = d_j is d_i and w_mean_j is w_mean_i
+    x_j = x_i if same else d_j.astype(F8) - (af * ploidy)[:, None] - w_mean_j[None, :]
+    sq_i = x_i**2
+    return xp.stack([x_i.T @ x_j, sq_i.T @ (sq_i if same else x_j**2)], axis=-1)
 
 
 def _deviation_sums(d, af, *, ploidy: int):
