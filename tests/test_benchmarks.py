@@ -273,7 +273,8 @@ def test_genomics_sgkit_added_groups(tmp_path, capsys):
     # the biallelic variants of the 1,200 (2 windows of 1,000 variants); 400 in the subset
     for group, name, shape in [("frequencies", "cohort_allele_frequency", [None, 3, 2]),
                                ("haplotypes", "stat_pbs", [2, 3, 3, 3]),
-                               ("regenie", "variant_linreg_p_value", [400, 2])]:
+                               ("regenie", "variant_linreg_p_value", [400, 2]),
+                               ("pedigree", "stat_hybrid_inverse_relationship", [30, 30])]:
         r = bench.one("pipeline-cpu", group, str(store), (400, 30), runs=1, values_dir=str(tmp_path))
         assert r["first_seconds"] > 0 and r["warm_seconds"] is None
         got = r["digest"][name][3]
