@@ -840,10 +840,10 @@ def call_genotype_index_gpu(g, biallelic: bool):
 # --- GPU: per-call kernels, CUDA C ------------------------------------------------------------------
 #
 # cuda/calls.cu: the per-call allele counts and genotype indices (here) and alternate allele
-# counts (alternate.py), any integer type and ploidy (a compile-time constant). They were Numba CUDA kernels; as CUDA C no
-# numba.cuda is imported for them: in a second process on an H200 (its kernels in the disk cache),
-# importing numba.cuda and loading its registries took 0.5-1 s of the first run of sgkit's
-# frequencies and relatedness functions, where their warm runs take 0.2-0.3 s.
+# counts (alternate.py), any integer type and ploidy (a compile-time constant). They were Numba
+# CUDA kernels; as CUDA C no numba.cuda is imported for them: in a second process on an H200 (its
+# kernels in the disk cache), importing numba.cuda and loading its registries took 0.5-1 s of the
+# first run of sgkit's frequencies and relatedness functions, where their warm runs take 0.2-0.3 s.
 
 CALL_UNROLL = 4  # calls a thread of a per-call kernel loads before it writes any count
 
