@@ -127,11 +127,10 @@ def skip_client_lookup() -> None:
     distributed's import took 0.65-1.0 s on the GPU machine). A client exists only once
     distributed is imported; until then the lookup's answer is known (none), and this answers as
     dask does after it: the named scheduler, or the collections' own (dask's threads for arrays).
-    With distributed imported
-    (a client made, a cluster attached), dask's own function decides. Installed once, by
-    :func:`pipeline.open_dataset` and the import of :mod:`pipeline.genomics`; the setting
-    ``pipeline.patches`` governs it (``dask-client-lookup``), where it is installed and as it is
-    called."""
+    With distributed imported (a client made, a cluster attached), dask's own function decides.
+    Installed once, by :func:`pipeline.open_dataset` and the import of :mod:`pipeline.genomics`;
+    the setting ``pipeline.patches`` governs it (``dask-client-lookup``), where it is installed and
+    as it is called."""
     if not config.patched("dask-client-lookup"):
         return
     import dask
