@@ -21,8 +21,8 @@ is the five above):
 - ``haplotypes``: ``window_by_variant`` (1,000 variants), then ``Garud_H`` and ``pbs`` of the
   cohorts (0, 1, 2);
 - ``relatedness``: ``identity_by_state``, ``Weir_Goudet_beta``, ``genomic_relationship`` (VanRaden,
-  of the dosage) and its ``invert_relationship_matrix``, and ``pc_relate`` (on the samples' 4 PCs
-  from ``pca``);
+  of the dosage, ancestral frequencies one half) and its ``invert_relationship_matrix``, and
+  ``pc_relate`` (on the samples' 4 PCs from ``pca``);
 - ``regenie``: ``regenie`` of ``sample_trait`` on the dosage with ``sample_covariate``, the variants
   split into two contigs, then ``regenie_loco_regression`` with its LOCO predictions;
 - ``pedigree``: ``pedigree_kinship``, ``pedigree_inbreeding``, ``pedigree_inverse_kinship`` and
@@ -30,11 +30,25 @@ is the five above):
   other sample's two parents drawn among the samples before it, the same for both tools), then
   ``hybrid_relationship`` and ``hybrid_inverse_relationship`` (Martini) of the pedigree's and the
   dosage's VanRaden relationships, every sample genotyped. The pedigree functions run on the host
-  in both tools.
+  in both tools;
+- ``conversion``: ``convert_probability_to_call`` of genotype probabilities made from the calls
+  (0.55 to 0.955 for the called genotype, by position and dosage), ``infer_sample_ploidy``, and
+  ``window_by_interval`` (an interval every 50 variants, 5 to 24 variants long), then ``diversity``
+  of those windows;
+- ``genee``: ``genee`` of the variants' ``gwas_linear_regression`` betas (as in ``gwas``) and their
+  LD (the dosages' correlations), the genes ``conversion``'s intervals, by ``window_by_interval``;
+- ``genedrop``: ``parent_indices`` of ``pedigree``'s random pedigree as sample identifiers,
+  ``pedigree_sel`` (5 samples, 2 generations up, 1 down), ``simulate_genedrop`` (seed 0: both draw
+  a variant's seed from it alike) of the store's calls, and ``display_pedigree`` where the
+  graphviz library is installed;
+- ``datasets``: ``create_genotype_call_dataset`` and ``create_genotype_dosage_dataset`` (of
+  ``conversion``'s probabilities) of the store's arrays, the first written by ``save_dataset`` (to a
+  new folder: the write is timed) and read again by ``load_dataset``, ``display_genotypes`` of it,
+  and ``simulate_genotype_call_dataset`` (seed 0) of the store's sizes.
 
-``relatedness``, ``regenie`` and ``pedigree`` work on the first ``--distance-samples`` samples and, of the
-variants polymorphic among those, the first ``--distance-variants``: sgkit's matrices and ridge
-regressions take minutes beyond a few thousand.
+``relatedness``, ``regenie``, ``pedigree`` and ``genee`` work on the first ``--distance-samples``
+samples and, of the variants polymorphic among those, the first ``--distance-variants``: sgkit's
+matrices and ridge regressions take minutes beyond a few thousand.
 
 Every group works on the store's biallelic variants (the HWE test and PCA need them); for ``pca``
 and ``gwas`` missing calls count as the reference allele and monomorphic variants are left out,
@@ -43,7 +57,9 @@ process times its import and opening, the first run of its group and a second (w
 parent times the whole process and checks that pipeline's results equal sgkit's (or, without
 sgkit, the first tool's): value by value, NaN in the same places, for results of up to
 ``COMPARED`` values, otherwise by digests (sums, largest magnitudes, NaN counts). The difference
-printed is the largest relative to the reference's largest magnitude, and names its result.
+printed is the largest relative to the reference's largest magnitude, and names its result. A text
+(a display's: ``display_genotypes``' ``repr``, ``display_pedigree``'s DOT source) or an array of
+strings is compared as the bytes of its lines, ``genee``'s data frame column by column.
 
 A tool named ``pipeline-gpu@4GB`` runs under that device budget (``pipeline.gpu.memory-limit``;
 ``pipeline-cpu@4GB``: ``pipeline.cpu.memory-limit``), to show an out-of-core run; pipeline's
@@ -82,9 +98,10 @@ import time
 T_START = time.perf_counter()
 GROUPS = ("counting", "popgen", "gwas", "pca", "distance")
 # sgkit 0.10's functions added to pipeline.genomics: chosen with --groups, not run by default
-ADDED = ("frequencies", "haplotypes", "relatedness", "regenie", "pedigree")
+ADDED = ("frequencies", "haplotypes", "relatedness", "regenie", "pedigree", "conversion", "genee", "genedrop",
+         "datasets")
 # the groups on the first --distance-samples samples and --distance-variants variants
-SUBSET = ("relatedness", "regenie", "pedigree")
+SUBSET = ("relatedness", "regenie", "pedigree", "genee")
 DOSAGE = ("gwas", "pca", "distance") + SUBSET
 # results of up to this many values are compared value by value; larger ones by their digests
 COMPARED = 1 << 25
@@ -138,6 +155,74 @@ def _pedigree(ds):
     return ds.assign(parent=(("samples", "parents"), parent))
 
 
+def _ancestral(ds):
+    """The ancestral allele frequencies of the VanRaden relationships: one half at every variant
+    (Forni et al. 2011's G05). Centred on the samples' own frequencies the matrix has rank one
+    below the samples' number, and its inverse is rounding noise that LAPACK and cuSOLVER make
+    differently."""
+    import numpy as np
+    import xarray as xr
+
+    return xr.DataArray(np.full(ds.sizes["variants"], 0.5), dims="variants")
+
+
+def _probabilities(ds):
+    """Genotype probabilities of the calls (variants, samples, genotypes), the same for both tools:
+    0.55 to 0.955 for the called genotype (by the variant's position and the call's dosage), the
+    other two sharing the rest; NaN where an allele is missing."""
+    import xarray as xr
+
+    ac = ds.call_genotype.clip(0).sum("ploidy")
+    p = 0.55 + 0.045 * ((ds.variant_position + 7 * ac) % 10)
+    gp = xr.concat([xr.where(ac == k, p, (1 - p) / 2) for k in range(3)], dim="genotypes")
+    return gp.transpose("variants", "samples", "genotypes").where((ds.call_genotype >= 0).all("ploidy"))
+
+
+def _intervals(ds) -> dict:
+    """Intervals of positions (``interval_contig_name``, ``interval_start``, ``interval_stop``),
+    the same for both tools: one every 50 variants, from its position to that of the variant 5 to
+    24 after it (exclusive), or one position where that is on another contig."""
+    import numpy as np
+
+    pos, contig = np.asarray(ds.variant_position.values), np.asarray(ds.variant_contig.values)
+    names = _strings(ds.contig_id.values)
+    start = np.arange(0, pos.size, 50)
+    stop = np.minimum(start + 5 + np.arange(start.size) % 20, pos.size - 1)
+    same = contig[stop] == contig[start]
+    return {"interval_contig_name": ("intervals", names[contig[start]]), "interval_start": ("intervals", pos[start]),
+            "interval_stop": ("intervals", np.where(same, pos[stop], pos[start] + 1))}
+
+
+def _strings(x):
+    """An array of strings or bytes (of NumPy's StringDType too, which sgkit's variable specs
+    refuse) as an array of Python strings, as sgkit reads them."""
+    import numpy as np
+
+    x = np.asarray(x)
+    return np.array([v.decode() if isinstance(v, bytes) else str(v) for v in x.ravel()], dtype=object).reshape(x.shape)
+
+
+def _numbers(x):
+    """A result as the float64 values compared: a text (a display's) or an array of strings as the
+    UTF-8 bytes of its lines."""
+    import numpy as np
+
+    x = np.asarray(x)
+    if x.dtype.kind in "OSUT":
+        x = np.frombuffer("\n".join(_strings(x).ravel()).encode(), np.uint8)
+    return x.astype(np.float64)
+
+
+def _scratch() -> str:
+    """A new folder, removed when the process exits."""
+    import atexit
+    import shutil
+
+    path = tempfile.mkdtemp(prefix="genomics_sgkit.")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def _analysis(group: str, sg, ds, distance_shape, pca_algorithm: str = "tsqr"):
     import numpy as np
 
@@ -180,7 +265,7 @@ def _analysis(group: str, sg, ds, distance_shape, pca_algorithm: str = "tsqr"):
             "stat_pbs": sg.pbs(w, cohorts=[(0, 1, 2)], merge=False).stat_pbs}
     if group == "relatedness":
         ibs = sg.identity_by_state(ds)
-        d = ds.assign(variant_ancestral_frequency=ds.call_dosage.mean("samples") / 2)
+        d = ds.assign(variant_ancestral_frequency=_ancestral(ds))
         grm = sg.genomic_relationship(d, call_dosage="call_dosage", estimator="VanRaden",
                                       ancestral_frequency="variant_ancestral_frequency", ploidy=2)
         inverse = sg.invert_relationship_matrix(grm, relationship="stat_genomic_relationship", merge=False)
@@ -199,7 +284,7 @@ def _analysis(group: str, sg, ds, distance_shape, pca_algorithm: str = "tsqr"):
         kinship = sg.pedigree_kinship(d, return_relationship=True, merge=False)
         inverse = sg.pedigree_inverse_kinship(d, return_relationship=True, merge=False)
         # the hybrid matrices of the dosage's VanRaden relationship (every sample genotyped) and the pedigree's
-        d = d.assign(variant_ancestral_frequency=d.call_dosage.mean("samples") / 2)
+        d = d.assign(variant_ancestral_frequency=_ancestral(d))
         grm = sg.genomic_relationship(d, call_dosage="call_dosage", estimator="VanRaden",
                                       ancestral_frequency="variant_ancestral_frequency", ploidy=2, merge=False)
         ginv = sg.invert_relationship_matrix(grm, relationship="stat_genomic_relationship", merge=False)
@@ -227,6 +312,70 @@ def _analysis(group: str, sg, ds, distance_shape, pca_algorithm: str = "tsqr"):
                 "regenie_meta_prediction": r.regenie_meta_prediction,
                 "regenie_loco_prediction": r.regenie_loco_prediction,
                 "variant_linreg_beta": loco.variant_linreg_beta, "variant_linreg_p_value": loco.variant_linreg_p_value}
+    if group == "conversion":
+        calls = sg.convert_probability_to_call(ds.assign(call_genotype_probability=_probabilities(ds)), merge=False)
+        w = sg.window_by_interval(ds.assign(_intervals(ds)))
+        return {"call_genotype": calls.call_genotype, "call_genotype_mask": calls.call_genotype_mask,
+                "sample_ploidy": sg.infer_sample_ploidy(ds, merge=False).sample_ploidy,
+                "window_start": w.window_start, "window_stop": w.window_stop,
+                "stat_diversity": sg.diversity(w, merge=False).stat_diversity}
+    if group == "genee":
+        import xarray as xr
+
+        # as sgkit's tests: the variants' GWAS betas, their LD (correlations), genes as windows
+        beta = sg.gwas_linear_regression(ds, dosage="call_dosage", covariates=["sample_covariate"],
+                                         traits=["sample_trait"], merge=False).variant_linreg_beta[:, 0]
+        x = ds.call_dosage
+        z = (x - x.mean("samples")) / x.std("samples")
+        ld = xr.dot(z, z.rename(variants="variants_1"), dim="samples") / ds.sizes["samples"]
+        w = sg.window_by_interval(ds.assign(_intervals(ds)), merge=False).assign(beta=beta)
+        df = sg.genee(w, ld.data)
+        return {"window_start": w.window_start} | {c: df[c] for c in ("test_q", "q_var", "pval")}
+    if group == "genedrop":
+        import importlib.util
+
+        # the random pedigree as sample identifiers (in memory, as sgkit's pedigree_sel wants them),
+        # found again by parent_indices
+        ids = _strings(ds.sample_id.values)
+        parent = _pedigree(ds).parent
+        d = ds.assign(sample_id=("samples", ids),
+                      parent_id=parent.copy(data=np.where(parent.values >= 0, ids[parent.values], ".")))
+        d = sg.parent_indices(d.assign_coords(samples=ids))
+        n = ds.sizes["samples"]
+        sel = sg.pedigree_sel(d, samples=ids[n // 2: n // 2 + 5], ancestor_depth=2, descendant_depth=1)
+        # sgkit's gene drop wants the samples in one chunk
+        drop = sg.simulate_genedrop(d.assign(call_genotype=d.call_genotype.chunk({"samples": -1})), seed=0, merge=False)
+        out = {"parent": d.parent, "pedigree_sel_parent": sg.parent_indices(sel, merge=False).parent,
+               "call_genotype": drop.call_genotype}
+        # a graphviz.Digraph: its DOT text, where the graphviz library is installed
+        if importlib.util.find_spec("graphviz"):
+            out["display_pedigree"] = sg.display_pedigree(d).source
+        return out
+    if group == "datasets":
+        # the store's arrays as a dataset of calls and one of dosages (from _probabilities), the
+        # first saved and read again, and a simulated dataset of the store's sizes
+        names = _strings(ds.contig_id.values).tolist()
+        arrays = {"variant_contig_names": names, "variant_contig": ds.variant_contig.data,
+                  "variant_position": ds.variant_position.data, "variant_allele": _strings(ds.variant_allele.values),
+                  "sample_id": _strings(ds.sample_id.values)}
+        calls = sg.create_genotype_call_dataset(**arrays, call_genotype=ds.call_genotype.data,
+                                                call_genotype_phased=ds.call_genotype_phased.data)
+        gp = _probabilities(ds)
+        dosage = sg.create_genotype_dosage_dataset(**arrays, call_dosage=(gp[..., 1] + 2 * gp[..., 2]).data,
+                                                   call_genotype_probability=gp.data)
+        path = os.path.join(_scratch(), "calls.zarr")
+        sg.save_dataset(calls, path, auto_rechunk=True)
+        saved = sg.load_dataset(path)
+        sim = sg.simulate_genotype_call_dataset(n_variant=ds.sizes["variants"], n_sample=ds.sizes["samples"],
+                                                n_contig=len(names), seed=0, missing_pct=0.05, phased=False)
+        return {"call_genotype_mask": calls.call_genotype_mask, "call_dosage_mask": dosage.call_dosage_mask,
+                "call_genotype_probability_mask": dosage.call_genotype_probability_mask,
+                "saved_call_genotype": saved.call_genotype, "saved_call_genotype_phased": saved.call_genotype_phased,
+                "saved_variant_position": saved.variant_position, "saved_sample_id": saved.sample_id,
+                "saved_variant_allele": saved.variant_allele,
+                "simulated_call_genotype": sim.call_genotype, "simulated_variant_position": sim.variant_position,
+                "simulated_variant_contig": sim.variant_contig, "simulated_variant_allele": sim.variant_allele,
+                "display_genotypes": repr(sg.display_genotypes(calls))}
     raise ValueError(group)
 
 
@@ -270,7 +419,7 @@ def one(tool: str, group: str, store: str, distance_shape, pca_algorithm: str = 
             from pipeline.kernels.launch import compile_seconds
 
             compile_first = compile_seconds()  # compiling (or loading) kernels, in the first run
-        values = {k: np.asarray(to_numpy(r), dtype=np.float64) for k, r in zip(keys, results)}
+        values = {k: _numbers(to_numpy(r)) for k, r in zip(keys, results)}
     if values_dir:
         np.savez(_values_path(values_dir, tool, group), **{k: v for k, v in values.items() if v.size <= COMPARED})
     memory = {}
@@ -296,6 +445,9 @@ def _agree(a: dict, b: dict, values_dir: str | None = None) -> str:
     magnitudes, NaN counts)."""
     import numpy as np
 
+    only = sorted(set(a["digest"]) ^ set(b["digest"]))  # display_pedigree where one has no graphviz
+    if only:
+        return f"{only[0]}: in one tool's results only"
     saved = [np.load(_values_path(values_dir, r["tool"], r["group"])) if values_dir else {} for r in (a, b)]
     worst, worst_key = 0.0, ""
     for k, (s1, m1, n1, sh1) in a["digest"].items():
@@ -360,6 +512,8 @@ def _compare(a, shape, values_dir: str) -> list:
             if "@" in tool:  # a budget: pipeline-gpu@4GB
                 side = "GPU" if tool.startswith("pipeline-gpu") else "CPU"
                 env[f"DASK_PIPELINE__{side}__MEMORY_LIMIT"] = tool.split("@", 1)[1]
+            if tool.startswith("pipeline-"):  # the default backend too: that of a store saved and read again
+                env["DASK_PIPELINE__BACKEND"] = tool.split("@")[0].removeprefix("pipeline-")
             if tool == "sgkit" and a.sgkit:
                 env["PYTHONPATH"] = os.pathsep.join([a.sgkit, env.get("PYTHONPATH", "")])
             cmd = [a.sgkit_python if tool == "sgkit" else sys.executable, __file__, a.store, "--one", tool, group, "--distance-variants", str(shape[0]),

@@ -115,7 +115,6 @@ def test_host_read_smoke(tmp_path, monkeypatch):
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 
-import numpy as np  # noqa: E402
 
 from .test_kernels import group_inputs, rolling_reference, sample, spells_reference  # noqa: E402
 
@@ -283,6 +282,75 @@ def test_genomics_sgkit_added_groups(tmp_path, capsys):
         assert set(saved.files) == set(r["digest"])
     pbs = np.load(tmp_path / "pipeline-cpu.haplotypes.npz")["stat_pbs"]
     assert np.isfinite(pbs[:, 0, 1, 2]).all() and np.isnan(pbs).sum() == pbs.size - 2  # only the triple asked for
+
+
+def test_genomics_sgkit_more_added_groups(tmp_path, capsys):
+    """The groups of sgkit's conversions, genee, pedigree tools and datasets run on a tiny demo
+    store: datasets through the CLI's processes (a store saved and read again, displays compared as
+    text, value by value between two runs of pipeline), the others in this process."""
+    import pipeline
+    from pipeline.demo_genomics import write_genomics_demo
+
+    store = tmp_path / "g.vcz"
+    write_genomics_demo(store, samples=40, variants=1200, seed=2)
+    bench = load("genomics_sgkit")
+    assert bench.main([str(store), "--tools", "pipeline-cpu,pipeline-cpu@1GB", "--groups", "datasets",
+                       "--json", str(tmp_path / "g.json")]) == 0
+    rows = json.loads((tmp_path / "g.json").read_text())
+    assert [r["label"] for r in rows] == ["pipeline-cpu", "pipeline-cpu@1GB"], capsys.readouterr().out
+    assert rows[1]["agrees_with_first"] == "0.0e+00 (call_genotype_mask)"
+    shapes = {k: d[3] for k, d in rows[0]["digest"].items()}
+    n = shapes["call_genotype_mask"][0]  # the biallelic variants
+    assert shapes["saved_call_genotype"] == shapes["simulated_call_genotype"] == [n, 40, 2]
+    assert shapes["call_genotype_probability_mask"] == [n, 40, 3] and shapes["simulated_variant_position"] == [n]
+    assert all(len(shapes[k]) == 1 for k in ("saved_sample_id", "saved_variant_allele", "display_genotypes"))
+
+    # the biallelic variants of the 1,200 (an interval every 50); 400 in genee's subset (8 genes)
+    for group, expected in [
+            ("conversion", {"call_genotype": [None, 40, 2], "sample_ploidy": [40], "stat_diversity": [None, 3]}),
+            ("genee", {"window_start": [8], "test_q": [8], "pval": [8]}),
+            ("genedrop", {"parent": [40, 2], "call_genotype": [None, 40, 2]})]:
+        r = bench.one("pipeline-cpu", group, str(store), (400, 30), runs=1, values_dir=str(tmp_path))
+        assert r["first_seconds"] > 0 and r["warm_seconds"] is None
+        for name, shape in expected.items():
+            got = r["digest"][name][3]
+            assert len(got) == len(shape) and all(e in (None, d) for e, d in zip(shape, got)), (group, name, got)
+        saved = np.load(tmp_path / f"pipeline-cpu.{group}.npz")
+        assert set(saved.files) == set(r["digest"])
+    # a graphviz.Digraph, compared as its DOT text: where the library is installed
+    assert ("display_pedigree" in r["digest"]) == (importlib.util.find_spec("graphviz") is not None)
+    drop = np.load(tmp_path / "pipeline-cpu.genedrop.npz")["call_genotype"]
+    calls = bench._select(pipeline.open_dataset(store, backend="cpu"), "pipeline-cpu").call_genotype.values
+    np.testing.assert_array_equal(drop[:, :4], calls[:, :4])  # the founders' (the first tenth) kept
+    assert (drop[:, 4:] != calls[:, 4:]).any()
+
+
+def test_genomics_sgkit_texts_and_results_of_one_tool():
+    """A text (a display's) and an array of strings are compared as the bytes of their lines; a
+    result only one tool gave (display_pedigree without graphviz) is named, not compared."""
+    bench = load("genomics_sgkit")
+    np.testing.assert_array_equal(bench._numbers("a\nb"), [97, 10, 98])
+    np.testing.assert_array_equal(bench._numbers(np.array([b"a", b"b"])), [97, 10, 98])
+    np.testing.assert_array_equal(bench._numbers(np.array(["a", "b"], dtype=object)), [97, 10, 98])
+    assert bench._numbers(np.array([True, False])).dtype == np.float64
+    a = {"tool": "a", "group": "g", "digest": {"m": [1.0, 1.0, 0, [1]]}}
+    b = {"tool": "b", "group": "g", "digest": {"m": [1.0, 1.0, 0, [1]], "display_pedigree": [9.0, 9.0, 0, [1]]}}
+    assert bench._agree(a, b) == bench._agree(b, a) == "display_pedigree: in one tool's results only"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sgkit") is None, reason="sgkit not installed")
+def test_genomics_sgkit_datasets_agree_with_sgkit(tmp_path):
+    """Where sgkit is installed: pipeline's datasets (created, saved and read again, simulated,
+    displayed) equal sgkit's value by value."""
+    from pipeline.demo_genomics import write_genomics_demo
+
+    store = tmp_path / "g.vcz"
+    write_genomics_demo(store, samples=40, variants=1200, seed=2)
+    assert load("genomics_sgkit").main([str(store), "--tools", "pipeline-cpu,sgkit", "--groups", "datasets",
+                                        "--json", str(tmp_path / "g.json")]) == 0
+    rows = json.loads((tmp_path / "g.json").read_text())
+    assert [r["label"] for r in rows] == ["pipeline-cpu", "sgkit"]
+    assert rows[0]["agrees_with_sgkit"] == "0.0e+00 (call_genotype_mask)"
 
 
 def test_genomics_sgkit_agree_value_by_value(tmp_path):

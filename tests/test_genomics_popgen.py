@@ -389,6 +389,40 @@ def test_gpu_cohort_kernel_equals_the_cpu():
     np.testing.assert_array_equal(cupy.asnumpy(got), K.window_sum_cpu(x, starts, stops))
 
 
+def _hash_cases(rng):
+    """Blocks of calls (missing, fill and alleles above 1), weights over all 64 bits, and rows
+    where the prefix sums are taken (0 and the block's length among them, and runs of variants
+    shorter and longer than the kernel's unrolling)."""
+    for shape, dtype in (((37, 11, 2), np.int8), ((300, 1001, 2), np.int8), ((9, 5, 3), np.int16),
+                         ((20, 4, 1), np.int64), ((1, 3, 2), np.int8)):
+        g = rng.integers(-2, 4, size=shape).astype(dtype)
+        w = rng.integers(0, 2**64, size=shape[0], dtype=np.uint64, endpoint=False)
+        rels = np.unique(np.r_[0, rng.integers(0, shape[0] + 1, size=4), shape[0]])
+        yield g, w, rels
+
+
+def test_hash_prefix_is_the_sum_of_the_terms_modulo_2_64():
+    """The CPU kernel against the definition, in Python integers: sum over i < r of
+    (call mod 2^64) * w[i], modulo 2^64, for each haplotype (sample, then ploidy)."""
+    for g, w, rels in _hash_cases(np.random.default_rng(11)):
+        got = K.hash_prefix_cpu(g, w, rels)
+        flat = g.reshape(g.shape[0], -1)
+        want = [[sum(int(flat[i, h]) % 2**64 * int(w[i]) for i in range(r)) % 2**64 for h in range(flat.shape[1])]
+                for r in rels]
+        np.testing.assert_array_equal(got, np.array(want, dtype=np.uint64), err_msg=f"{g.shape} {g.dtype}")
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_hash_prefix_equals_the_cpu_kernel():
+    """The CUDA C prefix sums of the haplotype hash terms, bit for bit the CPU kernel's."""
+    import cupy
+
+    for g, w, rels in _hash_cases(np.random.default_rng(12)):
+        got = K.hash_prefix_gpu(cupy.asarray(g), w, rels)
+        np.testing.assert_array_equal(cupy.asnumpy(got), K.hash_prefix_cpu(g, w, rels), err_msg=f"{g.shape} {g.dtype}")
+
+
 
 @pytest.mark.gpu
 @requires_gpu

@@ -245,6 +245,39 @@ def test_the_climate_flow_on_the_gpu_compiles_no_cupy_kernel(tmp_path, host_fini
     assert compiles == [], "\n".join(compiles)
 
 
+_HAPLOTYPES = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING)
+logging.getLogger("pipeline").setLevel(logging.DEBUG)
+import pipeline, pipeline.genomics as sg
+ds = pipeline.open_dataset(sys.argv[1], backend="gpu")
+w = sg.window_by_variant(ds, size=100)
+h = sg.Garud_H(w, merge=False)
+p = sg.pbs(w, cohorts=[(0, 1, 2)], merge=False)
+values = [pipeline.to_numpy(v.data) for v in (h.stat_Garud_h1, h.stat_Garud_h2_h1, p.stat_pbs)]
+print(type(h.stat_Garud_h12.data._meta).__module__, sum(float(abs(v[v == v]).sum()) for v in values))
+"""
+
+
+@pytest.mark.gpu
+def test_garud_h_and_pbs_on_the_gpu_compile_no_cupy_kernel(tmp_path):
+    """A fresh process with empty kernel caches computes Garud's H and the PBS on the GPU from
+    shipped binaries alone (the hashes' prefix sums by CUDA C, the windows' few hashes and Fst
+    finished on the host): no CuPy compilation is logged, and the results are CuPy arrays."""
+    pytest.importorskip("msprime")
+    from pipeline.demo_genomics import write_genomics_demo
+
+    store = write_genomics_demo(tmp_path / "g.vcz", samples=300, variants=1000, variant_chunk=300, sample_chunk=128)
+    env = {**os.environ, "CUPY_CACHE_DIR": str(tmp_path / "cupy"), "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    done = subprocess.run([sys.executable, "-c", _HAPLOTYPES, str(store)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    module, total = done.stdout.split()
+    assert module.startswith("cupy") and float(total) > 0, done.stdout
+    compiles = [line for line in done.stderr.splitlines() if "CuPy kernel" in line]
+    assert compiles == [], "\n".join(compiles)
+
+
 _COUNTS_ALONE = """
 import sys
 import cupy, numpy as np

@@ -80,6 +80,7 @@ FAMILIES: dict[str, str] = {
     "window_sum": "popgen",
     "fst": "popgen",
     "tajimas_d": "popgen",
+    "hash_prefix": "popgen",
     "take": "copies",
     "ld_r2": "ld",
     "maximal_independent_set": "ld",

@@ -26,6 +26,9 @@ diversity and divergence, sums over windows of variants, Fst and Tajima's D.
   thread per window and column).
 - ``segregating_sites``, ``fst``, ``tajimas_d``: array formulas, the same operations in the same
   order as sgkit's.
+- ``hash_prefix``: the prefix sums over variants of each haplotype's terms of sgkit's haplotype
+  hash (Garud's H), modulo 2^64, at given rows of a block: a NumPy cumulative sum on the CPU; on
+  the GPU a thread a haplotype adding the block's variants in order.
 
 On the GPU every kernel is CUDA C in one module (``cuda/popgen.cu``: a thread an output value for
 the terms, Fst and the window sums, the formulas' operations in their order), compiled once on a
@@ -322,6 +325,41 @@ def window_sum_gpu(x2d, starts, stops):
         _kernel("pipeline_window_sum")((launch.blocks(out.size),), (launch.THREADS,),
                                        (x2d, cupy.asarray(starts), cupy.asarray(stops), out,
                                         np.int64(starts.size), np.int64(x2d.shape[1])))
+    return out
+
+
+# --- Garud's H: prefix sums of the haplotypes' hash terms ----------------------------------------------
+
+
+def hash_prefix_cpu(g, weights, rels):
+    """The prefix sums over variants of ``uint64(int64(call)) * weights[variant]`` of each
+    haplotype of a (variants, samples, ploidy) block, modulo 2^64, at the block's row numbers
+    ``rels`` (increasing, 0 to its length) -> (rels, haplotypes) uint64: the terms of sgkit's
+    haplotype hash (``ops/genomics/popgen.py``)."""
+    g = _genotypes(g, np)
+    v = g.shape[0]
+    t = g.reshape(v, -1).astype(np.int64).astype(np.uint64) * np.asarray(weights, dtype=np.uint64)[:, None]
+    c = np.concatenate([np.zeros((1, t.shape[1]), dtype=np.uint64), np.cumsum(t, axis=0, dtype=np.uint64)])
+    return c[np.asarray(rels, dtype=np.int64)]
+
+
+def hash_prefix_gpu(g, weights, rels):
+    """:func:`hash_prefix_cpu` on a CuPy block, by the CUDA C kernel (a thread a haplotype, adding
+    the block's variants in order: the same sums, bit for bit). The array formulas compiled nine
+    CuPy kernels on a fresh machine (casts, product, scans, gathers) and held the block three times
+    as 64-bit integers; the kernel reads it once."""
+    import cupy
+
+    g = _genotypes(g, cupy)
+    v = g.shape[0]
+    haplotypes = g.size // v if v else g.shape[1] * g.shape[2]
+    rels = np.asarray(rels, dtype=np.int64)
+    out = cupy.empty((rels.size, haplotypes), dtype=np.uint64)
+    if out.size:
+        w = cupy.asarray(np.ascontiguousarray(weights, dtype=np.uint64))
+        _kernel("pipeline_hash_prefix", call_dtype=g.dtype)(
+            (launch.blocks(haplotypes),), (launch.THREADS,),
+            (g, w, cupy.asarray(rels), out, np.int64(haplotypes), np.int32(rels.size)))
     return out
 
 

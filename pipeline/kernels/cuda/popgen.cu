@@ -139,3 +139,35 @@ extern "C" __global__ void pipeline_window_sum(const double* __restrict__ x, con
     for (long long i = starts[w]; i < stops[w]; ++i) acc += x[i * cols + j];
     out[k] = acc;
 }
+
+// --- Garud's H: each haplotype's hash, prefix sums over variants ------------------------------------
+
+#define HASH_UNROLL 8  // variants a thread has in flight
+
+// g (variants, haplotypes) calls, w (variants) each variant's weight (33^-i mod 2^64), rels (n_rels)
+// increasing row numbers of the block (0 to variants) -> out (n_rels, haplotypes): sum over i <
+// rels[k] of uint64(int64(g[i, h])) * w[i], modulo 2^64 (sgkit's haplotype hash is linear in these
+// terms: ops/genomics/popgen.py). A thread a haplotype, neighbouring threads on neighbouring
+// haplotypes (a warp's loads of a variant are contiguous), HASH_UNROLL loads in flight. The twin:
+// hash_prefix_cpu in pipeline/kernels/popgen.py; unsigned arithmetic wraps there as here, so the
+// sums are equal bit for bit.
+extern "C" __global__ void pipeline_hash_prefix(const call_t* __restrict__ g, const unsigned long long* __restrict__ w,
+                                                const long long* __restrict__ rels, unsigned long long* __restrict__ out,
+                                                long long haplotypes, int n_rels) {
+    const long long h = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= haplotypes) return;
+    unsigned long long acc = 0;
+    long long i = 0;
+    for (int k = 0; k < n_rels; ++k) {
+        const long long stop = rels[k];
+        for (; i + HASH_UNROLL <= stop; i += HASH_UNROLL) {
+            long long a[HASH_UNROLL];
+#pragma unroll
+            for (int u = 0; u < HASH_UNROLL; ++u) a[u] = (long long)g[(i + u) * haplotypes + h];
+#pragma unroll
+            for (int u = 0; u < HASH_UNROLL; ++u) acc += (unsigned long long)a[u] * w[i + u];
+        }
+        for (; i < stop; ++i) acc += (unsigned long long)(long long)g[i * haplotypes + h] * w[i];
+        out[k * haplotypes + h] = acc;
+    }
+}

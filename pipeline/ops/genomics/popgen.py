@@ -41,6 +41,7 @@ from typing import Callable, Literal, Sequence
 import numpy as np
 import xarray as xr
 
+from ... import kernels
 from ...backend import backend_of, meta as backend_meta, to_backend, to_numpy, xp_of
 from ...deferred import module as _deferred
 from ...errors import InputError, NotImplementedInputError
@@ -405,6 +406,20 @@ def _cohorts_to_array(cohorts, index, width: int, n_cohorts: int, op: str) -> np
     return np.asarray(rows, dtype=np.int64).reshape(len(rows), width)
 
 
+# Garud's H, the PBS and Weir and Goudet's beta finish on the host where their inputs are small:
+# the windows' hashes (their sorts and run counts), the windows' Fst, the identity by state's mean.
+# On CuPy each of their array formulas compiled a kernel of its own on a fresh machine (about 40 for
+# Garud's H and the PBS, 3-4 s of a first run on the H200 machine; the mean's sums were two CUB
+# reductions, 1.7 s each), where NumPy sorts 80 MB of hashes, 200 windows of 50,000 haplotypes, in
+# 0.21 s on one core. The results go back to the GPU.
+FINISH_ON_HOST_BYTES = 64 << 20
+
+
+def _finishing_backend(backend: str, nbytes: int) -> str:
+    """Where a statistic of ``nbytes`` of input finishes: on the host up to :data:`FINISH_ON_HOST_BYTES`."""
+    return "cpu" if nbytes <= FINISH_ON_HOST_BYTES else backend
+
+
 def _pbs_block(fst, *, triples: np.ndarray):
     """sgkit's ``_pbs_cohorts`` on a block of Fst (rows, c, c): NaN but at the triples."""
     xp = xp_of(fst)
@@ -440,9 +455,10 @@ def pbs(
                                 ds.indexes.get("cohorts_0"), 3, n, name)
     f = _whole(fst, (1, 2))
     backend = backend_of(f)
-    p = f.map_blocks(_pbs_block, triples=triples, chunks=(f.chunks[0], (n,), (n,), (n,)), new_axis=3, dtype=F8,
-                     meta=backend_meta(backend, F8, 4))
-    return _merge(ds, _new("stat_pbs", ("windows", "cohorts_0", "cohorts_1", "cohorts_2"), p), merge)
+    finish = _finishing_backend(backend, f.shape[0] * n**3 * 8)  # the output's size
+    p = to_backend(f, finish).map_blocks(_pbs_block, triples=triples, chunks=(f.chunks[0], (n,), (n,), (n,)),
+                                         new_axis=3, dtype=F8, meta=backend_meta(finish, F8, 4))
+    return _merge(ds, _new("stat_pbs", ("windows", "cohorts_0", "cohorts_1", "cohorts_2"), to_backend(p, backend)), merge)
 
 
 # Garud's H counts the distinct haplotypes of a window, which sgkit tells apart by a hash of each
@@ -467,16 +483,12 @@ def _powers(base: int, first: int, n: int) -> np.ndarray:
     return out
 
 
-def _hash_prefix(g, *, firsts, rels, block_id=None):
+def _hash_prefix(g, *, firsts, rels, kernel, block_id=None):
     """Prefix sums of the hash terms of a (variants, samples, ploidy) block at the block's
-    relative bounds ``rels[k]`` (0 to the block's length) -> (bounds, haplotypes) uint64."""
-    xp = xp_of(g)
+    relative bounds ``rels[k]`` (0 to the block's length) -> (bounds, haplotypes) uint64, by the
+    ``hash_prefix`` kernel."""
     k = block_id[0]
-    v = g.shape[0]
-    w = xp.asarray(_powers(_INV33, int(firsts[k]), v))
-    t = g.reshape(v, -1).astype(np.int64).astype(U8) * w[:, None]
-    c = xp.concatenate([xp.zeros((1, t.shape[1]), dtype=U8), xp.cumsum(t, axis=0, dtype=U8)])
-    return c[xp.asarray(rels[k])]
+    return kernel(g, _powers(_INV33, int(firsts[k]), g.shape[0]), rels[k])
 
 
 def _window_hashes(q, *, row, block, totals, lo, hi, scale, const):
@@ -555,21 +567,24 @@ def Garud_H(
         rels.append(rel)
     backend = backend_of(g)
     hap = tuple(c * 2 for c in g.chunks[1])
-    q = g.map_blocks(_hash_prefix, firsts=firsts, rels=rels, chunks=(tuple(map(len, rels)), hap), drop_axis=2,
-                     dtype=U8, meta=backend_meta(backend, U8, 2))
+    q = g.map_blocks(_hash_prefix, firsts=firsts, rels=rels, kernel=kernels.get("hash_prefix", backend),
+                     chunks=(tuple(map(len, rels)), hap), drop_axis=2, dtype=U8, meta=backend_meta(backend, U8, 2))
+    # the windows' hashes and their counts, where they are few, on the host (_finishing_backend)
+    finish = _finishing_backend(backend, starts.size * q.shape[1] * 8)
+    q = to_backend(q, finish)
     length = stops - starts
     const = np.array([5381 * pow(33, int(m), _MOD) % _MOD for m in length], dtype=U8)
     scale = np.array([pow(33, int(max(b - 1, 0)), _MOD) for b in stops], dtype=U8)
     h = q.rechunk({0: -1}).map_blocks(
         _window_hashes, row=row, block=owner, totals=np.asarray(totals), lo=np.searchsorted(bounds, starts),
         hi=np.searchsorted(bounds, stops), scale=scale, const=const, chunks=((starts.size,), q.chunks[1]),
-        dtype=U8, meta=backend_meta(backend, U8, 2))
+        dtype=U8, meta=backend_meta(finish, U8, 2))
     h = h.rechunk((max(1, 2**24 // max(1, h.shape[1])), -1))
     gh = h.map_blocks(_garud_block, haplotype_cohort=np.repeat(cohort, 2), wanted=wanted, n_cohorts=n_cohorts,
                       chunks=(h.chunks[0], (n_cohorts,), (4,)), new_axis=2, dtype=F8,
-                      meta=backend_meta(backend, F8, 3))
+                      meta=backend_meta(finish, F8, 3))
     names = ("stat_Garud_h1", "stat_Garud_h12", "stat_Garud_h123", "stat_Garud_h2_h1")
-    new = xr.merge([_new(v, ("windows", "cohorts"), gh[:, :, i]) for i, v in enumerate(names)])
+    new = xr.merge([_new(v, ("windows", "cohorts"), to_backend(gh[:, :, i], backend)) for i, v in enumerate(names)])
     return _merge(ds, new, merge)
 
 
@@ -599,11 +614,13 @@ def Weir_Goudet_beta(
     ds = _if_absent(ds, "stat_identity_by_state", stat_identity_by_state, identity_by_state, name)
     ibs = as_dask(variable(ds, stat_identity_by_state, ("samples_0", "samples_1"), "f", op=name))
     backend = backend_of(ibs)
-    # the pairs below the diagonal, made tile by tile where the tiles are reduced (on their backend)
-    rows, cols = (to_backend(da.arange(n, chunks=(c,)), backend) for n, c in zip(ibs.shape, ibs.chunks))
+    finish = _finishing_backend(backend, ibs.nbytes)
+    # the pairs below the diagonal, made tile by tile where the tiles are reduced
+    rows, cols = (to_backend(da.arange(n, chunks=(c,)), finish) for n, c in zip(ibs.shape, ibs.chunks))
     below = rows[:, None] > cols[None, :]
     mean = agg.nan_mean("pipeline-pairs-mean", "_lower_sums")
-    avg = agg.reduce(ibs, mean, (0, 1), kernel=_lower_sums, dtype=F8, weights=below)
+    avg = agg.reduce(to_backend(ibs, finish), mean, (0, 1), kernel=_lower_sums, dtype=F8, weights=below)
+    avg = to_backend(avg, backend)
     beta = (ibs - avg) / (1 - avg)
     return _merge(ds, _new("stat_Weir_Goudet_beta", ("samples_0", "samples_1"), beta), merge)
 

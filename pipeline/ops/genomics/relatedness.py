@@ -355,8 +355,11 @@ def pc_relate(
     whole = {1: -1, 2: -1}
     G, M = as_dask(g).rechunk(whole), as_dask(mask).rechunk(whole)
     M = to_backend(M.rechunk({0: G.chunks[0]}), backend)
-    P = to_backend(as_dask(pcs).rechunk(-1), backend)  # PCs computed on the host go where the genotypes are
-    q = P.map_blocks(_pcs_basis, chunks=(P.chunks[0], (P.shape[1] + 1,)), dtype=F8, meta=backend_meta(backend, F8, 2))
+    # the basis of the PCs (a thin matrix) on the host, then where the genotypes are: on CuPy its
+    # QR's copies and triangle compiled four kernels on a fresh machine (2.5 s of the H200's)
+    P = to_backend(as_dask(pcs).rechunk(-1), "cpu")
+    q = P.map_blocks(_pcs_basis, chunks=(P.chunks[0], (P.shape[1] + 1,)), dtype=F8, meta=backend_meta("cpu", F8, 2))
+    q = to_backend(q, backend)
     values = da.blockwise(_pc_relate_values, "vsx", G, "vsp", M, "vsp", q, "sc", new_axes={"x": 2}, concatenate=True,
                           maf=maf, dtype=F8, meta=backend_meta(backend, F8, 3))
     centered, stddev = _pair_sums(_pc_relate_terms, 2, values)
