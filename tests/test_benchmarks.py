@@ -115,7 +115,6 @@ def test_host_read_smoke(tmp_path, monkeypatch):
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 
-
 from .test_kernels import group_inputs, rolling_reference, sample, spells_reference  # noqa: E402
 
 
