@@ -754,6 +754,43 @@ def test_cache_keys_follow_code_closure_and_constants(monkeypatch, tmp_path):
     assert _key(_make(1, numba.njit(_offset))) != first
 
 
+def test_cache_entries_of_one_function_never_share_a_file(tmp_path):
+    """Two processes that save two entries of one function's cache at once, each having read the
+    index before the other wrote it (two specializations of a factory's kernel, compiled by two
+    workers): each entry's data file is its key's own, so loading a key gives its own code or
+    nothing, never the other's (Numba numbers the files by the index it read: both took file 1,
+    and the index could send one key to the other's code). An index entry that names a numbered
+    file, as Numba wrote it, is a miss."""
+    from numba.core.caching import IndexDataCacheFile
+
+    files = launch._keyed_files(IndexDataCacheFile)
+
+    def process():
+        return files(str(tmp_path), "kernel-1.py312", ("stamp", 1))
+
+    for first, second in ((("a",), ("b",)), (("c",), ("d",))):
+        p, q = process(), process()
+        q._load_index = lambda: {}  # q read the index before p wrote its entry
+        p.save(first, {"code": first})
+        q.save(second, {"code": second})
+        reader = process()
+        assert reader.load(first) in (None, {"code": first})
+        assert reader.load(second) == {"code": second}
+    assert process()._keyed_name(("a",)) != process()._keyed_name(("b",))
+    numbered = process()
+    numbered._save_data("kernel-1.py312.1.nbc", {"code": ("e",)})
+    numbered._save_index({("f",): "kernel-1.py312.1.nbc"})
+    assert process().load(("f",)) is None
+    assert launch._cpu_cache()(_offset)._cache_file.__class__.__name__ == "KeyedIndexDataCacheFile"
+
+
+@pytest.mark.gpu
+def test_numba_cuda_kernels_cache_entries_by_key_too():
+    """numba-cuda's cache of a kernel takes the same files (its IndexDataCacheFile is Numba's)."""
+    pytest.importorskip("numba.cuda")
+    assert launch._cuda_cache()(_offset)._cache_file.__class__.__name__.startswith("Keyed")
+
+
 # --- numba.cuda loaded in the background when a graph that runs its kernels is built ----------------
 
 

@@ -428,6 +428,15 @@ def _closure_cache(base, *version):
         return py_func.__qualname__.encode() + py_func.__code__.co_code + constants(py_func) + b"".join(cells)
 
     class ClosureCache(base):
+        def __init__(self, py_func):
+            super().__init__(py_func)
+            old = self._cache_file
+            if all(hasattr(old, a) for a in ("_data_name_pattern", "_load_index", "_save_index", "_load_data",
+                                             "_save_data")):  # Numba's IndexDataCacheFile, as _keyed_files knows it
+                files = object.__new__(_keyed_files(type(old)))
+                files.__dict__.update(old.__dict__)
+                self._cache_file = files
+
         def _index_key(self, sig, codegen):
             fn = self._py_func
             cells = constants(fn) + b"".join(stable(c.cell_contents) for c in fn.__closure__ or ())
@@ -437,6 +446,48 @@ def _closure_cache(base, *version):
             return key if launch_config is None else key + (("launch_config", launch_config),)
 
     return ClosureCache
+
+
+@functools.cache
+def _keyed_files(base):
+    """``base``, Numba's index and data files of a function's cache (``IndexDataCacheFile``), with
+    each entry's data file named by its key's digest.
+
+    Numba names a new entry's file by the first number its index does not use. Two processes that
+    compile two entries of one function at once (two specializations of a kernel factory's
+    function, on two workers with one cache folder) both read the index without the other's entry,
+    take the same number and write the same file: the index then sends one key to the other's
+    machine code, and a later process loads a wrong kernel without a word (seen once in the GPU
+    tests, twelve processes on one cache: a detrending twin of another degree). Numbered by key,
+    a file only ever holds that key's code; a race can only lose an index entry (compiled again
+    later). The data is written before the index names it, and an index entry whose file is not
+    the key's own (one Numba numbered) is a miss."""
+
+    class KeyedFiles(base):
+        def _keyed_name(self, key) -> str:
+            import hashlib
+
+            digest = hashlib.sha256(repr(key).encode()).hexdigest()[:24]
+            return self._data_name_pattern.replace("{number:d}", digest)
+
+        def save(self, key, data):
+            name = self._keyed_name(key)
+            self._save_data(name, data)
+            overloads = self._load_index()
+            if overloads.get(key) != name:
+                overloads[key] = name
+                self._save_index(overloads)
+
+        def load(self, key):
+            if self._load_index().get(key) != self._keyed_name(key):
+                return None
+            try:
+                return self._load_data(self._keyed_name(key))
+            except OSError:  # removed while the index named it
+                return None
+
+    KeyedFiles.__name__ = KeyedFiles.__qualname__ = f"Keyed{base.__name__}"
+    return KeyedFiles
 
 
 @functools.cache
