@@ -782,6 +782,7 @@ def test_cache_entries_of_one_function_never_share_a_file(tmp_path):
     numbered._save_index({("f",): "kernel-1.py312.1.nbc"})
     assert process().load(("f",)) is None
     assert launch._cpu_cache()(_offset)._cache_file.__class__.__name__ == "KeyedIndexDataCacheFile"
+    assert launch.cpu_loop(_offset)._cache._cache_file.__class__.__name__ == "KeyedIndexDataCacheFile"
 
 
 @pytest.mark.gpu

@@ -529,11 +529,14 @@ def cpu_loop(fn):
     as the array formulas and the GPU do, rather than raising), and cached on disk, so that a new
     process loads it instead of compiling it again: where ``pipeline.cache-dir`` says
     (:func:`use_cache_dir`, before Numba picks the cache's folder), not beside the package's source,
-    in a distributed worker's process too."""
+    in a distributed worker's process too. Its cache is :func:`cpu_jit`'s (``_keyed_files``: two
+    processes compiling it for two dtypes at once never share a file)."""
     import numba
 
     use_cache_dir()
-    return numba.njit(nogil=True, cache=True, error_model="numpy")(fn)
+    dispatcher = numba.njit(nogil=True, error_model="numpy")(fn)
+    dispatcher._cache = _cpu_cache()(fn)  # what cache=True sets, with keyed files
+    return dispatcher
 
 
 def numba_cuda():
