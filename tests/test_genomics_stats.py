@@ -566,6 +566,59 @@ def test_call_allele_counts_kernel_equals_the_cpu_kernel(ploidy, n_alleles, dtyp
             np.testing.assert_array_equal(cupy.asnumpy(K.call_allele_counts_gpu(x, 2)), K.call_allele_counts_cpu(only, 2))
 
 
+def _probabilities(rng, shape, dtype):
+    """Genotype probabilities with NaN, ties for the largest (and for a smaller one), values equal
+    to the thresholds tested, and float32 values just below 0.9 in float64."""
+    gp = rng.dirichlet([1, 1, 1], size=shape).astype(dtype)
+    flat = gp.reshape(-1, 3)
+    n = flat.shape[0]
+    flat[::11, 1] = np.nan
+    flat[3::13] = np.array([0.4, 0.4, 0.2], dtype=dtype)  # tie for the largest: no call
+    flat[5::17] = np.array([0.6, 0.2, 0.2], dtype=dtype)  # tie below it: a call
+    flat[7::19] = np.array([0.05, 0.05, 0.9], dtype=dtype)  # at 0.9 (float32: just below in float64)
+    flat[9::23] = np.array([0.25, 0.5, 0.25], dtype=dtype)  # exactly 0.5
+    flat[n // 2] = np.nan
+    return gp
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_hard_calls_equal_sgkits_rule_call_by_call(dtype):
+    """The CPU kernel of ``convert_probability_to_call`` against sgkit's loop, written out here
+    call by call, at thresholds 0, 0.5 and 0.9."""
+    gp = _probabilities(np.random.default_rng(4), (60, 7), dtype)
+    for threshold in (0.0, 0.5, 0.9):
+        want = np.full(gp.shape[:2] + (2,), -1, np.int8)
+        for v, s in np.ndindex(gp.shape[:2]):
+            p = gp[v, s]
+            if np.isnan(p).any():
+                continue
+            i = int(np.argmax(p))
+            if (threshold > 0 and float(p[i]) < threshold) or (p[i] == p).sum() > 1:  # sgkit: a float64 threshold
+                continue
+            want[v, s] = [(0, 0), (1, 0), (1, 1)][i]
+        np.testing.assert_array_equal(K.hard_calls_cpu(gp, threshold), want, err_msg=f"{threshold}")
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_hard_calls_kernel_equals_the_cpu_kernel(dtype):
+    """The CUDA C hard calls (``cuda/probabilities.cu``) against the CPU's array formulas: small
+    and 3 million calls, a view that is not C-contiguous, thresholds 0, 0.5 and 0.9."""
+    import cupy
+
+    rng = np.random.default_rng(5)
+    for shape in [(77, 13), (1500, 2001)]:
+        gp = _probabilities(rng, shape, dtype)
+        for threshold in (0.0, 0.5, 0.9):
+            got = K.hard_calls_gpu(cupy.asarray(gp), threshold)
+            assert got.dtype == np.int8
+            np.testing.assert_array_equal(cupy.asnumpy(got), K.hard_calls_cpu(gp, threshold), err_msg=f"{shape} {threshold}")
+    gp = _probabilities(rng, (40, 30), dtype)
+    np.testing.assert_array_equal(cupy.asnumpy(K.hard_calls_gpu(cupy.asarray(gp)[:, 1::3], 0.9)),
+                                  K.hard_calls_cpu(gp[:, 1::3], 0.9))
+
+
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize("ploidy,biallelic,dtype", [(2, True, np.int8), (2, False, np.int8), (3, False, np.int16),

@@ -88,6 +88,7 @@ FAMILIES: dict[str, str] = {
     "linreg_p_value": "gwas",
     "call_allele_counts": "genotypes",
     "call_genotype_index": "genotypes",
+    "hard_calls": "genotypes",
     "variant_call_counts": "genotypes",
     "sample_call_counts": "genotypes",
     "variant_genotype_counts": "genotypes",

@@ -10,7 +10,8 @@ integers (int8 in VCF Zarr), each value read once.
 - ``variant_genotype_counts``: per variant, the calls of each genotype in the VCF order, and the
   calls sgkit refuses to count (``count_variant_genotypes``, ``hardy_weinberg_test``);
 - ``hwe_exact``: the Hardy-Weinberg exact test of Wigginton et al. (2005) per variant, from its
-  genotype counts.
+  genotype counts;
+- ``hard_calls``: calls from genotype probabilities (``convert_probability_to_call``).
 
 sgkit's rules, as its Numba functions have them (``stats/aggregation_numba_fns.py``,
 ``stats/conversion_numba_fns.py``, ``stats/hwe.py``):
@@ -536,6 +537,21 @@ def call_genotype_index_cpu(g, biallelic: bool):
     return np.where(first < 0, -1, index), refused
 
 
+def hard_calls_cpu(gp, threshold: float):
+    """Hard calls (..., 2) int8 from diploid biallelic genotype probabilities ``gp`` (..., 3), sgkit's
+    ``convert_probability_to_call``: the most probable genotype (hom ref 0/0, het 1/0, hom alt
+    1/1; the first of equal ones) where no probability is NaN, the largest is unique and, with a
+    ``threshold`` above 0, at least the threshold (compared in float64); else -1/-1. Array formulas."""
+    gp = np.asarray(gp)
+    i = np.argmax(np.where(np.isnan(gp), -np.inf, gp), axis=-1)
+    top = np.take_along_axis(gp, i[..., None], axis=-1)
+    called = ~np.isnan(gp).any(axis=-1) & ((top == gp).sum(axis=-1) == 1)
+    if threshold > 0:  # in float64, as sgkit's float64 threshold (float32 0.9 is below 0.9)
+        called &= top[..., 0].astype(np.float64) >= threshold
+    calls = np.array([[0, 0], [1, 0], [1, 1]], dtype=np.int8)[i]  # hom ref, het, hom alt
+    return np.where(called[..., None], calls, np.int8(-1))
+
+
 def hwe_exact_cpu(het, hom1, hom2):
     """float64 p-values of the HWE exact test from counts of heterozygotes and of both homozygotes
     (NaN where there are no calls)."""
@@ -862,6 +878,24 @@ def per_call_gpu(name: str, g, out, *args) -> None:
     kernel((grid,), (launch.THREADS,), (g, out, np.int64(calls), *args))
 
 
+def hard_calls_gpu(gp, threshold: float):
+    """:func:`hard_calls_cpu` on a CuPy block, by the CUDA C kernel (``cuda/probabilities.cu``, a
+    thread a call; shipped compiled for float32 and float64): one pass, where the array formulas
+    compiled 16 CuPy kernels on a fresh machine."""
+    import cupy
+
+    if gp.dtype.kind != "f" or gp.dtype.itemsize not in (4, 8):
+        gp = gp.astype(np.float64)
+    gp = cupy.ascontiguousarray(gp)
+    out = cupy.empty(gp.shape[:-1] + (2,), np.int8)
+    calls = out.size // 2
+    if calls:
+        kernel = launch.raw_kernel("probabilities.cu", "pipeline_hard_calls", (), prob_t=launch.c_type(gp.dtype))
+        kernel((min(launch.blocks(calls), launch.sm_count() * 32),), (launch.THREADS,),
+               (gp, out, np.int64(calls), np.float64(threshold)))
+    return out
+
+
 def hwe_exact_gpu(het, hom1, hom2, *, threads: int = THREADS):
     """:func:`hwe_exact_cpu` by the CUDA C kernel ``pipeline_hwe_exact``, a thread a variant: the
     p-values on the GPU. The counts may be CuPy or NumPy arrays (NumPy ones are made int64 on the
@@ -879,7 +913,8 @@ def hwe_exact_gpu(het, hom1, hom2, *, threads: int = THREADS):
 
 
 __all__ = [
-    "call_allele_counts_cpu", "call_allele_counts_gpu", "hwe_exact_cpu", "hwe_exact_gpu", "n_genotypes",
+    "call_allele_counts_cpu", "call_allele_counts_gpu", "hard_calls_cpu", "hard_calls_gpu", "hwe_exact_cpu",
+    "hwe_exact_gpu", "n_genotypes",
     "sample_call_counts_cpu", "sample_call_counts_gpu", "variant_call_counts_cpu", "variant_call_counts_gpu",
     "variant_genotype_counts_cpu", "variant_genotype_counts_gpu", "word_path",
 ]

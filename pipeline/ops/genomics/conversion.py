@@ -92,18 +92,6 @@ def convert_call_to_index(ds: xr.Dataset, *, call_genotype: str = "call_genotype
 # --- convert_probability_to_call --------------------------------------------------------------------
 
 
-def _hard_calls(gp, *, threshold: float):
-    """sgkit's ``_convert_probability_to_call`` on a (variants, samples, 3) block: (..., 2) int8."""
-    xp = xp_of(gp)
-    i = xp.argmax(xp.where(xp.isnan(gp), -xp.inf, gp), axis=-1)
-    top = xp.take_along_axis(gp, i[..., None], axis=-1)
-    called = ~xp.isnan(gp).any(axis=-1) & ((top == gp).sum(axis=-1) == 1)
-    if threshold > 0:
-        called &= top[..., 0] >= threshold
-    calls = xp.asarray(np.array([[0, 0], [1, 0], [1, 1]], dtype=np.int8))[i]  # hom ref, het, hom alt
-    return xp.where(called[..., None], calls, xp.int8(-1))
-
-
 def convert_probability_to_call(ds: xr.Dataset, call_genotype_probability: str = "call_genotype_probability",
                                 threshold: float = 0.9, merge: bool = True) -> xr.Dataset:
     """Hard calls from genotype probabilities (diploid, biallelic), ``call_genotype`` (variants,
@@ -119,7 +107,8 @@ def convert_probability_to_call(ds: xr.Dataset, call_genotype_probability: str =
             f"{op}: hard call conversion only supported for diploid, biallelic genotypes; variable "
             f"{call_genotype_probability!r} has {gp.sizes['genotypes']} genotypes, expected 3")
     GP = as_dask(gp).rechunk({2: -1})
-    GT = GP.map_blocks(_hard_calls, threshold=float(threshold), chunks=GP.chunks[:2] + ((2,),), dtype=np.int8,
+    kernel = kernels.get("hard_calls", backend_of(GP))
+    GT = GP.map_blocks(kernel, threshold=float(threshold), chunks=GP.chunks[:2] + ((2,),), dtype=np.int8,
                        meta=meta(backend_of(GP), np.int8, 3))
     new = _new({"call_genotype": (GENOTYPE_DIMS, GT), "call_genotype_mask": (GENOTYPE_DIMS, GT < 0)})
     return _merge(ds, new, merge)
