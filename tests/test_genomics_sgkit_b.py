@@ -19,7 +19,7 @@ import pipeline.genomics as sg
 from pipeline import backend as B
 from pipeline.errors import InputError, NotImplementedInputError
 
-from .conftest import BACKENDS, raise_if_dask_computes
+from .conftest import BACKENDS, raise_if_dask_computes, requires_gpu
 from .genomics_data import dataset, sgkit
 
 RTOL, ATOL = 1e-10, 1e-12
@@ -245,6 +245,34 @@ def test_pc_relate_is_sgkits(backend, chunks):
         check(out["pc_relate_phi"], f"pc_relate_{maf}", backend, ("samples_0", "samples_1"))
         assert out["pc_relate_phi"].attrs["comment"] == "PC Relate kinship coefficient matrix."
         assert "call_genotype" in out
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [np.int8, np.int32])
+def test_pc_relate_values_kernels_equal_the_formulas(dtype):
+    """The CUDA C kernels of PC-Relate's per-call values (``cuda/relatedness.cu``) against the CPU's
+    formulas: masked calls (a variant with all of them masked: its mean is NaN), values of mu near
+    the ``maf`` bounds, more samples than a block's threads. The products with the basis are
+    cuBLAS's against BLAS's, so the values agree to rounding, and the zeros are the same."""
+    import cupy
+
+    from pipeline.kernels import relatedness as K
+
+    rng = np.random.default_rng(9)
+    for v, s in ((37, 13), (300, 1001)):
+        g = rng.integers(0, 2, size=(v, s, 2)).astype(dtype)
+        mask = rng.random((v, s, 2)) < 0.05
+        mask[3] = True  # a variant with no call
+        g[mask] = -1
+        pcs = np.c_[np.ones(s), rng.normal(size=(s, 3))]
+        q = np.linalg.qr(pcs)[0]
+        for maf in (0.01, 0.3):
+            want = K.pc_relate_values_cpu(g, mask, q, maf=maf)
+            got = cupy.asnumpy(K.pc_relate_values_gpu(cupy.asarray(g), cupy.asarray(mask), cupy.asarray(q), maf=maf))
+            assert got.shape == want.shape == (v, s, 2)
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14, equal_nan=True)
+            assert ((got == 0) == (want == 0)).mean() > 0.999
 
 
 def test_pc_relate_refuses_bad_input():

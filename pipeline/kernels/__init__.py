@@ -86,6 +86,7 @@ FAMILIES: dict[str, str] = {
     "maximal_independent_set": "ld",
     "linreg_block": "gwas",
     "linreg_p_value": "gwas",
+    "pc_relate_values": "relatedness",
     "call_allele_counts": "genotypes",
     "call_genotype_index": "genotypes",
     "hard_calls": "genotypes",

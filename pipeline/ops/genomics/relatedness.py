@@ -17,6 +17,7 @@ from typing import Literal
 import numpy as np
 import xarray as xr
 
+from ... import kernels
 from ...backend import backend_of, meta as backend_meta, to_backend, xp_of
 from ...deferred import module as _deferred
 from ...errors import InputError, NotImplementedInputError
@@ -300,25 +301,6 @@ def _pcs_basis(pcs):
     return xp.linalg.qr(pcsi)[0]
 
 
-def _pc_relate_values(g, mask, q, *, maf: float):
-    """A block's centred allele frequencies and standard deviations (variants, samples, 2), as
-    sgkit's PC-Relate: dosages imputed with the variant's mean, individual frequencies ``mu``
-    their projection on the PCs, and 0 where ``mu`` is within ``maf`` of 0 or 1 or the call is
-    missing."""
-    xp = xp_of(g)
-    missing = mask.any(axis=-1)
-    dosage = xp.where(missing, -1, g.sum(axis=-1, dtype=np.int64)).astype(F8)
-    present = ~missing
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mean = xp.where(present, dosage, 0.0).sum(axis=1) / present.sum(axis=1)
-    imputed = xp.where(present, dosage, mean[:, None])
-    mu = ((imputed @ q) @ q.T) / 2
-    out = (mu <= maf) | (mu >= 1.0 - maf) | missing
-    stddev = xp.sqrt(xp.where(out, 0.0, mu * (1.0 - mu)))
-    centered = xp.where(out, 0.0, dosage / 2 - mu)
-    return xp.stack([centered, stddev], axis=-1)
-
-
 def _pc_relate_terms(x_i, x_j):
     xp = xp_of(x_i)
     return xp.stack([x_i[..., 0].T @ x_j[..., 0], x_i[..., 1].T @ x_j[..., 1]], axis=-1)
@@ -360,8 +342,8 @@ def pc_relate(
     P = to_backend(as_dask(pcs).rechunk(-1), "cpu")
     q = P.map_blocks(_pcs_basis, chunks=(P.chunks[0], (P.shape[1] + 1,)), dtype=F8, meta=backend_meta("cpu", F8, 2))
     q = to_backend(q, backend)
-    values = da.blockwise(_pc_relate_values, "vsx", G, "vsp", M, "vsp", q, "sc", new_axes={"x": 2}, concatenate=True,
-                          maf=maf, dtype=F8, meta=backend_meta(backend, F8, 3))
+    values = da.blockwise(kernels.get("pc_relate_values", backend), "vsx", G, "vsp", M, "vsp", q, "sc",
+                          new_axes={"x": 2}, concatenate=True, maf=maf, dtype=F8, meta=backend_meta(backend, F8, 3))
     centered, stddev = _pair_sums(_pc_relate_terms, 2, values)
     return _merge(ds, _new("pc_relate_phi", centered / stddev), merge)
 
