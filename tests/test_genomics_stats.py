@@ -566,6 +566,27 @@ def test_call_allele_counts_kernel_equals_the_cpu_kernel(ploidy, n_alleles, dtyp
             np.testing.assert_array_equal(cupy.asnumpy(K.call_allele_counts_gpu(x, 2)), K.call_allele_counts_cpu(only, 2))
 
 
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("ploidy,n_alleles,dtype", [(2, 2, np.int8), (2, 4, np.int8), (3, 3, np.int16), (1, 2, np.int64)])
+def test_genotype_allele_frequencies_kernel_equals_the_formulas(ploidy, n_alleles, dtype):
+    """The CUDA C call allele frequencies (``cuda/calls.cu``) against the CPU's formulas, bit for bit:
+    missing and fill alleles, alleles at and past ``n_alleles`` (not counted), calls with none
+    counted (NaN), a view that is not C-contiguous."""
+    import cupy
+
+    rng = np.random.default_rng(ploidy * 10 + n_alleles)
+    for shape in [(77, 13, ploidy), (2000, 1001, ploidy)]:
+        g = rng.integers(-2, n_alleles + 2, size=shape).astype(dtype)
+        got = cupy.asnumpy(K.genotype_allele_frequencies_gpu(cupy.asarray(g), n_alleles))
+        want = K.genotype_allele_frequencies_cpu(g, n_alleles)
+        assert np.isnan(want).any()
+        np.testing.assert_array_equal(got, want)
+    view = cupy.asarray(g)[:, 1::3]
+    np.testing.assert_array_equal(cupy.asnumpy(K.genotype_allele_frequencies_gpu(view, n_alleles)),
+                                  K.genotype_allele_frequencies_cpu(g[:, 1::3], n_alleles))
+
+
 def _probabilities(rng, shape, dtype):
     """Genotype probabilities with NaN, ties for the largest (and for a smaller one), values equal
     to the thresholds tested, and float32 values just below 0.9 in float64."""

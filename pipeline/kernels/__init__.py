@@ -90,6 +90,7 @@ FAMILIES: dict[str, str] = {
     "call_allele_counts": "genotypes",
     "call_genotype_index": "genotypes",
     "hard_calls": "genotypes",
+    "genotype_allele_frequencies": "genotypes",
     "variant_call_counts": "genotypes",
     "sample_call_counts": "genotypes",
     "variant_genotype_counts": "genotypes",

@@ -11,7 +11,9 @@ integers (int8 in VCF Zarr), each value read once.
   calls sgkit refuses to count (``count_variant_genotypes``, ``hardy_weinberg_test``);
 - ``hwe_exact``: the Hardy-Weinberg exact test of Wigginton et al. (2005) per variant, from its
   genotype counts;
-- ``hard_calls``: calls from genotype probabilities (``convert_probability_to_call``).
+- ``hard_calls``: calls from genotype probabilities (``convert_probability_to_call``);
+- ``genotype_allele_frequencies``: per call, each allele's frequency among its alleles (the
+  identity by state's).
 
 sgkit's rules, as its Numba functions have them (``stats/aggregation_numba_fns.py``,
 ``stats/conversion_numba_fns.py``, ``stats/hwe.py``):
@@ -506,6 +508,14 @@ def call_allele_counts_cpu(g, n_alleles: int):
     return out
 
 
+def genotype_allele_frequencies_cpu(g, n_alleles: int):
+    """(variants, samples, n_alleles) float64: each call's count of each allele (0 to ``n_alleles``
+    - 1) over the count of its alleles in that range, NaN where it has none. Array formulas."""
+    counts = np.stack([(g == a).sum(axis=-1) for a in range(n_alleles)], axis=-1).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return counts / counts.sum(axis=-1, keepdims=True)
+
+
 # flags of call_genotype_index: a call sgkit's convert_call_to_index raises on (as cuda/calls.cu)
 REFUSED_FILL = 1  # a fill value (-2): mixed-ploidy genotypes
 REFUSED_ABOVE_ONE = 2  # an allele above 1 where there are two alleles
@@ -836,6 +846,20 @@ def call_allele_counts_gpu(g, n_alleles: int):
         kernel((grid,), (launch.THREADS,), (g, out, np.int64(calls)))
     else:
         per_call_gpu("pipeline_call_allele_counts", g, out, np.int32(n_alleles))
+    return out
+
+
+def genotype_allele_frequencies_gpu(g, n_alleles: int):
+    """:func:`genotype_allele_frequencies_cpu` on a CuPy block, by the CUDA C kernel (``cuda/calls.cu``,
+    ``pipeline_call_allele_frequencies``): one pass, where the formulas compiled five CuPy kernels
+    on a fresh machine (comparisons, sums, casts, the division). The counts are integers, so every
+    ratio is the same correctly rounded value."""
+    import cupy
+
+    g = cupy.ascontiguousarray(g)
+    out = cupy.empty(g.shape[:2] + (int(n_alleles),), np.float64)
+    if out.size:
+        per_call_gpu("pipeline_call_allele_frequencies", g, out, np.int32(n_alleles))
     return out
 
 

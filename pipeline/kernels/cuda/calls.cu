@@ -1,7 +1,7 @@
 // Per-call values of genotype calls (a C-contiguous (calls, PLOIDY) array of integer alleles: -1
-// missing, -2 fill): the count of each allele of each call (sgkit's count_call_alleles), the count
-// of its alternate alleles (count_call_alternate_alleles) and its genotype's index
-// (convert_call_to_index). One module for the three, with the ploidy fixed, so that the loops over
+// missing, -2 fill): the count of each allele of each call (sgkit's count_call_alleles) and its
+// frequency among the call's alleles (identity_by_state's), the count of its alternate alleles
+// (count_call_alternate_alleles) and its genotype's index (convert_call_to_index). One module for the three, with the ploidy fixed, so that the loops over
 // a call's alleles unroll. The Python twins: _call_alleles and call_genotype_index_cpu in
 // pipeline/kernels/genotypes.py, make_call_count in pipeline/kernels/alternate.py.
 //
@@ -48,6 +48,27 @@ extern "C" __global__ void pipeline_call_allele_counts(const call_t* __restrict_
 #pragma unroll
             for (int k = 0; k < PLOIDY; ++k) n += a[k] == j;
             o[j] = (unsigned char)n;
+        }
+    });
+}
+
+// out (calls, alleles), double: for each allele j below `alleles`, how many of the call's alleles are
+// j over how many are any of them (the identity by state's call allele frequencies); NaN (0 / 0)
+// where none is. Every value is written.
+extern "C" __global__ void pipeline_call_allele_frequencies(const call_t* __restrict__ g, double* __restrict__ out,
+                                                            long long calls, int alleles) {
+    each_call(g, calls, [&](long long i, const long long* a) {
+        double* o = out + i * alleles;
+        int total = 0;
+        for (int j = 0; j < alleles; ++j) {
+#pragma unroll
+            for (int k = 0; k < PLOIDY; ++k) total += a[k] == j;
+        }
+        for (int j = 0; j < alleles; ++j) {
+            int n = 0;
+#pragma unroll
+            for (int k = 0; k < PLOIDY; ++k) n += a[k] == j;
+            o[j] = (double)n / (double)total;
         }
     });
 }

@@ -86,17 +86,6 @@ def _on_diagonal(block, value, *, sign: float, block_info=None):
 # --- identity by state ----------------------------------------------------------------------------
 
 
-def _frequencies(g, n_alleles: int | None):
-    """Each call's allele frequencies (variants, samples, alleles) from a genotype block: the
-    count of each allele (0 to ``n_alleles`` - 1) over the alleles called, NaN where none is;
-    ``n_alleles`` None: every allele value seen in the block."""
-    xp = xp_of(g)
-    width = n_alleles if n_alleles is not None else max(int(g.max()) + 1, 1) if g.size else 1
-    counts = xp.stack([(g == a).sum(axis=-1) for a in range(width)], axis=-1).astype(F8)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return counts / counts.sum(axis=-1, keepdims=True)
-
-
 def _ibs_terms(af_i, af_j, *, skipna: bool):
     """Numerator (and, skipping NaN, denominator) of the IBS of two tiles' allele frequencies."""
     xp = xp_of(af_i)
@@ -117,11 +106,13 @@ def _ibs_terms(af_i, af_j, *, skipna: bool):
     return xp.stack([num, called_i.T @ (called_i if same else called_j)], axis=-1)
 
 
-def _ibs_of_genotypes(g_i, g_j, *, n_alleles: int | None, skipna: bool):
+def _ibs_of_genotypes(g_i, g_j, *, n_alleles: int | None, skipna: bool, frequencies):
+    """The IBS terms of two tiles of genotypes, from each call's allele frequencies (the
+    ``genotype_allele_frequencies`` kernel: 0 to ``n_alleles`` - 1; None: every allele value seen)."""
     if n_alleles is None:  # "matching": any allele value, the same width for both tiles
         n_alleles = max(int(g_i.max()) + 1 if g_i.size else 1, int(g_j.max()) + 1 if g_j.size else 1, 1)
-    af_i = _frequencies(g_i, n_alleles)
-    return _ibs_terms(af_i, af_i if g_j is g_i else _frequencies(g_j, n_alleles), skipna=skipna)
+    af_i = frequencies(g_i, n_alleles)
+    return _ibs_terms(af_i, af_i if g_j is g_i else frequencies(g_j, n_alleles), skipna=skipna)
 
 
 def identity_by_state(
@@ -155,12 +146,16 @@ def identity_by_state(
             g = variable(ds, "call_genotype", ("variants", "samples", "ploidy"), "i", op=name)
             if "alleles" not in ds.sizes:
                 raise InputError(f"{name}: the dataset has no 'alleles' dimension (variant_allele gives it)")
-            x, kernel = as_dask(g), _bind(_ibs_of_genotypes, n_alleles=int(ds.sizes["alleles"]))
+            x = as_dask(g)
+            kernel = _bind(_ibs_of_genotypes, n_alleles=int(ds.sizes["alleles"]),
+                           frequencies=kernels.get("genotype_allele_frequencies", backend_of(x)))
             if merge:
                 ds = _with_call_allele_frequency(ds)
     elif method == "matching":
         g = variable(ds, call_genotype, ("variants", "samples", "ploidy"), "i", op=name)
-        x, kernel = as_dask(g), _bind(_ibs_of_genotypes, n_alleles=None)
+        x = as_dask(g)
+        kernel = _bind(_ibs_of_genotypes, n_alleles=None,
+                       frequencies=kernels.get("genotype_allele_frequencies", backend_of(x)))
     else:
         raise InputError(f"{name}: unknown method {method!r} (expected 'frequencies' or 'matching')")
     sums = _pair_sums(_bind(kernel, skipna=skipna), 2 if skipna else 1, x)
