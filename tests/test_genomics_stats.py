@@ -568,7 +568,8 @@ def test_call_allele_counts_kernel_equals_the_cpu_kernel(ploidy, n_alleles, dtyp
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("ploidy,n_alleles,dtype", [(2, 2, np.int8), (2, 4, np.int8), (3, 3, np.int16), (1, 2, np.int64)])
+@pytest.mark.parametrize("ploidy,n_alleles,dtype",
+                         [(2, 2, np.int8), (2, 4, np.int8), (3, 3, np.int16), (1, 2, np.int64)])
 def test_genotype_allele_frequencies_kernel_equals_the_formulas(ploidy, n_alleles, dtype):
     """The CUDA C call allele frequencies (``cuda/calls.cu``) against the CPU's formulas, bit for bit:
     missing and fill alleles, alleles at and past ``n_alleles`` (not counted), calls with none
@@ -634,7 +635,8 @@ def test_hard_calls_kernel_equals_the_cpu_kernel(dtype):
         for threshold in (0.0, 0.5, 0.9):
             got = K.hard_calls_gpu(cupy.asarray(gp), threshold)
             assert got.dtype == np.int8
-            np.testing.assert_array_equal(cupy.asnumpy(got), K.hard_calls_cpu(gp, threshold), err_msg=f"{shape} {threshold}")
+            np.testing.assert_array_equal(cupy.asnumpy(got), K.hard_calls_cpu(gp, threshold),
+                                          err_msg=f"{shape} {threshold}")
     gp = _probabilities(rng, (40, 30), dtype)
     np.testing.assert_array_equal(cupy.asnumpy(K.hard_calls_gpu(cupy.asarray(gp)[:, 1::3], 0.9)),
                                   K.hard_calls_cpu(gp[:, 1::3], 0.9))

@@ -57,6 +57,7 @@ def pc_relate_values_gpu(g, mask, q, *, maf: float):
                                                    (g, mask, imputed, np.int64(v), np.int64(s)))
     q = cupy.asarray(q, dtype=F8)
     mu2 = cupy.ascontiguousarray((imputed @ q) @ q.T)
-    _kernel("pipeline_pc_relate_values", g.dtype)((min(launch.blocks(v * s), launch.sm_count() * 32),),
-                                                  (launch.THREADS,), (g, mask, mu2, out, np.int64(v * s), np.float64(maf)))
+    grid = min(launch.blocks(v * s), launch.sm_count() * 32)
+    _kernel("pipeline_pc_relate_values", g.dtype)((grid,), (launch.THREADS,),
+                                                  (g, mask, mu2, out, np.int64(v * s), np.float64(maf)))
     return out

@@ -458,7 +458,8 @@ def pbs(
     finish = _finishing_backend(backend, f.shape[0] * n**3 * 8)  # the output's size
     p = to_backend(f, finish).map_blocks(_pbs_block, triples=triples, chunks=(f.chunks[0], (n,), (n,), (n,)),
                                          new_axis=3, dtype=F8, meta=backend_meta(finish, F8, 4))
-    return _merge(ds, _new("stat_pbs", ("windows", "cohorts_0", "cohorts_1", "cohorts_2"), to_backend(p, backend)), merge)
+    dims = ("windows", "cohorts_0", "cohorts_1", "cohorts_2")
+    return _merge(ds, _new("stat_pbs", dims, to_backend(p, backend)), merge)
 
 
 # Garud's H counts the distinct haplotypes of a window, which sgkit tells apart by a hash of each
