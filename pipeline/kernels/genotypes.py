@@ -510,8 +510,9 @@ def call_allele_counts_cpu(g, n_alleles: int):
 
 def genotype_allele_frequencies_cpu(g, n_alleles: int):
     """(variants, samples, n_alleles) float64: each call's count of each allele (0 to ``n_alleles``
-    - 1) over the count of its alleles in that range, NaN where it has none. Array formulas."""
-    counts = np.stack([(g == a).sum(axis=-1) for a in range(n_alleles)], axis=-1).astype(np.float64)
+    - 1, :func:`call_allele_counts_cpu`) over the count of its alleles in that range, NaN where it
+    has none."""
+    counts = call_allele_counts_cpu(np.ascontiguousarray(g), n_alleles).astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         return counts / counts.sum(axis=-1, keepdims=True)
 
@@ -937,8 +938,8 @@ def hwe_exact_gpu(het, hom1, hom2, *, threads: int = THREADS):
 
 
 __all__ = [
-    "call_allele_counts_cpu", "call_allele_counts_gpu", "hard_calls_cpu", "hard_calls_gpu", "hwe_exact_cpu",
-    "hwe_exact_gpu", "n_genotypes",
+    "call_allele_counts_cpu", "call_allele_counts_gpu", "genotype_allele_frequencies_cpu",
+    "genotype_allele_frequencies_gpu", "hard_calls_cpu", "hard_calls_gpu", "hwe_exact_cpu", "hwe_exact_gpu", "n_genotypes",
     "sample_call_counts_cpu", "sample_call_counts_gpu", "variant_call_counts_cpu", "variant_call_counts_gpu",
     "variant_genotype_counts_cpu", "variant_genotype_counts_gpu", "word_path",
 ]
