@@ -289,6 +289,32 @@ def test_corrupt_chunks_raise_decode_error(tmp_path):
         hdf5.check_zlib_header(b"\x78\x9d", "x")  # check bits wrong
 
 
+@pytest.mark.parametrize("libz", [True, False], ids=["libz-uncompress", "zlib-module"])
+def test_inflate_into_a_buffer_checks_the_stream(monkeypatch, libz):
+    """A zlib stream inflated into its chunk's place, through zlib's ``uncompress`` or, where that
+    library is not found, the zlib module: equal to zlib, and a damaged checksum, a stream cut
+    short, and a chunk of another size are DecodeErrors naming the file."""
+    if not libz:
+        monkeypatch.setattr(hdf5, "_libz_uncompress", lambda: None)
+    elif hdf5._libz_uncompress() is None:
+        pytest.skip("zlib's library not found")
+    raw = np.random.default_rng(3).integers(0, 40, 50_000, dtype=np.uint8)
+    stream = np.frombuffer(zlib.compress(raw.tobytes(), 4), dtype=np.uint8)
+    out = np.empty_like(raw)
+    hdf5._inflate_into(stream, out, "f.nc")
+    np.testing.assert_array_equal(out, raw)
+    shuffled = raw[:50_000].reshape(4, -1).T.reshape(-1).copy()  # four bytes a value, planes stored
+    plain = np.empty_like(raw)
+    hdf5._inflate_into(np.frombuffer(zlib.compress(raw.tobytes()), np.uint8), plain, "f.nc", typesize=4)
+    np.testing.assert_array_equal(plain, shuffled)
+    damaged = stream.copy()
+    damaged[-1] ^= 0xFF  # the adler32 trailer
+    for bad, n in ((damaged, len(raw)), (stream[:len(stream) // 2], len(raw)), (stream, len(raw) - 1),
+                   (stream, len(raw) + 1)):
+        with pytest.raises(DecodeError, match="f.nc"):
+            hdf5._inflate_into(bad, np.empty(n, np.uint8), "f.nc")
+
+
 @pytest.mark.parametrize("name", ["gzip1-shuffle-f4", "gzip6-shuffle-i2"])
 def test_adler32_of_the_inflated_bytes(tmp_path, name):
     """The checksum that nvCOMP does not check, computed over a block's inflated chunks (before

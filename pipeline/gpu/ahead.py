@@ -85,7 +85,7 @@ def active() -> bool:
 
 @dataclass
 class _Entry:
-    future: Future  # the pinned Buffer and the block in it, once decoded
+    future: Future  # the pinned Buffer, the block in it and what is left for the device, once decoded
     nbytes: int
 
 
@@ -141,7 +141,9 @@ def takes(source, region) -> bool:
 
 def read(source, region, to_device):
     """``source[region]`` as a CuPy array: its block decoded on the host (ahead, or now), then
-    ``to_device(host)`` (:func:`pipeline.gpu.engine.to_device`); the blocks nearest it start
+    ``to_device(host)`` (:func:`pipeline.gpu.engine.to_device`), and what the host decode left for
+    the device done there (:meth:`~pipeline.gpu.engine.BlockSource.finish_device`: the shuffle
+    of NetCDF4's chunks); the blocks nearest it start
     decoding. A region that is not one block of the grid is read as in core
     (:meth:`~pipeline.gpu.engine.BlockSource.read`)."""
     st = state.ahead
@@ -156,14 +158,17 @@ def read(source, region, to_device):
     if flat is None:  # not one block of the grid (a selection dask fused into the read): as in core
         return source.read(region)
     try:
-        buf, host = entry.future.result()
+        buf, host, left = entry.future.result()
     finally:
         with st.lock:
             st.bytes -= entry.nbytes
     try:
-        return to_device(host)
+        block = to_device(host)
     finally:
         pinned.give(buf)
+    if left is not None:
+        source.finish_device(block, left)
+    return block
 
 
 def _ahead(g: _Grid, flat: int, asked: int) -> None:
@@ -204,12 +209,13 @@ def _submit(source, region) -> _Entry:
 
 def _decode(source, region, nbytes: int):
     """Run by an I/O thread: the block decoded into a pinned buffer taken here (so that the thread
-    asking for it does not wait on the driver's registration of new pinned memory)."""
+    asking for it does not wait on the driver's registration of new pinned memory), and what the
+    decode left for the device."""
     buf = pinned.take(nbytes, inline=True)
     try:
         host = buf.bytes[:nbytes].view(source.dtype).reshape(tuple(s.stop - s.start for s in region))
-        source.read_host(region, host)
-        return buf, host
+        left = source.read_host(region, host)
+        return buf, host, left
     except BaseException:
         pinned.give(buf)
         raise

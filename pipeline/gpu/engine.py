@@ -208,8 +208,14 @@ class BlockSource:
     def read(self, region):
         raise NotImplementedError
 
-    def read_host(self, region, out: np.ndarray) -> None:
-        """Decode ``region`` on this thread into ``out`` (host memory)."""
+    def read_host(self, region, out: np.ndarray):
+        """Decode ``region`` on this thread into ``out`` (host memory); what it leaves for the
+        device to do once ``out`` is there (None: nothing), for :meth:`finish_device`."""
+        raise NotImplementedError
+
+    def finish_device(self, block, left) -> None:
+        """What :meth:`read_host` left (``left``, not None) done on ``block``, ``out``'s copy on
+        the device."""
         raise NotImplementedError
 
     def fallback_warning(self, error: Exception) -> str:
