@@ -95,6 +95,7 @@ FAMILIES: dict[str, str] = {
     "sample_call_counts": "genotypes",
     "variant_genotype_counts": "genotypes",
     "hwe_exact": "genotypes",
+    "genedrop_diploid": "pedigree",
     # genomics: PCA and pairwise distances
     "alternate_allele_count": "alternate",
     "patterson_moments": "linalg",

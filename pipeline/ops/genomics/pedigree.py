@@ -5,9 +5,13 @@ and ``display_pedigree``.
 A pedigree is small beside the genotypes (samples x parents), and its recursions visit the samples
 in an order that only the whole pedigree gives, so, as sgkit's, these run on the host: Numba loops
 (sgkit's, compiled on first use and cached on disk) over the whole ``parent`` array, in one Dask
-task, lazily. The one genotype-sized step, ``simulate_genedrop``, works block by block of
-variants and gives its results on the backend of ``call_genotype``: each block crosses to the host
-for the loop and back.
+task, lazily. The samples' order and ``pedigree_sel``'s depths are plain Python up to
+``PLAIN_SAMPLES`` samples (the loops compile the same source), so that what needs only them
+imports no Numba. The one genotype-sized step, ``simulate_genedrop``, works block by block of
+variants and gives its results on the backend of ``call_genotype``: the diploid method by the
+kernel ``genedrop_diploid`` (:mod:`pipeline.kernels.pedigree`: sgkit's loop on the CPU, a CUDA C
+kernel on the GPU that reproduces Numba's generator), over the samples' order computed once on
+the host; Hamilton-Kerr's blocks cross to the host for sgkit's loop and back.
 
 sgkit's errors are kept (a ``ValueError`` is an :class:`~pipeline.errors.InputError` here, which
 is one too): those of the loops, raised when the results are computed, name the function.
@@ -22,7 +26,8 @@ from typing import Any, Hashable, Literal
 import numpy as np
 import xarray as xr
 
-from ...backend import meta, to_numpy, xp_of
+from ... import kernels
+from ...backend import backend_of, meta, to_backend, to_numpy, xp_of
 from ...deferred import module as _deferred
 from ...errors import InputError, MissingLibraryInputError, NotImplementedInputError, UnknownKeyInputError
 from ._dataset import merge as _merge, variable
@@ -103,40 +108,120 @@ def _hamilton_kerr(ds: xr.Dataset, tau: Hashable, lambda_: Hashable, n: tuple[in
     return t, lam
 
 
+# --- the samples' order and depths: plain Python, and the same source compiled for the loops ------
+#
+# sgkit's topological_argsort, _ancestor_depth and _descendent_depth, each as a walk over flat
+# sequences that plain Python runs over lists (the GPU's genedrop and pedigree_sel need no Numba)
+# and that _kernels() compiles for its loops, over arrays: one source for both.
+
+
+def _topological_order(parent, n_parents: int, node_children, order) -> None:
+    """sgkit's ``topological_argsort`` before its reversal: ``order`` (n samples, filled) the
+    samples children first, from ``parent`` flat (samples x n_parents) and ``node_children`` (n
+    zeros)."""
+    n_samples = len(node_children)
+    for i in range(n_samples):
+        for j in range(n_parents):
+            p = parent[i * n_parents + j]
+            if p >= 0:
+                node_children[p] += 1
+    insert = 0
+    for i in range(n_samples - 1, -1, -1):
+        if node_children[i] == 0:
+            order[insert] = i
+            insert += 1
+    i = 0
+    while i < insert:
+        c = order[i]
+        i += 1
+        for j in range(n_parents):
+            p = parent[c * n_parents + j]
+            if p >= 0:
+                node_children[p] -= 1
+                if node_children[p] == 0:
+                    order[insert] = p
+                    insert += 1
+    if i < n_samples:
+        raise ValueError('Pedigree contains a directed loop')
+
+
+def _ancestor_walk(depth, parent, n_parents: int, order) -> None:
+    """sgkit's ``_ancestor_depth`` on ``depth`` (``initial - 1``), in place."""
+    for idx in range(len(order) - 1, -1, -1):
+        i = order[idx]
+        depth_i = depth[i]
+        if depth_i >= 0:
+            for j in range(n_parents):
+                p = parent[i * n_parents + j]
+                if p >= 0:
+                    depth_p = depth[p]
+                    if depth_p < 0:
+                        depth[p] = depth_i + 1
+                    else:
+                        depth[p] = min(depth_p, depth_i + 1)
+
+
+def _descendant_walk(depth, parent, n_parents: int, order) -> None:
+    """sgkit's ``_descendent_depth`` on ``depth`` (``initial - 1``), in place."""
+    for idx in range(len(order)):
+        i = order[idx]
+        depth_i = depth[i]
+        for j in range(n_parents):
+            p = parent[i * n_parents + j]
+            if p >= 0:
+                depth_p = depth[p]
+                if depth_p >= 0:
+                    if depth_i < 0 or depth_i > depth_p:
+                        depth_i = depth_p + 1
+                        depth[i] = depth_i
+
+
+# Above this many samples the order and depths come from the Numba loops instead. Measured on
+# random pedigrees of two parents a sample: in plain Python over lists, the order took 0.005 s at
+# 10,000 samples, 0.064 s at 100,000, 0.26 s at 300,000 and 1.17 s at 1,000,000 (over NumPy's
+# scalars, 0.14 s at 100,000), both depths 0.04 s at 100,000, 0.18 s at 300,000 and 0.78 s at
+# 1,000,000; a process importing Numba and loading the loops from its disk cache took 0.34-0.38 s
+# to give the order (0.03 s of it the sort at 1,000,000) and a few ms more for the depths; with
+# the cache cold, 1.0 s and 0.5 s more. So plain Python up to about 250,000 samples.
+PLAIN_SAMPLES = 250_000
+
+
+def topological_argsort(parent) -> np.ndarray:
+    """sgkit's ``topological_argsort``: the samples of ``parent`` (samples, parents) ordered with
+    every parent before its children, uint64; ``ValueError`` where the pedigree has a loop."""
+    parent = np.asarray(parent)
+    if len(parent) > PLAIN_SAMPLES:
+        return _kernels()["topological_argsort"](np.ascontiguousarray(parent, dtype=np.int64))
+    n_samples, n_parents = parent.shape
+    order = [0] * n_samples
+    _topological_order(parent.ravel().tolist(), n_parents, [0] * n_samples, order)
+    return np.array(order[::-1], dtype=np.uint64)
+
+
+def _depth(walk: str, initial, parent, order) -> np.ndarray:
+    parent = np.asarray(parent)
+    if len(parent) > PLAIN_SAMPLES:
+        name = "_ancestor_depth" if walk == "ancestors" else "_descendent_depth"
+        return _kernels()[name](np.asarray(initial), np.ascontiguousarray(parent, dtype=np.int64), np.asarray(order))
+    depth = (np.asarray(initial, dtype=np.int64) - 1).tolist()
+    fn = _ancestor_walk if walk == "ancestors" else _descendant_walk
+    fn(depth, parent.ravel().tolist(), parent.shape[1], np.asarray(order, dtype=np.int64).tolist())
+    return np.array(depth, dtype=np.int64)
+
+
 @functools.cache
 def _kernels() -> dict:
     """sgkit's Numba loops for pedigrees, compiled on first call (and cached on disk)."""
     from ...kernels.launch import cpu_jit as jit
 
+    order_walk = jit(_topological_order)
+
     @jit
     def topological_argsort(parent):
         n_samples, n_parents = parent.shape
-        node_children = np.zeros(n_samples, dtype=np.uint64)
-        for i in range(n_samples):
-            for j in range(n_parents):
-                p = parent[i, j]
-                if p >= 0:
-                    node_children[p] += 1
-        order = np.empty(n_samples, dtype=np.uint64)
-        insert = 0
-        for i in range(n_samples - 1, -1, -1):
-            if node_children[i] == 0:
-                order[insert] = i
-                insert += 1
-        i = 0
-        while i < insert:
-            c = order[i]
-            i += 1
-            for j in range(n_parents):
-                p = parent[c, j]
-                if p >= 0:
-                    node_children[p] -= 1
-                    if node_children[p] == 0:
-                        order[insert] = p
-                        insert += 1
-        if i < n_samples:
-            raise ValueError('Pedigree contains a directed loop')
-        return order[::-1]
+        order = np.empty(n_samples, dtype=np.int64)
+        order_walk(parent.ravel(), n_parents, np.zeros(n_samples, dtype=np.int64), order)
+        return order[::-1].astype(np.uint64)
 
     @jit
     def _is_pedigree_sorted(parent):
@@ -610,40 +695,19 @@ def _kernels() -> dict:
                                     return_relationship=return_relationship)
         return mtx
 
+    ancestor_walk = jit(_ancestor_walk)
+    descendant_walk = jit(_descendant_walk)
+
     @jit
     def _ancestor_depth(initial, parent, order):
         depth = initial - 1
-        n_samples, n_parents = parent.shape
-        order = order[::-1]
-        for idx in range(n_samples):
-            i = order[idx]
-            depth_i = depth[i]
-            if depth_i >= 0:
-                for j in range(n_parents):
-                    p = parent[i, j]
-                    if p >= 0:
-                        depth_p = depth[p]
-                        if depth_p < 0:
-                            depth[p] = depth_i + 1
-                        else:
-                            depth[p] = min(depth_p, depth_i + 1)
+        ancestor_walk(depth, parent.ravel(), parent.shape[1], order.astype(np.int64))
         return depth
 
     @jit
     def _descendent_depth(initial, parent, order):
         depth = initial - 1
-        n_samples, n_parents = parent.shape
-        for idx in range(n_samples):
-            i = order[idx]
-            depth_i = depth[i]
-            for j in range(n_parents):
-                p = parent[i, j]
-                if p >= 0:
-                    depth_p = depth[p]
-                    if depth_p >= 0:
-                        if depth_i < 0 or depth_i > depth_p:
-                            depth_i = depth_p + 1
-                            depth[i] = depth_i
+        descendant_walk(depth, parent.ravel(), parent.shape[1], order.astype(np.int64))
         return depth
 
     @jit
@@ -807,34 +871,6 @@ def _kernels() -> dict:
         return _tile(kinship, rows, cols)
 
     @jit
-    def genedrop_diploid(genotypes, parent, seeds):
-        n_sample, n_parent = parent.shape
-        if n_parent != 2:
-            raise ValueError('The parents dimension must be length 2')
-        if genotypes.shape[2] != 2:
-            raise ValueError('Genotypes are not diploid')
-        order = topological_argsort(parent)
-        out = np.empty_like(genotypes)
-        for v in range(len(genotypes)):
-            np.random.seed(seeds[v])
-            for i in range(n_sample):
-                t = order[i]
-                unknown_parent = 0
-                for j in range(n_parent):
-                    p = parent[t, j]
-                    if p < 0:
-                        unknown_parent += 1
-                    else:
-                        idx = np.random.randint(2)
-                        out[v, t, j] = out[v, p, idx]
-                if unknown_parent == 1:
-                    raise ValueError('Pedigree contains half-founders')
-                elif unknown_parent == 2:
-                    out[v, t, 0] = genotypes[v, t, 0]
-                    out[v, t, 1] = genotypes[v, t, 1]
-        return out
-
-    @jit
     def genedrop_Hamilton_Kerr(genotypes, parent, tau, lambda_, seeds):
         if parent.shape[1] != 2:
             parent, tau, lambda_ = _compress_hamilton_kerr_parameters(parent, tau, lambda_)
@@ -853,10 +889,16 @@ def _kernels() -> dict:
 
 
 def _call(op: str, name: str):
-    """Kernel ``name``, its ``ValueError`` (a pedigree sgkit rejects) and ``NotImplementedError``
-    raised as pipeline's errors naming ``op``."""
+    """Kernel ``name`` of :func:`_kernels`, its ``ValueError`` (a pedigree sgkit rejects) and
+    ``NotImplementedError`` raised as pipeline's errors naming ``op``."""
+    return _guarded(op, name)
+
+
+def _guarded(op: str, kernel):
+    """``kernel`` (a function, or the name of one of :func:`_kernels`, compiled when called) with
+    its errors raised as :func:`_call` raises them."""
     def call(*args, **kwargs):
-        fn = _kernels()[name]
+        fn = _kernels()[kernel] if isinstance(kernel, str) else kernel
         args = [np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a for a in args]
         try:
             return fn(*args, **kwargs)
@@ -1084,8 +1126,7 @@ def pedigree_sel(ds: xr.Dataset, *, samples, ancestor_depth: int = 0, descendant
     op = "pedigree_sel"
     ds, parent_ = _with_parent(ds, parent, op)
     parent_ = to_numpy(parent_)
-    kernels = _kernels()
-    order = kernels["topological_argsort"](np.ascontiguousarray(parent_)) if len(parent_) else np.zeros(0, np.uint64)
+    order = _guarded(op, topological_argsort)(parent_)
     n = len(parent_)
     ancestor_depth = n if ancestor_depth < 0 else ancestor_depth
     descendant_depth = n if descendant_depth < 0 else descendant_depth
@@ -1097,10 +1138,10 @@ def pedigree_sel(ds: xr.Dataset, *, samples, ancestor_depth: int = 0, descendant
     initial = ds.samples.isin(chosen).values
     keep = initial.copy()
     if ancestor_depth > 0:
-        depth = kernels["_ancestor_depth"](initial, parent_, order)
+        depth = _depth("ancestors", initial, parent_, order)
         keep |= (depth >= 0) & (depth <= ancestor_depth)
     if descendant_depth > 0:
-        depth = kernels["_descendent_depth"](initial, parent_, order)
+        depth = _depth("descendants", initial, parent_, order)
         keep |= (depth >= 0) & (depth <= descendant_depth)
     labels = ds.samples.values[keep]
     selection = {"samples": labels}
@@ -1124,7 +1165,8 @@ def simulate_genedrop(ds: xr.Dataset, *, method: Literal["diploid", "Hamilton-Ke
     """sgkit's ``simulate_genedrop``: ``call_genotype`` (with its mask and fill) of the founders'
     alleles dropped through the pedigree, at random, variant by variant. A variant's draws come
     from Numba's generator seeded with its seed (``seed``: one per variant, or the seed of NumPy's
-    ``default_rng`` that draws them), as sgkit's, so the same seed gives sgkit's genotypes."""
+    ``default_rng`` that draws them), as sgkit's, so the same seed gives sgkit's genotypes (on the
+    GPU too: the diploid method's CUDA C kernel reproduces that generator)."""
     op = "simulate_genedrop"
     _method(method, {EST_DIPLOID, EST_HAMILTON_KERR}, op)
     ds, parent_ = _with_parent(ds, parent, op)
@@ -1146,19 +1188,28 @@ def simulate_genedrop(ds: xr.Dataset, *, method: Literal["diploid", "Hamilton-Ke
         seeds = np.random.randint(2**32, size=len(gt), dtype=np.uint32)
     seeds = da.from_array(seeds.astype(np.uint32), chunks=(data.chunks[0],))
     if method == EST_DIPLOID:
-        arrays = [parent_]
-        kernel = _call(op, "genedrop_diploid")
+        backend = backend_of(data)
+        kernel = _guarded(op, kernels.get("genedrop_diploid", backend))
+        # the samples' order once, on the host, for every block; with parent and the seeds, on the
+        # blocks' backend (on the GPU, copied there once)
+        order = _one_block(_guarded(op, _argsort), (len(parent_),), parent_, dtype=np.int64)
+        small = [to_backend(x, backend) for x in (parent_, order, seeds)]
+        sim = da.blockwise(kernel, "vsk", data, "vsk", small[0], "pq", small[1], "o", small[2], "v", concatenate=True,
+                           dtype=data.dtype, meta=data._meta)
     else:
         tau, lambda_ = _hamilton_kerr(ds, stat_Hamilton_Kerr_tau, stat_Hamilton_Kerr_lambda, parent_.shape, op)
-        arrays = [parent_, tau, lambda_]
-        kernel = _call(op, "genedrop_Hamilton_Kerr")
-    small = [a for x in arrays for a in (x, "pq")]
-    sim = da.blockwise(_dropped, "vsk", data, "vsk", *small, seeds, "v", kernel=kernel, concatenate=True,
-                       dtype=data.dtype, meta=data._meta)
+        small = [a for x in (parent_, tau, lambda_) for a in (x, "pq")]
+        sim = da.blockwise(_dropped, "vsk", data, "vsk", *small, seeds, "v", kernel=_call(op, "genedrop_Hamilton_Kerr"),
+                           concatenate=True, dtype=data.dtype, meta=data._meta)
     dims = gt.dims
     new = _new({"call_genotype": (dims, sim), "call_genotype_mask": (dims, sim < 0),
                 "call_genotype_fill": (dims, sim < -1)})
     return _merge(ds, new.assign_coords(gt.coords), merge)
+
+
+def _argsort(parent) -> np.ndarray:
+    """:func:`topological_argsort` as int64, the type the genedrop kernels read."""
+    return topological_argsort(parent).astype(np.int64)
 
 
 def _dropped(gt, *args, kernel):
