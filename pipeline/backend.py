@@ -108,6 +108,20 @@ def xp_of(x):
     return _cupy() if is_cupy(x) else np
 
 
+def linalg_raises(xp):
+    """A context in which ``xp``'s linear algebra raises ``numpy.linalg.LinAlgError`` where a
+    factorization fails (a singular matrix's zero pivot), as NumPy's does. CuPy's checks nothing by
+    default (``cupyx.errstate(linalg="ignore")``): the inverse of a singular matrix came back as
+    NaN, with no error."""
+    if xp is np:
+        import contextlib
+
+        return contextlib.nullcontext()
+    import cupyx
+
+    return cupyx.errstate(linalg="raise")
+
+
 def backend_of(x) -> Backend:
     """Backend of a NumPy/CuPy array, a Dask array (from ``_meta``) or an xarray object."""
     import xarray as xr

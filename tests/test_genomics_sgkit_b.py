@@ -343,6 +343,17 @@ def test_hybrid_and_inverse_matrices_are_sgkits(backend, where):
         check(hi["stat_hybrid_inverse_relationship"], f"hybrid_inv_{where}_{tau}_{omega}", backend, dims)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_singular_matrix_is_refused_on_both_backends(backend):
+    """A relationship matrix without full rank: NumPy's LU meets a zero pivot and raises; CuPy's
+    would give NaN without a word, unless asked to raise (``backend.linalg_raises``)."""
+    singular = np.ones((6, 6))
+    singular[2:, 2:] += np.eye(4)  # rank 5: rows 0 and 1 equal
+    m = matrices(backend, singular=singular)
+    with pytest.raises(np.linalg.LinAlgError, match="invert_relationship_matrix: the relationship matrix cannot"):
+        sg.invert_relationship_matrix(m, relationship="singular")["stat_inverse_relationship"].compute()
+
+
 def test_relationship_matrices_refuse_bad_input():
     m = matrices("cpu", ped=PED, grm=REF["grm6"], singular=np.ones((6, 6)))
     m["small"] = (("samples_2", "samples_3"), np.eye(5))

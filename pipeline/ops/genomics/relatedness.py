@@ -18,7 +18,7 @@ import numpy as np
 import xarray as xr
 
 from ... import kernels
-from ...backend import backend_of, meta as backend_meta, to_backend, xp_of
+from ...backend import backend_of, linalg_raises, meta as backend_meta, to_backend, xp_of
 from ...deferred import module as _deferred
 from ...errors import InputError, NotImplementedInputError
 from ._dataset import as_dask, even_chunks, upper_mirrored, variable
@@ -372,7 +372,8 @@ def _inv(a, op: str):
 
     xp = xp_of(a)
     try:
-        return xp.linalg.inv(a)
+        with linalg_raises(xp):
+            return xp.linalg.inv(a)
     except np.linalg.LinAlgError as e:
         raise LinAlgInputError(f"{op}: the relationship matrix cannot be inverted ({e})") from None
 
