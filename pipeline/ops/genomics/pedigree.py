@@ -1074,8 +1074,10 @@ def pedigree_inverse_kinship(ds: xr.Dataset, *, method: Literal["diploid", "Hami
     n = len(parent_)
     inverse = _call(op, "inverse_kinship_Hamilton_Kerr")
     dims = ("samples_0", "samples_1")
+    # the flag passed in both calls, so that Numba compiles one specialization (an omitted
+    # argument is another type than a bool: 1.1 s more on a machine's first run)
     new = {"stat_pedigree_inverse_kinship": (
-        dims, _one_block(inverse, (n, n), parent_, tau, self_kinship, parent_kinship))}
+        dims, _one_block(inverse, (n, n), parent_, tau, self_kinship, parent_kinship, return_relationship=False))}
     if return_relationship:
         new["stat_pedigree_inverse_relationship"] = (dims, _one_block(
             inverse, (n, n), parent_, tau, self_kinship, parent_kinship, return_relationship=True))
