@@ -39,27 +39,31 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 
-def run_once(flow: Path, store: str, backend: str, limit: int | None, workdir: Path, tag: str) -> dict:
-    """One fresh ``pipeline run`` process: its whole seconds and its report."""
-    env = {**os.environ}
+def run_once(flow: Path, store: str, backend: str, limit: int | None, workdir: Path, tag: str, args: tuple = (),
+             env: dict | None = None) -> dict:
+    """One fresh ``pipeline run`` process (``args`` added to its command line, ``env`` to its
+    environment): its whole seconds and its report."""
+    env = {**os.environ, **(env or {})}
     key = f"DASK_PIPELINE__{backend.upper()}__MEMORY_LIMIT"
     env.pop(key, None)
     if limit is not None:
         env[key] = str(limit)
     report, out = workdir / f"{tag}.json", workdir / f"{tag}.zarr"
     cmd = [sys.executable, "-m", "pipeline", "run", str(flow), "--input", store, "--output", str(out), "--backend", backend,
-           "--report", str(report), "--no-progress"]
+           "--report", str(report), "--no-progress", *args]
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     seconds = time.perf_counter() - t
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
     rep = json.loads(report.read_text())
-    plan = rep["memory"]["plan"]
+    plan = rep["memory"].get("plan") or {}  # none on a cluster: each worker plans its own
     return {
-        "process_seconds": seconds, "run_seconds": rep["wall_seconds"], "threads": plan["threads"], "block_bytes": plan["block_bytes"],
-        "out_of_core": plan["out_of_core"], "pool_peak_bytes": rep["memory"].get("gpu_pool_peak_bytes"),
-        "digests": rep["sink"]["digests"], "input_bytes": plan["input_bytes"],
+        "process_seconds": seconds, "run_seconds": rep["wall_seconds"], "threads": plan.get("threads"),
+        "block_bytes": plan.get("block_bytes"), "out_of_core": plan.get("out_of_core"),
+        "pool_peak_bytes": rep["memory"].get("gpu_pool_peak_bytes"), "digests": rep["sink"]["digests"],
+        "input_bytes": plan.get("input_bytes", rep["bytes_read"]), "bytes_read": rep["bytes_read"],
+        "startup": rep["startup"], "cluster": rep["cluster"],
     }
 
 

@@ -11,6 +11,15 @@ workers (their transfer logs).
 
     python benchmarks/scaling.py --store data/bench/tas.zarr --gpus 1,2,4 --json scaling.json
 
+``--processes K`` times the user's own command instead (or as well, ``--mode both``): ``pipeline
+run FLOW_FILE --input STORE`` as fresh processes, K of each, alternating: one GPU without a cluster,
+then each GPU count with ``--cluster PROFILE`` over the first N GPUs (``CUDA_VISIBLE_DEVICES``).
+Per row, the medians of the run's own seconds, the whole process's, the read rate (the input's
+bytes over the run), where the process's seconds went before the run (imports, opening, the
+backend: a cluster's start), and whether every process wrote the same output.
+
+    python benchmarks/scaling.py --store STORE --gpus 1,2,4 --mode processes --processes 3
+
 Without ``--store``, the demo store of ``--shape`` that ``peers.py`` generates is made (or reused)
 under ``--workdir`` and converted once to the GPU layout, which is what is timed.
 """
@@ -303,6 +312,38 @@ def task_summary(records: list[dict], incoming: dict | None = None, t0: float | 
     return {k: {**v, "compute_s": round(v["compute_s"], 3), "transfer_s": round(v["transfer_s"], 3)} for k, v in out.items()}
 
 
+def process_runs(store: str, flow_file: str, counts: list[int], repeat: int, backend: str, profile: str,
+                 workdir: Path) -> dict:
+    """The user's command as fresh processes (the module's docstring): ``repeat`` of each
+    configuration, alternating; one row per configuration."""
+    from out_of_core import run_once
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    configs = [("1 GPU, no cluster" if backend == "gpu" else "no cluster", 1, ())]
+    configs += [(f"{n} GPU(s), --cluster {profile}" if backend == "gpu" else f"--cluster {profile}", n, ("--cluster", profile))
+                for n in counts]
+    got: dict = {label: [] for label, _, _ in configs}
+    for i in range(repeat):
+        for k, (label, n, args) in enumerate(configs):
+            env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(n)))} if backend == "gpu" else {}
+            got[label].append(run_once(Path(flow_file), store, backend, None, workdir, f"process-{k}-{i}", args, env))
+    first = got[configs[0][0]][0]["digests"]
+    rows = []
+    for label, n, _ in configs:
+        runs = got[label]
+        med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
+        before = {k: statistics.median(r["startup"].get(f"{k}_seconds", 0.0) for r in runs)
+                  for k in ("import", "open_source", "build_graph", "backend_init")}
+        rows.append({"config": label, "gpus": n, "run_seconds": med("run_seconds"), "process_seconds": med("process_seconds"),
+                     "read_GBps": runs[0]["bytes_read"] / 1e9 / max(med("run_seconds"), 1e-9), "before_run": before,
+                     "cluster": runs[0]["cluster"], "same_output": all(r["digests"] == first for r in runs), "runs": runs})
+    print(f"{'fresh processes':<34}{'run':>8}{'process':>9}{'read':>10}{'imports':>9}{'backend':>9}  same output")
+    for r in rows:
+        print(f"{r['config']:<34}{r['run_seconds']:>7.2f}s{r['process_seconds']:>8.2f}s{r['read_GBps']:>7.1f}GB/s"
+              f"{r['before_run']['import']:>8.2f}s{r['before_run']['backend_init']:>8.2f}s  {r['same_output']}")
+    return {"flow_file": flow_file, "repeat": repeat, "rows": rows}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", help="a store with a tas variable (default: generate one of --shape)")
@@ -326,9 +367,21 @@ def main(argv=None) -> dict:
                     help="the scheduler keeps tasks where it placed them (no moving of blocks to idle workers)")
     ap.add_argument("--no-locality", action="store_true",
                     help="leave the placement of every block to the scheduler (pipeline.cluster.locality: false)")
+    ap.add_argument("--mode", choices=["in-process", "processes", "both"], default=None,
+                    help="in-process: one cluster a GPU count, runs in this process (the default without --processes); "
+                         "processes: the user's command as fresh processes (the default with --processes)")
+    ap.add_argument("--processes", type=int, default=0, help="fresh processes of each configuration, alternating")
+    ap.add_argument("--flow-file", default=str(Path(__file__).resolve().parent.parent / "flows" / "climate_anomaly.yaml"),
+                    help="the flow of --processes")
+    ap.add_argument("--cluster-profile", default="local-gpu", help="the --cluster of --processes")
+    ap.add_argument("--backend", choices=["gpu", "cpu"], default="gpu", help="the --backend of --processes")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import xarray as xr
+
+    mode = args.mode or ("processes" if args.processes else "in-process")
+    if mode != "in-process" and args.processes < 1:
+        raise SystemExit("--mode processes needs --processes K (K >= 1)")
 
     names = args.flows.split(",")
     unknown = [n for n in names if n not in CLIMATE + GENOMICS]
@@ -350,10 +403,21 @@ def main(argv=None) -> dict:
     stores = {"climate": args.store, "genomics": args.genomics_store, "variant_chunk": args.variant_chunk}
     sizes = {}
     if args.store:
-        sizes["climate"] = xr.open_zarr(args.store)["tas"].nbytes
+        opened = xr.open_dataset(args.store) if Path(args.store).is_file() else xr.open_zarr(args.store)  # NetCDF4, Zarr
+        sizes["climate"] = opened["tas"].nbytes
     if args.genomics_store:
         sizes["genomics"] = xr.open_zarr(args.genomics_store, concat_characters=False)["call_genotype"].nbytes
     counts = [int(n) for n in args.gpus.split(",")]
+    table = {"stores": stores, "bytes": sizes, "memory_limit": args.memory_limit}
+    if mode != "in-process":
+        if not args.store:
+            raise SystemExit("--processes needs a climate store (--store, or a generated one)")
+        table["processes"] = process_runs(args.store, args.flow_file, counts, args.processes, args.backend,
+                                          args.cluster_profile, Path(args.workdir) / "scaling-processes")
+        if mode == "processes":
+            if args.json:
+                Path(args.json).write_text(json.dumps(table, indent=1, default=str))
+            return table
     results = {}
     for n in counts:
         try:
@@ -365,7 +429,7 @@ def main(argv=None) -> dict:
     counts = [n for n in counts if n in results]
     if not counts:
         raise SystemExit("no GPU count ran")
-    table = {"stores": stores, "bytes": sizes, "memory_limit": args.memory_limit, "results": results}
+    table["results"] = results
     for kind, nbytes in sizes.items():
         print(f"{kind} store {stores[kind]}: {nbytes / 1e9:.1f} GB")
     base = results[counts[0]]

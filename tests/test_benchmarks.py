@@ -367,6 +367,22 @@ def test_genomics_sgkit_agree_value_by_value(tmp_path):
     assert bench._agree(rows[0], rows[1], str(tmp_path)) == "1.0e-03 (m)"
 
 
+def test_scaling_processes_smoke(tmp_path):
+    """The user's command as fresh processes, without and with a cluster (a CPU one here), on a
+    NetCDF4 store as a climate model writes it: the same output, and each row's figures."""
+    stores = load("user_stores").main(["--shape", "20,9,12", "--workdir", str(tmp_path), "--only", "zlib"])
+    bench = load("scaling")
+    out = bench.main(["--store", stores["zlib"], "--gpus", "1", "--processes", "1", "--backend", "cpu",
+                      "--cluster-profile", "local-cpu", "--workdir", str(tmp_path), "--json", str(tmp_path / "s.json")])
+    rows = out["processes"]["rows"]
+    assert [r["config"] for r in rows] == ["no cluster", "--cluster local-cpu"]
+    assert rows[0]["cluster"]["kind"] == "threads" and rows[1]["cluster"]["kind"] == "distributed"
+    for r in rows:
+        assert r["same_output"] and r["run_seconds"] > 0 and r["process_seconds"] > r["run_seconds"]
+        assert r["read_GBps"] > 0 and r["before_run"]["import"] > 0
+    assert "results" not in out and (tmp_path / "s.json").exists()
+
+
 def test_out_of_core_smoke(tmp_path):
     bench = load("out_of_core")
     out = bench.main(["--shape", "30,9,12", "--workdir", str(tmp_path), "--backend", "cpu", "--repeat", "1", "--budget", "2GB",
