@@ -307,6 +307,10 @@ def test_inflate_into_a_buffer_checks_the_stream(monkeypatch, libz):
     plain = np.empty_like(raw)
     hdf5._inflate_into(np.frombuffer(zlib.compress(raw.tobytes()), np.uint8), plain, "f.nc", typesize=4)
     np.testing.assert_array_equal(plain, shuffled)
+    monkeypatch.setattr(hdf5, "SCRATCH_BYTES", 1000)  # a chunk larger than a thread keeps: a temporary
+    plain[...] = 0
+    hdf5._inflate_into(np.frombuffer(zlib.compress(raw.tobytes()), np.uint8), plain, "f.nc", typesize=4)
+    np.testing.assert_array_equal(plain, shuffled)
     damaged = stream.copy()
     damaged[-1] ^= 0xFF  # the adler32 trailer
     for bad, n in ((damaged, len(raw)), (stream[:len(stream) // 2], len(raw)), (stream, len(raw) - 1),

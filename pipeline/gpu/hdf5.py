@@ -760,6 +760,7 @@ def _libz_uncompress():
 _ZLIB_ERRORS = {-2: "inconsistent stream state", -3: "invalid or incomplete deflate data",
                 -4: "insufficient memory", -5: "incomplete or truncated stream, or more data than the chunk holds"}
 _scratch = threading.local()
+SCRATCH_BYTES = 64 << 20  # the most a thread keeps for inflating shuffled chunks into (larger: a temporary)
 
 
 def _inflate(stream: np.ndarray, out: np.ndarray, where: str) -> None:
@@ -795,9 +796,12 @@ def _inflate_into(stream, out: np.ndarray, where: str, typesize: int = 1) -> Non
     if typesize <= 1:
         _inflate(stream, out, where)
         return
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or len(buf) < len(out):
-        buf = _scratch.buf = np.empty(len(out), dtype=np.uint8)
+    if len(out) > SCRATCH_BYTES:  # a temporary, not kept by the thread
+        buf = np.empty(len(out), dtype=np.uint8)
+    else:
+        buf = getattr(_scratch, "buf", None)
+        if buf is None or len(buf) < len(out):
+            buf = _scratch.buf = np.empty(len(out), dtype=np.uint8)
     _inflate(stream, buf[:len(out)], where)
     byte_unshuffle_into(buf[:len(out)], out, typesize)
 
