@@ -303,6 +303,9 @@ def test_inflate_into_a_buffer_checks_the_stream(monkeypatch, libz):
     out = np.empty_like(raw)
     hdf5._inflate_into(stream, out, "f.nc")
     np.testing.assert_array_equal(out, raw)
+    out[...] = 0
+    hdf5._inflate_into(stream.tobytes(), out, "f.nc")  # bytes as well as arrays
+    np.testing.assert_array_equal(out, raw)
     shuffled = raw[:50_000].reshape(4, -1).T.reshape(-1).copy()  # four bytes a value, planes stored
     plain = np.empty_like(raw)
     hdf5._inflate_into(np.frombuffer(zlib.compress(raw.tobytes()), np.uint8), plain, "f.nc", typesize=4)

@@ -778,7 +778,7 @@ def _inflate(stream: np.ndarray, out: np.ndarray, where: str) -> None:
             raise DecodeError(f"{where}: a chunk inflates to {len(got)} bytes, not {len(out)}")
         out[...] = np.frombuffer(got, dtype=np.uint8)
         return
-    stream = np.ascontiguousarray(stream)
+    stream = np.ascontiguousarray(stream) if isinstance(stream, np.ndarray) else np.frombuffer(stream, dtype=np.uint8)
     size = ctypes.c_ulong(len(out))
     code = uncompress(out.ctypes.data, ctypes.byref(size), stream.ctypes.data, len(stream))
     if code != 0:
