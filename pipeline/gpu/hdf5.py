@@ -746,11 +746,15 @@ def _libz_uncompress():
     import ctypes
     import ctypes.util
 
-    name = ctypes.util.find_library("z")
-    try:
-        fn = ctypes.CDLL(name).uncompress if name else None
-    except (OSError, AttributeError):
-        return None
+    fn = None
+    for name in ("libz.so.1", "find"):  # Linux's soname first: find_library runs ldconfig, once
+        try:
+            name = ctypes.util.find_library("z") if name == "find" else name
+            fn = ctypes.CDLL(name).uncompress if name else None
+        except (OSError, AttributeError):
+            continue
+        if fn is not None:
+            break
     if fn is not None:
         fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_ulong]
         fn.restype = ctypes.c_int
