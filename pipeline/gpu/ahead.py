@@ -14,8 +14,9 @@ Here, while :func:`reading_ahead` is on (:func:`pipeline.exec.compute.compute` t
 computes on the GPU), a block of such a source larger than half of the device budget (out of core,
 as :func:`pipeline.exec.spill.second_pass` decides) is decoded on the host by
 one I/O thread (the format's host reader: :func:`pipeline.gpu.engine.read_block_host`,
-:func:`pipeline.gpu.hdf5.read_block_host`) into pinned memory, and its task copies it to the
-device, which holds nothing of it before. A task that asks for block ``k`` of the block grid also
+:func:`pipeline.gpu.hdf5.decode_block_host`) into pinned memory, and its task copies it to the
+device, which holds nothing of it before, and does there what the host left for it (NetCDF4's
+shuffle: :meth:`~pipeline.gpu.engine.BlockSource.finish_device`). A task that asks for block ``k`` of the block grid also
 starts the decodes of the blocks nearest it (:func:`_ahead`), up to twice the I/O threads and
 ``pipeline.gpu.read-ahead`` bytes of pinned memory, so that every core decodes while the GPU
 works.
