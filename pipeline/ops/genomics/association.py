@@ -433,7 +433,9 @@ GENEE_WINDOWS_A_TASK = 256
 
 def _genee_em(betas: np.ndarray, reg_covar: float) -> float:
     """sgkit's ``genee_EM``: the second largest variance of the best (by BIC) Gaussian mixture of
-    1 to 9 components, or the one variance of a single component."""
+    1 to 9 components, or the one variance of a single component. (sgkit indexes the squeezed
+    variances of a single component, a 0-d array, and raises ``IndexError`` there: its line is
+    excluded from its tests' coverage. Here the one variance is returned, as its code means.)"""
     try:
         from sklearn.mixture import GaussianMixture
     except ImportError as e:
@@ -444,7 +446,7 @@ def _genee_em(betas: np.ndarray, reg_covar: float) -> float:
         bic = gmm.bic(betas)
         if bic < lowest_bic:
             lowest_bic, best = bic, gmm
-    covars = best.covariances_.squeeze()
+    covars = np.atleast_1d(best.covariances_.squeeze())
     return covars[0] if best.n_components == 1 else np.sort(covars)[::-1][1]
 
 
