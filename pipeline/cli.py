@@ -58,6 +58,7 @@ def cmd_run(args) -> int:
     import time
 
     t = time.perf_counter()
+    _pause_collector()  # until its imports are done (_freeze_imports)
     if _may_use_gpu(args, args.flow):
         from .gpu import context
 
@@ -522,8 +523,10 @@ def script() -> int:
     1.8 s run of the demo flow, and the last ones, as the interpreter exits, 0.45 s more. A
     process that ends with its command moves what is alive after its imports (and at the end) out
     of the collector's reach (``gc.freeze``), as long-running servers do before they fork; garbage
-    made during the run is collected as usual. :func:`main`, called in a process that goes on (the
-    tests), leaves the collector alone."""
+    made during the run is collected as usual. While ``pipeline run`` imports, the collector is
+    off (:func:`_pause_collector`): its full collections during the imports took 0.14 s of a
+    process on the H200 machine. :func:`main`, called in a process that goes on (the tests), leaves
+    the collector alone."""
     import gc
 
     global _ONE_SHOT
@@ -533,11 +536,20 @@ def script() -> int:
     return code
 
 
+def _pause_collector() -> None:
+    if _ONE_SHOT:
+        import gc
+
+        gc.disable()
+
+
 def _freeze_imports() -> None:
+    """What the imports left, out of the collector's reach, and the collector on again."""
     if _ONE_SHOT:
         import gc
 
         gc.freeze()
+        gc.enable()
 
 
 if __name__ == "__main__":

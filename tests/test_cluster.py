@@ -290,16 +290,19 @@ def test_a_cluster_started_early_has_its_workers_warm_and_is_taken_over():
 
 
 def _worker_facts():
+    import gc
     import os
 
     names = ("OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_", "NUMBA_CACHE_DIR", "CUPY_CACHE_DIR", "PIPELINE_TEST_NANNY")
-    return {"parent": os.getppid(), **{k: os.environ.get(k) for k in names}}
+    return {"parent": os.getppid(), "collector": gc.isenabled(), "frozen": gc.get_freeze_count(),
+            **{k: os.environ.get(k) for k in names}}
 
 
 def test_an_early_cluster_forks_its_workers_with_their_environment():
     """The workers of an early local cluster are forked from the fork server (not spawned by this
     process), and still get what must be in their environment: distributed's pre-spawn variables,
-    the kernel caches' folders, and the nanny's own variables."""
+    the kernel caches' folders, and the nanny's own variables. Their collector is on, and what
+    they inherited from the server (its imports) is frozen out of its reach."""
     import multiprocessing.forkserver
     import os
 
@@ -320,6 +323,7 @@ def test_an_early_cluster_forks_its_workers_with_their_environment():
         assert f["OMP_NUM_THREADS"] == "1" and f["MALLOC_TRIM_THRESHOLD_"] == "65536"
         assert f["NUMBA_CACHE_DIR"] == os.environ["NUMBA_CACHE_DIR"] and f["CUPY_CACHE_DIR"] == os.environ["CUPY_CACHE_DIR"]
         assert f["PIPELINE_TEST_NANNY"] == "given"
+        assert f["collector"] and f["frozen"] > 10_000  # the server's imports: about 200,000 objects
 
 
 def test_fork_workers_off_spawns_them():

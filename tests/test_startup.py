@@ -72,24 +72,27 @@ def test_a_run_on_threads_imports_no_distributed(demo, tmp_path):
 
 def test_the_command_keeps_what_its_imports_made_from_the_collector(demo, tmp_path, monkeypatch):
     """The ``pipeline`` command (a process of its own) freezes what is alive after its imports and
-    at its end (``gc.freeze``), and its result is the same; ``cli.main`` called in a process that
-    goes on leaves the collector alone."""
+    at its end (``gc.freeze``), with the collector paused while ``run`` imports and on again after,
+    and its result is the same; ``cli.main`` called in a process that goes on leaves the collector
+    alone."""
     import gc
 
     from pipeline import cli
 
     probe = ("import gc, sys; from pipeline.cli import script; "
              f"sys.argv = ['pipeline', 'run', {str(REPO / 'flows' / 'climate_anomaly.yaml')!r}, '--output', "
-             f"{str(tmp_path / 'a.zarr')!r}, '--no-progress']; code = script(); print(code, gc.get_freeze_count() > 10000)")
+             f"{str(tmp_path / 'a.zarr')!r}, '--no-progress']; code = script(); "
+             "print(code, gc.get_freeze_count() > 10000, gc.isenabled())")
     r = subprocess.run([sys.executable, "-c", probe], cwd=demo, capture_output=True, text=True, env=_env(), timeout=300)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split()[-2:] == ["0", "True"], r.stdout
+    # the collector, paused while the run imported, is on again
+    assert r.stdout.split()[-3:] == ["0", "True", "True"], r.stdout
     frozen = gc.get_freeze_count()
     monkeypatch.chdir(demo)
     with dask.config.set({"pipeline.backend": "cpu"}):
         code = cli.main(["run", str(REPO / "flows" / "climate_anomaly.yaml"), "--output", str(tmp_path / "b.zarr"),
                          "--no-progress", "--backend", "cpu"])
-    assert code == cli.EXIT_OK and gc.get_freeze_count() == frozen
+    assert code == cli.EXIT_OK and gc.get_freeze_count() == frozen and gc.isenabled()
     import xarray as xr
 
     a, b = (xr.open_zarr(tmp_path / n) for n in ("a.zarr", "b.zarr"))

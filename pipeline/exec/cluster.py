@@ -399,7 +399,7 @@ def _start_forkserver(gpu: bool) -> bool:
     # distributed's own list (utils.get_mp_context) is set when a nanny first starts a process,
     # once the server runs: it is in this one
     multiprocessing.get_context("forkserver").set_forkserver_preload(
-        ["distributed", "dask", "cloudpickle", "msgpack", "tornado", "toolz", "lz4", *WARM, WORKER_PRELOAD]
+        [FORKSERVER, "distributed", "dask", "cloudpickle", "msgpack", "tornado", "toolz", "lz4", *WARM, WORKER_PRELOAD]
         + (["dask_cuda", "cupy"] if gpu else []))
     forkserver.ensure_running()
     return True
@@ -674,6 +674,7 @@ def _loopback(dashboard_address: str | None) -> str | None:
 
 # what the workers of the clusters started here run as they start (their logs, their imports)
 WORKER_PRELOAD = "pipeline.exec.worker"
+FORKSERVER = "pipeline.exec.forkserver"  # first in the fork server: its collector (the module says why)
 
 
 def _worker_env(gpu: bool = False) -> dict[str, str]:
