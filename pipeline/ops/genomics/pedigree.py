@@ -7,11 +7,17 @@ in an order that only the whole pedigree gives, so, as sgkit's, these run on the
 (sgkit's, compiled on first use and cached on disk) over the whole ``parent`` array, in one Dask
 task, lazily. The samples' order and ``pedigree_sel``'s depths are plain Python up to
 ``PLAIN_SAMPLES`` samples (the loops compile the same source), so that what needs only them
-imports no Numba. The one genotype-sized step, ``simulate_genedrop``, works block by block of
-variants and gives its results on the backend of ``call_genotype``: the diploid method by the
-kernel ``genedrop_diploid`` (:mod:`pipeline.kernels.pedigree`: sgkit's loop on the CPU, a CUDA C
-kernel on the GPU that reproduces Numba's generator), over the samples' order computed once on
-the host; Hamilton-Kerr's blocks cross to the host for sgkit's loop and back.
+imports no Numba. Up to ``PLAIN_MATRIX_SAMPLES`` samples the diploid kinship, inbreeding and
+inverse kinship, and the "even" contributions, are NumPy's (:mod:`._pedigree_plain`: sgkit's
+values bit for bit, computed block by block of the samples' order), so that these import no Numba
+and a machine's first run compiles nothing; Hamilton-Kerr, the "variable" contributions, kinship in
+tiles (``chunks``), ``founder_kinship`` and larger pedigrees run the loops.
+
+The one genotype-sized step, ``simulate_genedrop``, works block by block of variants and gives
+its results on the backend of ``call_genotype``: the diploid method by the kernel
+``genedrop_diploid`` (:mod:`pipeline.kernels.pedigree`: sgkit's loop on the CPU, a CUDA C kernel
+on the GPU that reproduces Numba's generator), over the samples' order computed once on the host;
+Hamilton-Kerr's blocks cross to the host for sgkit's loop and back.
 
 sgkit's errors are kept (a ``ValueError`` is an :class:`~pipeline.errors.InputError` here, which
 is one too): those of the loops, raised when the results are computed, name the function.
@@ -30,6 +36,7 @@ from ... import kernels
 from ...backend import backend_of, meta, to_backend, to_numpy, xp_of
 from ...deferred import module as _deferred
 from ...errors import InputError, MissingLibraryInputError, NotImplementedInputError, UnknownKeyInputError
+from . import _pedigree_plain as plain
 from ._dataset import merge as _merge, variable
 
 da = _deferred("dask.array")  # imported when the first graph is built
@@ -184,6 +191,21 @@ def _descendant_walk(depth, parent, n_parents: int, order) -> None:
 # to give the order (0.03 s of it the sort at 1,000,000) and a few ms more for the depths; with
 # the cache cold, 1.0 s and 0.5 s more. So plain Python up to about 250,000 samples.
 PLAIN_SAMPLES = 250_000
+
+# Up to this many samples the diploid kinship, inbreeding, inverse kinship and the "even"
+# contributions are NumPy's (:mod:`._pedigree_plain`, sgkit's values bit for bit), beyond it sgkit's
+# loops. The NumPy functions hold dense (n, n) matrices, 800 MB at 10,000 samples, inbreeding too
+# (sgkit's loop keeps only the pairs it needs). Measured warm on 2 cores, on the random pedigrees of
+# benchmarks/genomics_sgkit.py (stored sorted / out of order), NumPy against the loops: at 3,000
+# samples kinship 0.015 / 0.047 s against 0.042 / 0.059 s, inbreeding 0.028 s against 0.007 s, the
+# inverse 0.006 s against 0.032 s, the contributions to / from 0.048 / 0.032 s against 0.044 /
+# 0.086 s; at 10,000 kinship 0.16 / 0.52 s against 0.55 / 0.75 s, inbreeding 0.30 s against
+# 0.04 s, the inverse 0.05 s against 0.34 s, the contributions 0.54 / 0.45 s against 0.53 / 1.04 s
+# (on a chain 10,000 generations deep, inbreeding 0.39 s against 7.0 s); at 20,000 inbreeding 2.6 s
+# against 0.1 s. Numba's import and the loops loaded from its disk cache take about 0.35 s; on a
+# machine's first run, Numba's import 0.6 s and compiling 1.7 s (kinship), 7.5 s (inbreeding),
+# 1.1 s (inverse), 0.15 s (each contribution). So NumPy up to 10,000 samples.
+PLAIN_MATRIX_SAMPLES = 10_000
 
 
 def topological_argsort(parent) -> np.ndarray:
@@ -991,7 +1013,8 @@ def pedigree_kinship(ds: xr.Dataset, *, method: Literal["diploid", "Hamilton-Ker
         raise NotImplementedInputError(f"{op}: chunks are not implemented with founder_kinship")
     if chunks is None:
         if method == EST_DIPLOID and founder_kinship is None:
-            kinship = _one_block(_call(op, "kinship_diploid"), (n, n), parent_, allow_half_founders=allow_half_founders)
+            kernel = _guarded(op, plain.kinship_diploid) if n <= PLAIN_MATRIX_SAMPLES else _call(op, "kinship_diploid")
+            kinship = _one_block(kernel, (n, n), parent_, allow_half_founders=allow_half_founders)
         elif method == EST_DIPLOID:
             kinship = _one_block(_call(op, "project_kinship_diploid"), (n, n), kinship_, parent_,
                                  allow_half_founders=allow_half_founders)
@@ -1035,10 +1058,15 @@ def _tau_lambda(ds, method, parent_, tau: Hashable, lambda_: Hashable, op: str):
     return _hamilton_kerr(ds, tau, lambda_, parent_.shape, op)
 
 
-def _inbreeding(parent_, tau, lambda_, allow_half_founders: bool, op: str):
-    """sgkit's ``inbreeding_Hamilton_Kerr``: each sample's inbreeding and its parents' kinship."""
-    call = _call(op, "inbreeding_Hamilton_Kerr")
-    both = _one_block(lambda *a, **k: np.stack(call(*a, **k), axis=1), (len(parent_), 2), parent_, tau, lambda_,
+def _inbreeding(method, parent_, tau, lambda_, allow_half_founders: bool, op: str):
+    """sgkit's ``inbreeding_Hamilton_Kerr``: each sample's inbreeding and its parents' kinship
+    (diploid, up to ``PLAIN_MATRIX_SAMPLES``, NumPy's, from ``parent`` alone)."""
+    n = len(parent_)
+    if method == EST_DIPLOID and n <= PLAIN_MATRIX_SAMPLES:
+        call, arrays = _guarded(op, plain.inbreeding_diploid), (parent_,)
+    else:
+        call, arrays = _call(op, "inbreeding_Hamilton_Kerr"), (parent_, tau, lambda_)
+    both = _one_block(lambda *a, **k: np.stack(call(*a, **k), axis=1), (n, 2), *arrays,
                       allow_half_founders=allow_half_founders)
     return both[:, 0], both[:, 1]
 
@@ -1052,7 +1080,7 @@ def pedigree_inbreeding(ds: xr.Dataset, *, method: Literal["diploid", "Hamilton-
     _method(method, {EST_DIPLOID, EST_HAMILTON_KERR}, op)
     ds, parent_ = _with_parent(ds, parent, op)
     tau, lambda_ = _tau_lambda(ds, method, parent_, stat_Hamilton_Kerr_tau, stat_Hamilton_Kerr_lambda, op)
-    inbreeding, _ = _inbreeding(parent_, tau, lambda_, allow_half_founders, op)
+    inbreeding, _ = _inbreeding(method, parent_, tau, lambda_, allow_half_founders, op)
     return _merge(ds, _new({"stat_pedigree_inbreeding": (("samples",), inbreeding)}), merge)
 
 
@@ -1068,19 +1096,22 @@ def pedigree_inverse_kinship(ds: xr.Dataset, *, method: Literal["diploid", "Hami
     _method(method, {EST_DIPLOID, EST_HAMILTON_KERR}, op)
     ds, parent_ = _with_parent(ds, parent, op)
     tau, lambda_ = _tau_lambda(ds, method, parent_, stat_Hamilton_Kerr_tau, stat_Hamilton_Kerr_lambda, op)
-    inbreeding, parent_kinship = _inbreeding(parent_, tau, lambda_, allow_half_founders, op)
+    inbreeding, parent_kinship = _inbreeding(method, parent_, tau, lambda_, allow_half_founders, op)
     ploidy = tau.sum(axis=-1)
     self_kinship = (1 + (ploidy - 1) * inbreeding) / ploidy
     n = len(parent_)
-    inverse = _call(op, "inverse_kinship_Hamilton_Kerr")
+    if method == EST_DIPLOID and n <= PLAIN_MATRIX_SAMPLES:
+        inverse, arrays = _guarded(op, plain.inverse_kinship_diploid), (parent_, self_kinship, parent_kinship)
+    else:
+        inverse, arrays = _call(op, "inverse_kinship_Hamilton_Kerr"), (parent_, tau, self_kinship, parent_kinship)
     dims = ("samples_0", "samples_1")
     # the flag passed in both calls, so that Numba compiles one specialization (an omitted
     # argument is another type than a bool: 1.1 s more on a machine's first run)
     new = {"stat_pedigree_inverse_kinship": (
-        dims, _one_block(inverse, (n, n), parent_, tau, self_kinship, parent_kinship, return_relationship=False))}
+        dims, _one_block(inverse, (n, n), *arrays, return_relationship=False))}
     if return_relationship:
         new["stat_pedigree_inverse_relationship"] = (dims, _one_block(
-            inverse, (n, n), parent_, tau, self_kinship, parent_kinship, return_relationship=True))
+            inverse, (n, n), *arrays, return_relationship=True))
     return _merge(ds, _new(new), merge)
 
 
@@ -1104,13 +1135,17 @@ def pedigree_contribution(ds: xr.Dataset, *, method: Literal["even", "variable"]
     else:
         tau = _host(ds, stat_Hamilton_Kerr_tau, op, "u", 2)
         share = tau / tau.sum(axis=-1, keepdims=True)
-    order = _one_block(_call(op, "topological_argsort"), (n,), parent_, dtype=np.uint64)
+    order = _one_block(_guarded(op, topological_argsort), (n,), parent_, dtype=np.uint64)
     rows, cols = da.empty((n, n), chunks=chunks).chunks
     if len(rows) > 1 and len(cols) > 1:
         raise NotImplementedInputError(f"{op}: chunking is only supported along a single axis (chunks {chunks!r})")
     by_columns = len(rows) == 1
     targets = da.arange(n, chunks=(cols if by_columns else rows,))
-    kernel = _call(op, "contribution_to" if by_columns else "contribution_from")
+    name = "contribution_to" if by_columns else "contribution_from"
+    if method == EST_EVEN and n <= PLAIN_MATRIX_SAMPLES:
+        kernel = _guarded(op, getattr(plain, name))
+    else:
+        kernel = _call(op, name)
     contribution = da.blockwise(kernel, "ti", parent_, "pq", share, "pq", order, "o", targets, "t", new_axes={"i": n},
                                 concatenate=True, dtype=np.float64, meta=np.empty((0, 0)))
     if by_columns:
