@@ -197,3 +197,11 @@ def test_no_numba():
         assert "numba" not in sys.modules, "numba imported"
     """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_parent_index_beyond_the_samples_is_refused_naming_the_variable():
+    """sgkit's loops would read beyond their arrays; the NumPy paths would raise IndexError."""
+    ds = xr.Dataset({"parent": (("samples", "parents"), np.array([[-1, -1], [-1, -1], [0, 5]]))})
+    for fn in (sg.pedigree_kinship, sg.pedigree_inbreeding, sg.pedigree_inverse_kinship, sg.pedigree_contribution):
+        with pytest.raises(InputError, match=r"variable 'parent' has a parent index 5, beyond the 3 samples"):
+            fn(ds).compute()

@@ -20,10 +20,43 @@ from __future__ import annotations
 import numpy as np
 
 
-def _argsort(parent) -> np.ndarray:
-    from .pedigree import topological_argsort  # the plain-Python order (pedigree.py imports this module)
+def topological_argsort(parent) -> np.ndarray:
+    """sgkit's ``topological_argsort`` by a walk in plain Python, int64 (``pedigree.py`` uses it
+    up to ``PLAIN_SAMPLES`` samples, Numba's compiled walk beyond)."""
+    n_samples, n_parents = parent.shape
+    order = [0] * n_samples
+    topological_order(parent.ravel().tolist(), n_parents, [0] * n_samples, order)
+    return np.array(order[::-1], dtype=np.int64)
 
-    return topological_argsort(parent).astype(np.int64)
+
+def topological_order(parent, n_parents: int, node_children, order) -> None:
+    """sgkit's ``topological_argsort`` before its reversal: ``order`` (n samples, filled) the
+    samples children first, from ``parent`` flat (samples x n_parents) and ``node_children`` (n
+    zeros)."""
+    n_samples = len(node_children)
+    for i in range(n_samples):
+        for j in range(n_parents):
+            p = parent[i * n_parents + j]
+            if p >= 0:
+                node_children[p] += 1
+    insert = 0
+    for i in range(n_samples - 1, -1, -1):
+        if node_children[i] == 0:
+            order[insert] = i
+            insert += 1
+    i = 0
+    while i < insert:
+        c = order[i]
+        i += 1
+        for j in range(n_parents):
+            p = parent[c * n_parents + j]
+            if p >= 0:
+                node_children[p] -= 1
+                if node_children[p] == 0:
+                    order[insert] = p
+                    insert += 1
+    if i < n_samples:
+        raise ValueError('Pedigree contains a directed loop')
 
 
 def _check_diploid(parent, allow_half_founders: bool) -> None:
@@ -96,7 +129,7 @@ def kinship_diploid(parent, allow_half_founders: bool = False) -> np.ndarray:
     n = len(parent)
     if np.all(parent < np.arange(n)[:, None]):
         return _kinship_in_order(parent, np.arange(n))[:n]
-    order = _argsort(parent)
+    order = topological_argsort(parent)
     _, position = _by_position(parent, order)
     return _permuted(_kinship_in_order(parent, order), position)
 
@@ -134,7 +167,7 @@ def inbreeding_diploid(parent, allow_half_founders: bool = False) -> tuple[np.nd
     parent = np.asarray(parent, dtype=np.int64)
     _check_diploid(parent, allow_half_founders)
     n = len(parent)
-    order = _argsort(parent)
+    order = topological_argsort(parent)
     k = _kinship_in_order(parent, order)
     pp, position = _by_position(parent, order)
     pp = pp[position]  # by sample again
@@ -153,7 +186,7 @@ def inverse_kinship_diploid(parent, self_kinship, parent_kinship, return_relatio
     self_kinship = np.asarray(self_kinship, dtype=np.float64)
     parent_kinship = np.asarray(parent_kinship, dtype=np.float64)
     n = len(parent)
-    i = _argsort(parent)
+    i = topological_argsort(parent)
     p, q = parent[i, 0], parent[i, 1]
     has_p, has_q = p >= 0, q >= 0
     both = has_p & has_q

@@ -95,7 +95,18 @@ def _with_parent(ds: xr.Dataset, parent: Hashable, op: str) -> tuple[xr.Dataset,
         if parent != "parent":
             raise InputError(f"{op}: the dataset has no variable {parent!r} (only 'parent' is computed where missing)")
         ds = parent_indices(ds)
-    return ds, _host(ds, parent, op, "i", 2).astype(np.int64)
+    data = _host(ds, parent, op, "i", 2).astype(np.int64)
+    return ds, data.map_blocks(_parents_in_range, variable_name=parent, op=op, dtype=np.int64)
+
+
+def _parents_in_range(parent: np.ndarray, *, variable_name, op: str) -> np.ndarray:
+    """``parent`` (samples, parents), checked to index samples (negative: unknown): sgkit's loops
+    would read beyond their arrays."""
+    n = len(parent)
+    if parent.size and parent.max() >= n:
+        raise InputError(f"{op}: variable {variable_name!r} has a parent index {int(parent.max())}, beyond the {n} samples "
+                         "(a parent is the index of a sample, or negative where unknown)")
+    return parent
 
 
 def _sizes_check(ds: xr.Dataset, method: str, op: str) -> None:
@@ -120,36 +131,6 @@ def _hamilton_kerr(ds: xr.Dataset, tau: Hashable, lambda_: Hashable, n: tuple[in
 # sgkit's topological_argsort, _ancestor_depth and _descendent_depth, each as a walk over flat
 # sequences that plain Python runs over lists (the GPU's genedrop and pedigree_sel need no Numba)
 # and that _kernels() compiles for its loops, over arrays: one source for both.
-
-
-def _topological_order(parent, n_parents: int, node_children, order) -> None:
-    """sgkit's ``topological_argsort`` before its reversal: ``order`` (n samples, filled) the
-    samples children first, from ``parent`` flat (samples x n_parents) and ``node_children`` (n
-    zeros)."""
-    n_samples = len(node_children)
-    for i in range(n_samples):
-        for j in range(n_parents):
-            p = parent[i * n_parents + j]
-            if p >= 0:
-                node_children[p] += 1
-    insert = 0
-    for i in range(n_samples - 1, -1, -1):
-        if node_children[i] == 0:
-            order[insert] = i
-            insert += 1
-    i = 0
-    while i < insert:
-        c = order[i]
-        i += 1
-        for j in range(n_parents):
-            p = parent[c * n_parents + j]
-            if p >= 0:
-                node_children[p] -= 1
-                if node_children[p] == 0:
-                    order[insert] = p
-                    insert += 1
-    if i < n_samples:
-        raise ValueError('Pedigree contains a directed loop')
 
 
 def _ancestor_walk(depth, parent, n_parents: int, order) -> None:
@@ -214,10 +195,7 @@ def topological_argsort(parent) -> np.ndarray:
     parent = np.asarray(parent)
     if len(parent) > PLAIN_SAMPLES:
         return _kernels()["topological_argsort"](np.ascontiguousarray(parent, dtype=np.int64))
-    n_samples, n_parents = parent.shape
-    order = [0] * n_samples
-    _topological_order(parent.ravel().tolist(), n_parents, [0] * n_samples, order)
-    return np.array(order[::-1], dtype=np.uint64)
+    return plain.topological_argsort(parent).astype(np.uint64)
 
 
 def _depth(walk: str, initial, parent, order) -> np.ndarray:
@@ -236,7 +214,7 @@ def _kernels() -> dict:
     """sgkit's Numba loops for pedigrees, compiled on first call (and cached on disk)."""
     from ...kernels.launch import cpu_jit as jit
 
-    order_walk = jit(_topological_order)
+    order_walk = jit(plain.topological_order)
 
     @jit
     def topological_argsort(parent):
