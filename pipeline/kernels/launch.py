@@ -395,9 +395,46 @@ def cpu_jit(fn):
     import numba
 
     use_cache_dir()
-    dispatcher = numba.njit(nogil=True)(fn)
+    dispatcher = numba.njit(nogil=True)(_named_by_closure(fn))
     dispatcher._cache = _cpu_cache()(fn)  # what cache=True sets, with a key stable across processes
     return dispatcher
+
+
+def _named_by_closure(fn):
+    """``fn``, its ``__qualname__`` ending in a digest of what its closure holds, where it has one.
+
+    Numba names a compiled function's symbol after its qualified name and a number that counts the
+    functions a process has compiled, and resolves a call between functions in one process by that
+    symbol. Two specializations of one factory's functions (the detrending loop of degree 2 and of
+    3), compiled in two processes, can get the same numbers: a process that loads both from the
+    disk cache then sends the second one's calls to the first one's inner function, without a word
+    (seen in the GPU tests: a detrending twin gave NaN; reproduced by ``tests/test_kernel_cache.py``).
+    With the closure's digest in the name, two symbols of one name are the same code."""
+    if fn.__closure__:
+        import hashlib
+
+        cells = _constants(fn) + b"".join(_stable(c.cell_contents) for c in fn.__closure__)
+        fn.__qualname__ = f"{fn.__qualname__}_{hashlib.sha256(cells).hexdigest()[:16]}"
+    return fn
+
+
+def _constants(fn) -> bytes:
+    """The numbers among the globals ``fn`` names (compile-time constants to Numba)."""
+    names = fn.__code__.co_names
+    return repr([(n, fn.__globals__[n]) for n in names
+                 if isinstance(fn.__globals__.get(n), (int, float, np.generic))]).encode()
+
+
+def _stable(value) -> bytes:
+    """``value``, a closure's cell, as bytes that are the same in every process: a compiled
+    function by its name, code, constants and closure; anything else pickled as Numba pickles it."""
+    py_func = getattr(value, "py_func", None)
+    if py_func is None:
+        from numba.core.serialize import dumps
+
+        return dumps(value)
+    cells = tuple(_stable(c.cell_contents) for c in py_func.__closure__ or ())
+    return py_func.__qualname__.encode() + py_func.__code__.co_code + _constants(py_func) + b"".join(cells)
 
 
 def _closure_cache(base, *version):
@@ -411,21 +448,7 @@ def _closure_cache(base, *version):
     checks) and pipeline's version; ``version`` joins it (numba-cuda adds its version)."""
     import hashlib
 
-    from numba.core.serialize import dumps
-
     from .._version import __version__
-
-    def constants(fn):
-        names = fn.__code__.co_names
-        return repr([(n, fn.__globals__[n]) for n in names
-                     if isinstance(fn.__globals__.get(n), (int, float, np.generic))]).encode()
-
-    def stable(value):
-        py_func = getattr(value, "py_func", None)
-        if py_func is None:
-            return dumps(value)
-        cells = tuple(stable(c.cell_contents) for c in py_func.__closure__ or ())
-        return py_func.__qualname__.encode() + py_func.__code__.co_code + constants(py_func) + b"".join(cells)
 
     class ClosureCache(base):
         def __init__(self, py_func):
@@ -439,7 +462,7 @@ def _closure_cache(base, *version):
 
         def _index_key(self, sig, codegen):
             fn = self._py_func
-            cells = constants(fn) + b"".join(stable(c.cell_contents) for c in fn.__closure__ or ())
+            cells = _constants(fn) + b"".join(_stable(c.cell_contents) for c in fn.__closure__ or ())
             digest = lambda b: hashlib.sha256(b).hexdigest()  # noqa: E731
             key = (sig, codegen.magic_tuple(), __version__, *version, (digest(fn.__code__.co_code), digest(cells)))
             launch_config = getattr(self, "_launch_config_key", None)  # as numba-cuda's CUDACache adds it
