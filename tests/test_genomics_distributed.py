@@ -3,13 +3,16 @@ sgkit's results as they do on dask's threads: their graphs pickle, their tasks h
 the process that built them, and the partial sums of their blocks meet across the workers (what
 the GPUs of a node do). Each case runs a test of ``test_genomics_sgkit_a/b/c`` (against sgkit
 0.10's recorded results, on blocks of 37 variants and 25 samples where the test takes chunks)
-with a client active, and checks that both workers ran its tasks."""
+with a client active, and checks that both workers ran its tasks; on the GPU, on dask-cuda's
+workers, one a GPU, as ``--cluster local-gpu`` starts them (both GPUs' workers where there are
+two or more)."""
 
 from __future__ import annotations
 
 import pytest
 
 from . import test_genomics_sgkit_a as A, test_genomics_sgkit_b as B, test_genomics_sgkit_c as C
+from .conftest import requires_gpu
 
 SMALL = (37, 25)
 CASES = {
@@ -47,3 +50,42 @@ def test_on_two_worker_processes_as_sgkits(client, case):
         test(**kwargs)
     workers = {t["worker"] for t in stream.data}
     assert len(workers) == 2, f"{case}: tasks ran on {len(workers)} worker(s), {len(stream.data)} tasks"
+
+
+# --- on the GPU: dask-cuda workers, one a GPU, as `--cluster local-gpu` starts them ----------------
+
+GPU_CASES = {
+    "frequencies": (A.test_frequencies_are_sgkits, dict(op="cohort_allele_frequencies", kind="multi", windows="v50",
+                                                        backend="gpu")),
+    "garud_h": (B.test_garud_h_is_sgkits, dict(backend="gpu", chunks=SMALL, kind="multi", how="some", wname="v37s20")),
+    "pbs": (B.test_pbs_is_sgkits, dict(backend="gpu", chunks=SMALL)),
+    "identity_by_state": (B.test_identity_by_state_is_sgkits, dict(backend="gpu", chunks=SMALL, kind="multi")),
+    "genomic_relationship": (B.test_genomic_relationship_is_sgkits, dict(backend="gpu", chunks=SMALL, kind="bi")),
+    "pc_relate": (B.test_pc_relate_is_sgkits, dict(backend="gpu", chunks=SMALL)),
+    "regenie": (C.test_gpu_regenie_as_sgkits, {}),
+    "simulate_genedrop": (C.test_genedrop_as_sgkits_for_the_same_seed, dict(backend="gpu")),
+}
+
+
+@pytest.fixture(scope="module")
+def gpu_client():
+    from pipeline.exec.cluster import ClusterProfile, open_cluster
+
+    profile = ClusterProfile(kind="local-cuda", threads_per_worker=1, dashboard_address=None)
+    with open_cluster(profile) as c:
+        yield c
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("case", list(GPU_CASES))
+def test_on_the_gpus_workers_as_sgkits(gpu_client, case):
+    from distributed import get_task_stream
+
+    from pipeline.backend import gpu_count
+
+    test, kwargs = GPU_CASES[case]
+    with get_task_stream(gpu_client) as stream:
+        test(**kwargs)
+    workers = {t["worker"] for t in stream.data}
+    assert len(workers) == min(2, gpu_count()), f"{case}: tasks ran on {len(workers)} worker(s)"
