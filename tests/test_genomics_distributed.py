@@ -67,25 +67,20 @@ GPU_CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def gpu_client():
-    from pipeline.exec.cluster import ClusterProfile, open_cluster
-
-    profile = ClusterProfile(kind="local-cuda", threads_per_worker=1, dashboard_address=None)
-    with open_cluster(profile) as c:
-        yield c
-
-
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("case", list(GPU_CASES))
-def test_on_the_gpus_workers_as_sgkits(gpu_client, case):
+def test_on_the_gpus_workers_as_sgkits():
+    """One test over every case: one dask-cuda cluster in a test process, however the tests are
+    spread over processes (``pytest -n``)."""
     from distributed import get_task_stream
 
     from pipeline.backend import gpu_count
+    from pipeline.exec.cluster import ClusterProfile, open_cluster
 
-    test, kwargs = GPU_CASES[case]
-    with get_task_stream(gpu_client) as stream:
-        test(**kwargs)
-    workers = {t["worker"] for t in stream.data}
-    assert len(workers) == min(2, gpu_count()), f"{case}: tasks ran on {len(workers)} worker(s)"
+    profile = ClusterProfile(kind="local-cuda", threads_per_worker=1, dashboard_address=None)
+    with open_cluster(profile) as client:
+        for case, (test, kwargs) in GPU_CASES.items():
+            with get_task_stream(client) as stream:
+                test(**kwargs)
+            workers = {t["worker"] for t in stream.data}
+            assert len(workers) == min(2, gpu_count()), f"{case}: tasks ran on {len(workers)} worker(s)"
