@@ -220,3 +220,35 @@ def test_cpu_blocks_group_small_chunks_and_keep_every_core_busy(tmp_path):
             assert pipeline.open_dataset(store, backend="cpu")["tas"].data.chunks[0] == (5,) * 8  # the default
         with dask.config.set({"pipeline.cpu.block-size": None}):
             assert pipeline.open_dataset(store, backend="cpu")["tas"].data.chunks[0] == (1,) * 40
+
+
+def test_netcdf4_variables_as_stored_are_read_by_the_host_decoder(tmp_path, monkeypatch):
+    """A NetCDF4 variable that xarray holds as stored (through h5netcdf, or netCDF4 where it is
+    installed) is read by the chunk engine's HDF5 host decoder; one xarray has sliced, or one of
+    another backend, is not."""
+    import importlib.util
+
+    import xarray as xr
+
+    import pipeline
+    from pipeline.gpu import hdf5
+    from pipeline.sources import reads
+
+    values = np.random.default_rng(3).standard_normal((12, 6, 8)).astype(np.float32)
+    ds = xr.Dataset({"tas": (("time", "lat", "lon"), values)})
+    path = tmp_path / "f.nc"
+    ds.to_netcdf(path, engine="h5netcdf", encoding={"tas": {"zlib": True, "shuffle": True, "chunksizes": (3, 6, 8)}})
+    ds.to_zarr(tmp_path / "s.zarr")
+    engines = ["h5netcdf"] + (["netcdf4"] if importlib.util.find_spec("netCDF4") else [])
+    for engine in engines:
+        with xr.open_dataset(path, engine=engine, mask_and_scale=False) as opened:
+            assert reads.h5_layout_of(opened["tas"].variable, str(path), "tas") is not None, engine
+            assert reads.h5_layout_of(opened["tas"].isel(time=slice(1, 4)).variable, str(path), "tas") is None
+            assert reads.h5_layout_of(opened["tas"].variable, str(path), "other") is None
+    with xr.open_zarr(tmp_path / "s.zarr") as opened:
+        assert reads.h5_layout_of(opened["tas"].variable, str(path), "tas") is None
+    blocks = []
+    real = hdf5.read_block_host
+    monkeypatch.setattr(hdf5, "read_block_host", lambda *a, **k: blocks.append(a[1]) or real(*a, **k))
+    np.testing.assert_array_equal(pipeline.open_dataset(path, backend="cpu")["tas"].values, values)
+    assert blocks

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,7 +175,7 @@ def h5_layout_of(variable, path: str, name: str):
     chunk), the climate anomaly on the CPU backend took 25.4 s through h5netcdf and 12.4 s here
     (benchmarks/RESULTS.md)."""
     data = _backend_array(variable)
-    if type(data).__name__ not in ("H5NetCDFArrayWrapper", "NetCDF4ArrayWrapper") or getattr(data, "variable_name", None) != name:
+    if not isinstance(data, _netcdf_wrappers()) or getattr(data, "variable_name", None) != name:
         return None
     if getattr(getattr(data, "datastore", None), "_group", None) not in (None, "/"):
         return None
@@ -184,6 +185,18 @@ def h5_layout_of(variable, path: str, name: str):
         return hdf5.layout(path, name)
     except Exception:  # not HDF5 (a netCDF3 file), another filter, another type: xarray reads it
         return None
+
+
+def _netcdf_wrappers() -> tuple[type, ...]:
+    """xarray's arrays over a variable of a file opened by h5netcdf or netCDF4: the classes of the
+    backends already imported (an array of one means its backend was), none imported here."""
+    found = []
+    for module, name in (("xarray.backends.h5netcdf_", "H5NetCDFArrayWrapper"),
+                         ("xarray.backends.netCDF4_", "NetCDF4ArrayWrapper")):
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type):
+            found.append(cls)
+    return tuple(found)
 
 
 def zarr_layout_of(variable):
@@ -198,7 +211,6 @@ def zarr_layout_of(variable):
     that ``pipeline convert`` wrote (1 MB zstd frames) through zarr and 0.52 s here, 2.14 s and
     0.65 s from one zarr wrote with inner chunks that are not contiguous runs of the shard
     (docs/performance.md)."""
-    import sys
 
     try:
         arr = _stored_array(variable)
@@ -241,7 +253,6 @@ def chunks_of(variable) -> Chunks | None:
     """How to read ``variable``'s chunk files straight into blocks (:func:`read_direct`), or None
     where it is read through xarray: values that xarray decodes, stores that are not local
     directories, sharding, filters, transposes, big-endian or non-numeric data, other codecs."""
-    import sys
 
     try:
         arr = _stored_array(variable)
