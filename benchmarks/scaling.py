@@ -20,6 +20,12 @@ backend: a cluster's start), and whether every process wrote the same output.
 
     python benchmarks/scaling.py --store STORE --gpus 1,2,4 --mode processes --processes 3
 
+With ``--trace`` every process of those runs (the command, the fork server, the workers) records
+its steps on one clock (``benchmarks/tracing/sitecustomize.py``), and each row adds the medians of
+the runs' milestones: the cluster's start, the first worker's fork and start, the run's start, the
+first block read, the last read's end, the run's end, and the collector's seconds
+(``benchmarks/process_trace.py``, which also prints one run's processes step by step).
+
 Without ``--store``, the demo store of ``--shape`` that ``peers.py`` generates is made (or reused)
 under ``--workdir`` and converted once to the GPU layout, which is what is timed.
 """
@@ -313,20 +319,32 @@ def task_summary(records: list[dict], incoming: dict | None = None, t0: float | 
 
 
 def process_runs(store: str, flow_file: str, counts: list[int], repeat: int, backend: str, profile: str,
-                 workdir: Path) -> dict:
+                 workdir: Path, trace: bool = False) -> dict:
     """The user's command as fresh processes (the module's docstring): ``repeat`` of each
-    configuration, alternating; one row per configuration."""
+    configuration, alternating; one row per configuration. With ``trace``, every process of each
+    run records its steps (``benchmarks/tracing``), and each row has the medians of the runs'
+    milestones (``process_trace.milestones``: the cluster's start, the worker's fork and start, the
+    first and last block read, the run's start and end, the collector's seconds)."""
     from out_of_core import run_once
+    from process_trace import load, milestones
 
     workdir.mkdir(parents=True, exist_ok=True)
     configs = [("1 GPU, no cluster" if backend == "gpu" else "no cluster", 1, ())]
     configs += [(f"{n} GPU(s), --cluster {profile}" if backend == "gpu" else f"--cluster {profile}", n, ("--cluster", profile))
                 for n in counts]
     got: dict = {label: [] for label, _, _ in configs}
+    tracing = Path(__file__).resolve().parent / "tracing"
     for i in range(repeat):
         for k, (label, n, args) in enumerate(configs):
             env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(n)))} if backend == "gpu" else {}
+            if trace:
+                folder = workdir / "traces" / f"process-{k}-{i}"
+                folder.mkdir(parents=True, exist_ok=True)
+                env |= {"PYTHONPATH": os.pathsep.join([str(tracing), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                        "PIPELINE_TRACE_DIR": str(folder), "PIPELINE_TRACE_T0": repr(time.time())}
             got[label].append(run_once(Path(flow_file), store, backend, None, workdir, f"process-{k}-{i}", args, env))
+            if trace:
+                got[label][-1]["trace"] = milestones(load(folder))
     first = got[configs[0][0]][0]["digests"]
     rows = []
     for label, n, _ in configs:
@@ -337,10 +355,18 @@ def process_runs(store: str, flow_file: str, counts: list[int], repeat: int, bac
         rows.append({"config": label, "gpus": n, "run_seconds": med("run_seconds"), "process_seconds": med("process_seconds"),
                      "read_GBps": runs[0]["bytes_read"] / 1e9 / max(med("run_seconds"), 1e-9), "before_run": before,
                      "cluster": runs[0]["cluster"], "same_output": all(r["digests"] == first for r in runs), "runs": runs})
+        if trace:
+            rows[-1]["trace"] = {k: statistics.median(r["trace"][k] for r in runs) if all(r["trace"][k] is not None for r in runs)
+                                 else None for k in runs[0]["trace"]}
     print(f"{'fresh processes':<34}{'run':>8}{'process':>9}{'read':>10}{'imports':>9}{'backend':>9}  same output")
     for r in rows:
         print(f"{r['config']:<34}{r['run_seconds']:>7.2f}s{r['process_seconds']:>8.2f}s{r['read_GBps']:>7.1f}GB/s"
               f"{r['before_run']['import']:>8.2f}s{r['before_run']['backend_init']:>8.2f}s  {r['same_output']}")
+    if trace:
+        keys = list(rows[0]["trace"])
+        print("milestones (s since the command started, medians): " + ", ".join(keys))
+        for r in rows:
+            print(f"{r['config']:<34}" + "".join(f"{'-' if r['trace'][k] is None else round(r['trace'][k], 2):>9}" for k in keys))
     return {"flow_file": flow_file, "repeat": repeat, "rows": rows}
 
 
@@ -375,6 +401,9 @@ def main(argv=None) -> dict:
                     help="the flow of --processes")
     ap.add_argument("--cluster-profile", default="local-gpu", help="the --cluster of --processes")
     ap.add_argument("--backend", choices=["gpu", "cpu"], default="gpu", help="the --backend of --processes")
+    ap.add_argument("--trace", action="store_true",
+                    help="with --processes: every process of each run records its steps (benchmarks/tracing), "
+                         "and each row gets the runs' milestones: where a worker's seconds go")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import xarray as xr
@@ -413,7 +442,7 @@ def main(argv=None) -> dict:
         if not args.store:
             raise SystemExit("--processes needs a climate store (--store, or a generated one)")
         table["processes"] = process_runs(args.store, args.flow_file, counts, args.processes, args.backend,
-                                          args.cluster_profile, Path(args.workdir) / "scaling-processes")
+                                          args.cluster_profile, Path(args.workdir) / "scaling-processes", args.trace)
         if mode == "processes":
             if args.json:
                 Path(args.json).write_text(json.dumps(table, indent=1, default=str))

@@ -373,13 +373,20 @@ def test_scaling_processes_smoke(tmp_path):
     stores = load("user_stores").main(["--shape", "20,9,12", "--workdir", str(tmp_path), "--only", "zlib"])
     bench = load("scaling")
     out = bench.main(["--store", stores["zlib"], "--gpus", "1", "--processes", "1", "--backend", "cpu",
-                      "--cluster-profile", "local-cpu", "--workdir", str(tmp_path), "--json", str(tmp_path / "s.json")])
+                      "--cluster-profile", "local-cpu", "--workdir", str(tmp_path), "--json", str(tmp_path / "s.json"),
+                      "--trace"])
     rows = out["processes"]["rows"]
     assert [r["config"] for r in rows] == ["no cluster", "--cluster local-cpu"]
     assert rows[0]["cluster"]["kind"] == "threads" and rows[1]["cluster"]["kind"] == "distributed"
     for r in rows:
         assert r["same_output"] and r["run_seconds"] > 0 and r["process_seconds"] > r["run_seconds"]
         assert r["read_GBps"] > 0 and r["before_run"]["import"] > 0
+        # every process's steps on one clock: the run's milestones in their order
+        t = r["trace"]
+        assert 0 < t["run_start"] <= t["first_read"] <= t["last_read_end"] <= t["run_end"] < r["process_seconds"]
+    alone, cluster = rows[0]["trace"], rows[1]["trace"]
+    assert alone["worker_forked"] is None and alone["cluster_start"] is None
+    assert 0 < cluster["cluster_start"] <= cluster["worker_forked"] <= cluster["worker_ready"] <= cluster["run_start"]
     assert "results" not in out and (tmp_path / "s.json").exists()
 
 

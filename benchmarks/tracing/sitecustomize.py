@@ -1,0 +1,119 @@
+"""Where a process's seconds go, in every process of a run: the command's, the fork server's and
+its workers' (``benchmarks/scaling.py --trace``; read by ``benchmarks/process_trace.py``).
+
+Python imports ``sitecustomize`` at its start from the first folder of ``PYTHONPATH`` that holds
+one: with this folder first and ``PIPELINE_TRACE_DIR`` set, each process appends one JSON line a
+step to ``PIPELINE_TRACE_DIR/<pid>.jsonl``: ``[pid, step, thread, start, end, detail]``, seconds
+since ``PIPELINE_TRACE_T0`` (a Unix time the caller takes before it starts the command, so that
+every process is on one clock). The steps: the process's start, the start of a few libraries'
+imports, the collector's pauses over 5 ms, and the calls of the functions in ``WRAP`` (a worker's
+start and tasks, a block's read and decode, pinned memory, the run). A worker forked from the fork
+server inherits all of it, and writes to a file of its own pid. Without ``PIPELINE_TRACE_DIR``
+it does nothing. It changes no function's result, only wraps the calls."""
+
+import os
+
+if os.environ.get("PIPELINE_TRACE_DIR"):
+    import gc
+    import importlib.abc
+    import importlib.machinery
+    import json
+    import sys
+    import threading
+    import time
+
+    _DIR = os.environ["PIPELINE_TRACE_DIR"]
+    _T0 = float(os.environ.get("PIPELINE_TRACE_T0") or time.time())
+    _FILES: dict = {}
+    _LOCK = threading.Lock()
+
+    def _emit(step, start, end, detail=None):
+        pid = os.getpid()
+        with _LOCK:
+            f = _FILES.get(pid)
+            if f is None:
+                f = _FILES[pid] = open(os.path.join(_DIR, f"{pid}.jsonl"), "a", buffering=1)
+            f.write(json.dumps([pid, step, threading.current_thread().name, round(start - _T0, 4),
+                                round(end - _T0, 4), detail]) + "\n")
+
+    _now = time.time()
+    _emit("start", _now, _now, " ".join(sys.argv)[:160])
+
+    WRAP = {
+        "pipeline.flows": ["run_flow"],
+        "pipeline.sources": ["open_dataset"],
+        "pipeline.exec.cluster": ["start_early", "open_cluster"],
+        "pipeline.exec.worker": ["dask_setup"],
+        "distributed.worker": ["_run_task"],
+        "pipeline.gpu.reader": ["read_block", "_decode_file"],
+        "pipeline.gpu.engine": ["read_block_host", "to_device"],
+        "pipeline.gpu.hdf5": ["read_block_host", "decode_block_host"],
+        "pipeline.gpu.ahead": ["read", "_decode"],
+        "pipeline.gpu.pinned": [],
+    }
+    MARK = ("numpy", "distributed", "dask_cuda", "cupy", "xarray", "zarr", "dask.array", "pandas", "numba")
+
+    def _wrap(module, name):
+        fn = getattr(module, name, None)
+        if fn is None:
+            return
+        step = module.__name__.rsplit(".", 1)[-1] + "." + name
+
+        def traced(*args, **kwargs):
+            start = time.time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _emit(step, start, time.time(), str(args[3])[:80] if name == "_run_task" and len(args) > 3 else None)
+
+        setattr(module, name, traced)
+
+    def _wrap_pinned(module):
+        cls = getattr(module, "Buffer", None)
+        if cls is None:
+            return
+        init = cls.__init__
+
+        def traced(self, *args, **kwargs):
+            start = time.time()
+            init(self, *args, **kwargs)
+            _emit("pinned.Buffer", start, time.time(), args[0] if args else None)
+
+        cls.__init__ = traced
+
+    class _Finder(importlib.abc.MetaPathFinder):
+        seen: set = set()
+
+        def find_spec(self, name, path, target=None):
+            if name in MARK and name not in self.seen:
+                self.seen.add(name)
+                _emit("import " + name, time.time(), time.time())
+            if name not in WRAP or ("wrapped", name) in self.seen:
+                return None
+            self.seen.add(("wrapped", name))
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                return None
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                for fn in WRAP[name]:
+                    _wrap(module, fn)
+                if name == "pipeline.gpu.pinned":
+                    _wrap_pinned(module)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _Finder())
+
+    _gc_start = [0.0]
+
+    def _collector(phase, info):
+        if phase == "start":
+            _gc_start[0] = time.time()
+        elif time.time() - _gc_start[0] > 0.005:
+            _emit(f"gc{info.get('generation', '')}", _gc_start[0], time.time())
+
+    gc.callbacks.append(_collector)
