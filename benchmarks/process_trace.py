@@ -2,6 +2,7 @@
 as a run's milestones (seconds since the command started) and each process's totals.
 
     python benchmarks/process_trace.py TRACE_DIR     # one run's milestones and processes
+    python benchmarks/process_trace.py TRACE_DIR PID # where that process's threads were (sampled)
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def processes(rows) -> dict[int, dict]:
             role = "other"
         sums = collections.defaultdict(float)
         for r in rs:
-            sums[r[1]] += r[4] - r[3]
+            if r[1] != "sample":
+                sums[r[1]] += r[4] - r[3]
         out[pid] = {"role": role, "first": min(r[3] for r in rs), "last": max(r[4] for r in rs),
                     "seconds": {k: round(v, 4) for k, v in sums.items() if not k.startswith(("start", "import "))},
                     "gc": round(sum(v for k, v in sums.items() if k.startswith("gc")), 4)}
@@ -73,9 +75,23 @@ def milestones(rows) -> dict[str, float | None]:
     }
 
 
+def samples(rows, pid: int, since: float = 0.0, until: float = float("inf"), least: float = 0.02) -> list[str]:
+    """Where process ``pid``'s sampled threads were (``PIPELINE_TRACE_SAMPLE``) between ``since``
+    and ``until``, in stretches of at least ``least`` seconds: one line each."""
+    out = []
+    for r in sorted((r for r in rows if r[0] == pid and r[1] == "sample"), key=lambda r: r[3]):
+        if r[4] >= since and r[3] <= until and r[4] - r[3] >= least:
+            out.append(f"{r[3]:8.3f} {r[4] - r[3]:6.3f}  {r[2][:10]:10s} {r[5]}")
+    return out
+
+
 def main(argv=None) -> None:
-    folder = (argv or sys.argv[1:])[0]
+    args = argv or sys.argv[1:]
+    folder = args[0]
     rows = load(folder)
+    if len(args) > 1:  # TRACE_DIR PID: that process's sampled main thread
+        print("\n".join(samples(rows, int(args[1]))))
+        return
     for k, v in milestones(rows).items():
         print(f"{k:16s} {v}")
     for pid, p in sorted(processes(rows).items(), key=lambda kv: kv[1]["first"]):

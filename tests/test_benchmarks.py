@@ -404,3 +404,23 @@ def test_out_of_core_smoke(tmp_path):
         assert cold["same_output"] and cold["stored_bytes"] > 4 * 30 * 9 * 12 / 10 and cold["run_seconds"] > 0
         assert 0 <= cold["resident_after_drop"] <= 1 and cold["share"] == pytest.approx(cold["run_rate"] / cold["disk_rate"])
     assert (tmp_path / "ooc.json").exists()
+
+
+def test_trace_samples_where_the_main_thread_waits(tmp_path):
+    """``PIPELINE_TRACE_SAMPLE``: a process's main thread sampled, and a long wait read back as one
+    stretch in the function that waited."""
+    import os
+    import sys
+
+    tracing = Path(__file__).resolve().parent.parent / "benchmarks" / "tracing"
+    code = "import time\ndef waits():\n    time.sleep(0.3)\nwaits()\n"
+    env = {**os.environ, "PYTHONPATH": str(tracing), "PIPELINE_TRACE_DIR": str(tmp_path),
+           "PIPELINE_TRACE_SAMPLE": "0.002"}
+    done = subprocess.run([sys.executable, "-c", code], env=env)
+    assert done.returncode == 0
+    trace = load("process_trace")
+    rows = trace.load(tmp_path)
+    (pid,) = {r[0] for r in rows}
+    lines = trace.samples(rows, pid, least=0.2)
+    assert len(lines) == 1 and ":waits:3 < " in lines[0], lines
+    assert "sample" not in trace.processes(rows)[pid]["seconds"]

@@ -4,6 +4,7 @@ through the CPU twins); the GPU read equal to xarray's own (on a GPU)."""
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 import zlib
@@ -386,6 +387,42 @@ def test_block_chunks_grow_past_the_share_of_a_thread_where_blocks_are_fewer_tha
     # as many blocks as threads, or more: the share of a thread, as without hold_bytes
     assert blocks_along_first(raw, {}, 100 * step, hold_bytes=3 * step, threads=3)["time"] == 1
     assert blocks_along_first(raw, {}, 100 * step, hold_bytes=step, threads=4)["time"] == 1  # never less than a chunk
+
+
+def test_block_chunks_share_evenly_between_the_workers_of_a_cluster(tmp_path):
+    path = _write_xarray(tmp_path / "x.nc", chunks=(1, 10, 12))
+    from pipeline.sources import blocks_along_first
+
+    step = 10 * 12 * 4  # one chunk of tas; 9 steps
+    raw = xr.open_dataset(path, decode_cf=False)
+    assert blocks_along_first(raw, {}, 100 * step)["time"] == 9  # one worker: one block
+    assert blocks_along_first(raw, {}, 100 * step, balance_for=(2,))["time"] == 5  # 5 + 4, not 9 + 0
+    assert blocks_along_first(raw, {}, 100 * step, balance_for=(3,))["time"] == 3
+    assert blocks_along_first(raw, {}, 100 * step, balance_for=(4,))["time"] == 3  # none reads more than 3 (5 blocks of 2: 4)
+    assert blocks_along_first(raw, {}, 100 * step, balance_for=(2, 4))["time"] == 1  # 3 would leave 2 workers 6 + 3
+
+
+@pytest.mark.parametrize("workers", [(2,), (3,), (4,), (2, 4)])
+def test_balanced_fits_leave_the_slabs_of_locality_within_the_bound(workers):
+    from pipeline.exec.locality import slab_ends
+    from pipeline.sources import BALANCE, balanced_fits
+
+    for count in range(1, 90):
+        for fits in range(1, 16):
+            k = balanced_fits(count, fits, workers)
+            assert 1 <= k <= max(1, fits)
+
+            def even(k):  # the most chunks in one worker's slab, as locality places the blocks
+                n = math.ceil(count / k)
+                sizes = [min(k, count - b * k) for b in range(n)]  # the last block may be cut short
+                for w in workers:
+                    ends = slab_ends(n, [1] * w, [0] * (n + 1))
+                    if max(sum(sizes[a:b]) for a, b in zip([0] + ends[:-1], ends)) > BALANCE * math.ceil(count / w):
+                        return False
+                return True
+
+            assert k == 1 or even(k), (count, fits, workers, k)
+            assert not any(even(j) for j in range(k + 1, fits + 1)), (count, fits, workers, k)  # no larger would do
 
 
 # --- on the GPU: open_dataset equal to xarray's own read -----------------------------------------

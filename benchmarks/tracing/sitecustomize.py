@@ -9,7 +9,12 @@ every process is on one clock). The steps: the process's start, the start of a f
 imports, the collector's pauses over 5 ms, and the calls of the functions in ``WRAP`` (a worker's
 start and tasks, a block's read and decode, pinned memory, the run). A worker forked from the fork
 server inherits all of it, and writes to a file of its own pid. Without ``PIPELINE_TRACE_DIR``
-it does nothing. It changes no function's result, only wraps the calls."""
+it does nothing. It changes no function's result, only wraps the calls.
+
+With ``PIPELINE_TRACE_SAMPLE`` (seconds, such as 0.005) a thread of each process also samples
+what its main thread, the command's cluster start and distributed's event loop run at that
+interval: one step ``sample`` for each stretch of a thread's samples in the same place (its
+innermost frames, innermost first), for what the wrapped calls do not show."""
 
 import os
 
@@ -27,13 +32,13 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
     _FILES: dict = {}
     _LOCK = threading.Lock()
 
-    def _emit(step, start, end, detail=None):
+    def _emit(step, start, end, detail=None, thread=None):
         pid = os.getpid()
         with _LOCK:
             f = _FILES.get(pid)
             if f is None:
                 f = _FILES[pid] = open(os.path.join(_DIR, f"{pid}.jsonl"), "a", buffering=1)
-            f.write(json.dumps([pid, step, threading.current_thread().name, round(start - _T0, 4),
+            f.write(json.dumps([pid, step, thread or threading.current_thread().name, round(start - _T0, 4),
                                 round(end - _T0, 4), detail]) + "\n")
 
     _now = time.time()
@@ -117,3 +122,50 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
             _emit(f"gc{info.get('generation', '')}", _gc_start[0], time.time())
 
     gc.callbacks.append(_collector)
+
+    _EVERY = float(os.environ.get("PIPELINE_TRACE_SAMPLE") or 0)
+
+    def _where(frame, depth=5):
+        out = []
+        while frame is not None and len(out) < depth:
+            code = frame.f_code
+            out.append(f"{code.co_filename.rsplit('/', 2)[-2:][-1]}:{code.co_name}:{frame.f_lineno}")
+            frame = frame.f_back
+        return " < ".join(out)
+
+    # the threads sampled: the main one, the command's cluster start, distributed's event loop
+    _SAMPLED = ("MainThread", "pipeline-cluster-start", "IO loop")
+    _stretches: dict = {}  # thread name -> the stretch being sampled: [place, since, last]
+
+    def _sample():
+        _stretches.clear()
+        while True:
+            time.sleep(_EVERY)
+            frames = sys._current_frames()
+            now = time.time()
+            for t in threading.enumerate():
+                if t.name not in _SAMPLED:
+                    continue
+                frame = frames.get(t.ident)
+                here = _where(frame) if frame is not None else None
+                s = _stretches.get(t.name)
+                if s is None or here != s[0]:
+                    _end_stretch(t.name)
+                    s = _stretches[t.name] = [here, now, now]
+                s[2] = now
+
+    def _end_stretch(name=None):
+        for n in [name] if name else list(_stretches):
+            s = _stretches.pop(n, None)
+            if s is not None and s[0] is not None:
+                _emit("sample", s[1], s[2], s[0], thread=n)
+
+    def _start_sampler():
+        threading.Thread(target=_sample, name="pipeline-trace-sampler", daemon=True).start()
+
+    if _EVERY > 0:
+        import atexit
+
+        atexit.register(_end_stretch)
+        _start_sampler()
+        os.register_at_fork(after_in_child=_start_sampler)

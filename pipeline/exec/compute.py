@@ -267,6 +267,10 @@ def _compute_on_cluster(client, obj, progress: bool):
     blocks gathered here."""
     from . import memory
 
+    if "cupy" in sys.modules:  # CuPy results come back without importing Numba (pipeline.exec.serialize)
+        from . import serialize
+
+        serialize.register()
     nthreads = client.nthreads()  # one round trip: the workers now, for every step below
     sizes = _graph_sizes(obj)
     fits = memory.check_workers(client, *sizes, nthreads=nthreads) if sizes is not None else {}

@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from typing import Mapping
 
 import dask
 from distributed.diagnostics.plugin import SchedulerPlugin
+
+from .slabs import slab_ends
 
 
 def block_index(key) -> int | None:
@@ -72,24 +73,6 @@ def straddling(n: int, is_block, order, deps) -> list[int]:
             change[lo + 1] += 1  # the boundaries lo + 1 .. hi split it
             change[hi + 1] -= 1
     return list(itertools.accumulate(change))[: n + 1]
-
-
-def slab_ends(n: int, threads: list[int], cuts: list[int]) -> list[int]:
-    """The end (exclusive) of each worker's slab of ``n`` blocks: slabs in proportion to
-    ``threads``, each at most a tenth of its share (rounded down) over it, ending where ``cuts``
-    (from :func:`straddling`) is lowest, and else nearest to the balanced end."""
-    if n < len(threads):
-        return [min(k + 1, n) for k in range(len(threads))]
-    shares = [n * t / sum(threads) for t in threads]
-    caps = [math.ceil(s) + int(s // 10) for s in shares]
-    ends, start, balanced = [], 0, 0.0
-    for k in range(len(threads) - 1):
-        balanced += shares[k]
-        lo = max(start + 1, n - sum(caps[k + 1:]))  # leave no more than the next slabs can hold
-        hi = min(start + caps[k], n - (len(threads) - k - 1))  # and a block for each of them
-        start = min(range(lo, hi + 1), key=lambda b: (cuts[b], abs(b - balanced)))
-        ends.append(start)
-    return ends + [n]
 
 
 def owners(graph: Mapping, nthreads: Mapping[str, int]) -> dict:
