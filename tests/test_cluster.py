@@ -356,3 +356,19 @@ def test_an_invalid_flow_closes_the_early_cluster_and_leaves_no_run_directory(tm
     assert r.returncode == 2 and "no_such_op" in r.stderr, r.stderr
     assert list(spill.iterdir()) == []  # the profile's local_directory is made; the run's own folder in it is gone
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "p.yaml", "spill"]  # nothing else written or removed
+
+
+def test_local_cuda_workers_make_their_context_beside_their_start():
+    """dask-cuda's preload that makes the CUDA context before a worker joins is left out of each
+    worker's spec (with TCP), and nothing else of the spec changes."""
+    from pipeline.exec.cluster import _context_beside_start
+
+    class Spec:  # what dask_cuda.LocalCUDACluster.new_worker_spec returns, for one worker
+        def new_worker_spec(self):
+            return {0: {"cls": "Nanny", "options": {"preload": ["pipeline.exec.worker", "dask_cuda.initialize"],
+                                                      "preload_argv": ["--create-cuda-context"],
+                                                      "env": {"CUDA_VISIBLE_DEVICES": "1,0"}}}}
+
+    spec = _context_beside_start(Spec)().new_worker_spec()
+    assert spec == {0: {"cls": "Nanny", "options": {"preload": ["pipeline.exec.worker"], "preload_argv": [],
+                                                    "env": {"CUDA_VISIBLE_DEVICES": "1,0"}}}}

@@ -737,12 +737,42 @@ def _start_cluster(profile: ClusterProfile, local_directory: str | None = None):
         if isinstance(devices, list):
             devices = ",".join(map(str, devices))
         kwargs.pop("n_workers", None)  # one worker per visible GPU
+        if not str(kwargs.get("protocol", "tcp")).startswith("ucx"):
+            LocalCUDACluster = _context_beside_start(LocalCUDACluster)
         return LocalCUDACluster(
             CUDA_VISIBLE_DEVICES=devices,
             device_memory_limit=profile.device_memory_limit,
             rmm_pool_size=profile.rmm_pool_size,
             **kwargs,
         )
+
+
+def _context_beside_start(cls):
+    """``dask_cuda.LocalCUDACluster`` whose workers make their CUDA context beside their start
+    rather than before they join the scheduler.
+
+    dask-cuda preloads ``dask_cuda.initialize --create-cuda-context`` in each worker, which makes
+    the context, and checks its device, before the worker registers; with TCP the time at which
+    the context is made does not matter (dask-cuda's own comment there). pipeline's preload
+    (:mod:`pipeline.exec.worker`) already makes it on a thread of its own (:mod:`pipeline.gpu.context`,
+    on the device dask-cuda made the worker's first visible one). Traced on the 2-GPU H200 machine
+    (``benchmarks/scaling.py --processes 2 --trace``), dask-cuda's call held each worker's start
+    0.38-0.70 s, and the run waited for it: the command had nothing to do but wait for the
+    workers. UCX needs the context before its comms start, so there the preload stays."""
+
+    class LocalCUDACluster(cls):
+        def new_worker_spec(self):
+            spec = super().new_worker_spec()
+            for worker in spec.values():
+                options = worker["options"]
+                preload, argv = list(options.get("preload", [])), list(options.get("preload_argv", []))
+                if "dask_cuda.initialize" in preload and "--create-cuda-context" in argv:
+                    preload.remove("dask_cuda.initialize")
+                    argv.remove("--create-cuda-context")
+                    options["preload"], options["preload_argv"] = preload, argv
+            return spec
+
+    return LocalCUDACluster
 
 
 def slurm_cluster(profile: ClusterProfile):
