@@ -453,8 +453,10 @@ def test_gpu_read_of_zarr_default_zstd_split_between_gpu_and_cpu(tmp_path, monke
     values[3, 4, 5] = np.nan
     xr.Dataset({"tas": (("time", "lat", "lon"), values)}).chunk({"time": 5}).to_zarr(tmp_path / "s.zarr", zarr_format=3)
     with dask.config.set({"pipeline.gpu.decode-rates": {"cpu-frame": cpu_rate}, "pipeline.gpu.block-size": "100kB"}):
-        ds = open_dataset(tmp_path / "s.zarr", backend="gpu", decode_cf=False)
-        assert ds["tas"].data.chunks[0] == (20, 3)
+        # blocks that 2 and 4 GPUs share evenly (pipeline.sources.balanced_fits): 2 files, 2, the edge's
+        assert open_dataset(tmp_path / "s.zarr", backend="gpu", decode_cf=False)["tas"].data.chunks[0] == (10, 10, 3)
+        ds = open_dataset(tmp_path / "s.zarr", backend="gpu", decode_cf=False, chunks={"time": 20})
+        assert ds["tas"].data.chunks[0] == (20, 3)  # a block of 4 files to split, and the edge's
         out = ds["tas"].data.compute()
     assert isinstance(out, cp.ndarray)
     np.testing.assert_array_equal(cp.asnumpy(out), values)
