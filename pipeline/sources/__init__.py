@@ -329,7 +329,7 @@ def balanced_fits(count: int, fits: int, workers: tuple[int, ...]) -> int:
     blocks, one worker's slab 1 of them and the other's 2: the second read 27 chunks while the
     first read 13, and the run took 2.81 s against one GPU's 1.78 s. In blocks of 10, each of 2
     (or 4) workers reads 20 (10) chunks."""
-    from ..exec.slabs import slab_ends  # the slabs that placing the blocks will make
+    from ..exec.slabs import slab_ends  # the slabs that placing makes (before it moves ends to spare trees)
 
     def largest(k, w):  # the most chunks in one of w slabs
         n = math.ceil(count / k)
