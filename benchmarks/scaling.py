@@ -26,6 +26,14 @@ the runs' milestones: the cluster's start, the first worker's fork and start, th
 first block read, the last read's end, the run's end, and the collector's seconds
 (``benchmarks/process_trace.py``, which also prints one run's processes step by step).
 
+With ``--user-stores`` the processes run on each store as the users' tools write it
+(``user_stores.py``: Zarr v3 as xarray writes it, Zarr v2 Blosc, NetCDF4 zlib), made at ``--shape``
+under ``--workdir`` or reused, and on ``--genomics-store`` with ``--genomics-flow-file`` (a GWAS), one
+table of every store at the end:
+
+    python benchmarks/scaling.py --user-stores v3-default,v2-blosc,zlib --shape 12410,721,1440 \
+        --genomics-store genomics.vcz --gpus 1,2,4 --processes 2 --trace
+
 Without ``--store``, the demo store of ``--shape`` that ``peers.py`` generates is made (or reused)
 under ``--workdir`` and converted once to the GPU layout, which is what is timed.
 """
@@ -370,6 +378,38 @@ def process_runs(store: str, flow_file: str, counts: list[int], repeat: int, bac
     return {"flow_file": flow_file, "repeat": repeat, "rows": rows}
 
 
+def store_table(args) -> dict:
+    """``--user-stores``: the stores made (or reused) by ``user_stores.py``, and the genomics store,
+    each timed as fresh processes (:func:`process_runs`), then one table of every store and
+    configuration."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import user_stores
+
+    made = user_stores.main(["--shape", args.shape, "--workdir", args.workdir, "--only", args.user_stores])
+    stores = [(name, path, args.flow_file) for name, path in made.items()]
+    if args.genomics_store:
+        stores.append(("vcf-zarr", args.genomics_store, args.genomics_flow_file))
+    counts = [int(n) for n in args.gpus.split(",")]
+    tables = {}
+    for name, path, flow_file in stores:
+        print(f"== {name}: {path}", flush=True)
+        tables[name] = process_runs(path, flow_file, counts, args.processes, args.backend, args.cluster_profile,
+                                    Path(args.workdir) / "scaling-processes" / name, args.trace)
+    # speed-ups of the run: against the process without a cluster, and against the cluster of the
+    # fewest GPUs (the issue's "2 GPUs at least 1.85x one GPU")
+    print(f"\n{'store':<12}{'configuration':<34}{'run':>8}{'process':>9}{'read':>10}{'vs alone':>10}{'vs fewest':>11}  same output")
+    for name, table in tables.items():
+        alone, fewest = table["rows"][0]["run_seconds"], table["rows"][min(1, len(table["rows"]) - 1)]["run_seconds"]
+        for r in table["rows"]:
+            run = max(r["run_seconds"], 1e-9)
+            print(f"{name:<12}{r['config']:<34}{r['run_seconds']:>7.2f}s{r['process_seconds']:>8.2f}s"
+                  f"{r['read_GBps']:>7.1f}GB/s{alone / run:>9.2f}x{fewest / run:>10.2f}x  {r['same_output']}")
+    out = {"shape": args.shape, "stores": {name: path for name, path, _ in stores}, "processes": tables}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    return out
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", help="a store with a tas variable (default: generate one of --shape)")
@@ -399,6 +439,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--processes", type=int, default=0, help="fresh processes of each configuration, alternating")
     ap.add_argument("--flow-file", default=str(Path(__file__).resolve().parent.parent / "flows" / "climate_anomaly.yaml"),
                     help="the flow of --processes")
+    ap.add_argument("--user-stores", default=None,
+                    help="with --processes: the stores as the users' tools write them, made at --shape under --workdir "
+                         "(benchmarks/user_stores.py: some of v3-default, v2-blosc, zlib), each timed in turn, and "
+                         "--genomics-store with --genomics-flow-file: one table of every store")
+    ap.add_argument("--genomics-flow-file", default=str(Path(__file__).resolve().parent.parent / "flows" / "gwas.yaml"),
+                    help="the flow of --processes on --genomics-store")
     ap.add_argument("--cluster-profile", default="local-gpu", help="the --cluster of --processes")
     ap.add_argument("--backend", choices=["gpu", "cpu"], default="gpu", help="the --backend of --processes")
     ap.add_argument("--trace", action="store_true",
@@ -411,6 +457,11 @@ def main(argv=None) -> dict:
     mode = args.mode or ("processes" if args.processes else "in-process")
     if mode != "in-process" and args.processes < 1:
         raise SystemExit("--mode processes needs --processes K (K >= 1)")
+
+    if args.user_stores:
+        if mode != "processes":
+            raise SystemExit("--user-stores needs --processes K")
+        return store_table(args)
 
     names = args.flows.split(",")
     unknown = [n for n in names if n not in CLIMATE + GENOMICS]

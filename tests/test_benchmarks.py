@@ -390,6 +390,29 @@ def test_scaling_processes_smoke(tmp_path):
     assert "results" not in out and (tmp_path / "s.json").exists()
 
 
+def test_scaling_table_of_the_users_stores_smoke(tmp_path):
+    """``--user-stores``: stores made as the users' tools write them, and a VCF Zarr store with the
+    GWAS flow, each timed as fresh processes without and with a cluster: one table, the same
+    output in every configuration of a store."""
+    import subprocess
+    import sys
+
+    genomics = tmp_path / "g.vcz"
+    subprocess.run([sys.executable, "-m", "pipeline", "demo", "--kind", "genomics", str(genomics), "--samples", "40",
+                    "--variants", "300", "--no-progress"], check=True, capture_output=True)
+    bench = load("scaling")
+    out = bench.main(["--user-stores", "zlib", "--shape", "20,9,12", "--workdir", str(tmp_path), "--genomics-store",
+                      str(genomics), "--gpus", "1", "--processes", "1", "--backend", "cpu", "--cluster-profile", "local-cpu",
+                      "--json", str(tmp_path / "s.json")])
+    assert list(out["processes"]) == ["zlib", "vcf-zarr"] and out["stores"]["vcf-zarr"] == str(genomics)
+    for table in out["processes"].values():
+        rows = table["rows"]
+        assert [r["config"] for r in rows] == ["no cluster", "--cluster local-cpu"]
+        assert all(r["same_output"] and r["run_seconds"] > 0 for r in rows)
+    assert out["processes"]["vcf-zarr"]["flow_file"].endswith("gwas.yaml")
+    assert json.loads((tmp_path / "s.json").read_text())["shape"] == "20,9,12"
+
+
 def test_out_of_core_smoke(tmp_path):
     bench = load("out_of_core")
     out = bench.main(["--shape", "30,9,12", "--workdir", str(tmp_path), "--backend", "cpu", "--repeat", "1", "--budget", "2GB",
