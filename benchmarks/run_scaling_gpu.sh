@@ -9,7 +9,11 @@
 #             from pinned memory (benchmarks/host_read.py);
 #   climate   the three climate flows on 1..N GPUs under a device budget (benchmarks/scaling.py);
 #   genomics  pca and gwas_linear_regression on 1..N GPUs, same budget;
-#   tests     the cluster tests on the GPU, and the fixed cost of a distributed run on a tiny flow.
+#   tests     the cluster tests on the GPU, and the fixed cost of a distributed run on a tiny flow;
+#   processes the user's command (`pipeline run`, fresh processes, PROCS of each) on the three layouts
+#             users have (Zarr v3 as xarray writes it, Zarr v2 Blosc, NetCDF4 zlib; STEPS steps each)
+#             and a GWAS on the VCF Zarr store, without a cluster and with --cluster local-gpu on
+#             1..N GPUs, every process traced: one table (benchmarks/scaling.py --user-stores).
 # Usage: OUT=dir GPUS=1,2 bash benchmarks/run_scaling_gpu.sh data ceiling climate
 set -u
 OUT=${OUT:-out}; WORK=${WORK:-/tmp/scaling}; mkdir -p "$OUT" "$WORK"
@@ -48,6 +52,11 @@ for stage in "$@"; do
         --threads "$GTHREADS" --variant-chunk "$VCHUNK" --flows "${GFLOWS:-pca,gwas}" --memory-limit "$GBUDGET" --worker-saturation 1.0 \
         --json "$OUT/scaling_genomics.json" > "$OUT/scaling_genomics.txt" 2>&1
       grep -v -E "Warning|warn" "$OUT/scaling_genomics.txt" | cut -c1-400 | tail -30 ;;
+    processes)
+      timeout "${PROCESSES_TIMEOUT:-540}" python3 benchmarks/scaling.py --user-stores "${LAYOUTS:-v3-default,v2-blosc,zlib}" \
+        --shape "$STEPS,721,1440" --workdir "$WORK" --genomics-store "$GENOMICS" --gpus "$GPUS" --processes "${PROCS:-2}" \
+        --trace --json "$OUT/scaling_processes.json" > "$OUT/scaling_processes.txt" 2>&1
+      grep -v -E "Warning|warn" "$OUT/scaling_processes.txt" | cut -c1-200 | tail -20 ;;
     tests)
       timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attach.py tests/test_cluster.py tests/test_locality.py \
         tests/test_genomics_pca.py > "$OUT/cluster_tests.txt" 2>&1
