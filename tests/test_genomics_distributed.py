@@ -54,17 +54,11 @@ def test_on_two_worker_processes_as_sgkits(client, case):
 
 # --- on the GPU: dask-cuda workers, one a GPU, as `--cluster local-gpu` starts them ----------------
 
-GPU_CASES = {
-    "frequencies": (A.test_frequencies_are_sgkits, dict(op="cohort_allele_frequencies", kind="multi", windows="v50",
-                                                        backend="gpu")),
-    "garud_h": (B.test_garud_h_is_sgkits, dict(backend="gpu", chunks=SMALL, kind="multi", how="some", wname="v37s20")),
-    "pbs": (B.test_pbs_is_sgkits, dict(backend="gpu", chunks=SMALL)),
-    "identity_by_state": (B.test_identity_by_state_is_sgkits, dict(backend="gpu", chunks=SMALL, kind="multi")),
-    "genomic_relationship": (B.test_genomic_relationship_is_sgkits, dict(backend="gpu", chunks=SMALL, kind="bi")),
-    "pc_relate": (B.test_pc_relate_is_sgkits, dict(backend="gpu", chunks=SMALL)),
-    "regenie": (C.test_gpu_regenie_as_sgkits, {}),
-    "simulate_genedrop": (C.test_genedrop_as_sgkits_for_the_same_seed, dict(backend="gpu")),
-}
+# the CPU cases that run on the GPU too, with the GPU's backend; REGENIE through its GPU test
+GPU_CASES = {name: (CASES[name][0], {**CASES[name][1], "backend": "gpu"})
+             for name in ("frequencies", "garud_h", "pbs", "identity_by_state", "genomic_relationship", "pc_relate",
+                          "simulate_genedrop")}
+GPU_CASES["regenie"] = (C.test_gpu_regenie_as_sgkits, {})
 
 
 @pytest.mark.gpu
