@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-READS = ("reader.read_block", "engine.read_block_host", "hdf5.read_block_host", "hdf5.decode_block_host", "ahead._decode")
+READS = ("reader.read_block", "hdf5.read_block", "engine.read_block_host", "hdf5.read_block_host", "hdf5.decode_block_host", "ahead._decode")
 
 
 def load(folder) -> list[list]:

@@ -353,6 +353,30 @@ def test_the_run_command_pins_only_files_read_again():
         assert dask.config.get("pipeline.gpu.pin-files") == "first-read"
 
 
+def test_the_run_command_sets_its_pinning_before_its_cluster_starts(monkeypatch, tmp_path):
+    """A local cluster's nannies copy the settings of the process that makes them, as they are
+    made: the workers of ``pipeline run --cluster`` pin files as the command does only if the
+    command sets its policy before the cluster starts."""
+    from pipeline import cli
+    from pipeline.exec import cluster
+
+    class Started(Exception):
+        pass
+
+    seen = []
+
+    def start_early(profile):
+        seen.append(dask.config.get("pipeline.gpu.pin-files"))
+        raise Started
+
+    monkeypatch.setattr(cluster, "start_early", start_early)
+    args = cli.parser().parse_args(["run", str(REPO / "flows" / "climate_anomaly.yaml"), "--cluster", "local-cpu"])
+    args.import_seconds = None
+    with dask.config.set({"pipeline.gpu.pin-files": "auto"}), pytest.raises(Started):
+        cli.cmd_run(args)
+    assert seen == ["reread"]
+
+
 def test_report_has_the_startup_costs(demo, tmp_path):
     report = tmp_path / "report.json"
     t = time.perf_counter()

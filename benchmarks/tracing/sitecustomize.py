@@ -14,7 +14,10 @@ it does nothing. It changes no function's result, only wraps the calls.
 With ``PIPELINE_TRACE_SAMPLE`` (seconds, such as 0.005) a thread of each process also samples
 what its main thread, the command's cluster start and distributed's event loop run at that
 interval: one step ``sample`` for each stretch of a thread's samples in the same place (its
-innermost frames, innermost first), for what the wrapped calls do not show."""
+innermost frames, innermost first), for what the wrapped calls do not show. ``PIPELINE_TRACE_THREADS``
+adds threads to those: ``all``, or comma-separated beginnings of their names (``ThreadPoolExecutor``
+for the threads that compute a run without a cluster and for pipeline's I/O pool, ``Dask-Default``
+for a worker's)."""
 
 import os
 
@@ -45,14 +48,17 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
     _emit("start", _now, _now, " ".join(sys.argv)[:160])
 
     WRAP = {
-        "pipeline.flows": ["run_flow"],
+        "pipeline.flows": ["run_flow", "build_flow", "_audit"],
+        "pipeline.sinks.zarr": ["write_zarr"],
+        "pipeline.exec.compute": ["compute"],
+        "pipeline.exec.memory": ["plan"],
         "pipeline.sources": ["open_dataset"],
         "pipeline.exec.cluster": ["start_early", "open_cluster"],
         "pipeline.exec.worker": ["dask_setup"],
         "distributed.worker": ["_run_task"],
         "pipeline.gpu.reader": ["read_block", "_decode_file"],
         "pipeline.gpu.engine": ["read_block_host", "to_device"],
-        "pipeline.gpu.hdf5": ["read_block_host", "decode_block_host"],
+        "pipeline.gpu.hdf5": ["read_block", "read_block_host", "decode_block_host"],
         "pipeline.gpu.ahead": ["read", "_decode"],
         "pipeline.gpu.pinned": [],
     }
@@ -135,6 +141,9 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
 
     # the threads sampled: the main one, the command's cluster start, distributed's event loop
     _SAMPLED = ("MainThread", "pipeline-cluster-start", "IO loop")
+    _MORE = os.environ.get("PIPELINE_TRACE_THREADS", "")
+    _ALL = _MORE.strip() == "all"
+    _SAMPLED += tuple(p for p in _MORE.split(",") if p and not _ALL)
     _stretches: dict = {}  # thread name -> the stretch being sampled: [place, since, last]
 
     def _sample():
@@ -144,7 +153,7 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
             frames = sys._current_frames()
             now = time.time()
             for t in threading.enumerate():
-                if t.name not in _SAMPLED:
+                if t.name == "pipeline-trace-sampler" or not (_ALL or t.name.startswith(_SAMPLED)):
                     continue
                 frame = frames.get(t.ident)
                 here = _where(frame) if frame is not None else None

@@ -150,9 +150,23 @@ def sha256_bytes(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _stat(path: Path) -> tuple[int, int]:
-    st = path.stat()
-    return st.st_size, st.st_mtime_ns
+def _stat(path: str | os.PathLike) -> list[int]:
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _tree_stats(top: str, prefix: str, entries: dict[str, list[int]]) -> None:
+    """Size and mtime of every file under ``top``, keyed ``prefix`` + its path below ``top``, as
+    ``os.walk`` finds them (links to folders are not followed). Plain strings and ``os.scandir``:
+    ``pathlib`` objects cost 18 us a file against 1.5 us for the stat, which on a store of one
+    chunk a time step (12,410 files) was 0.2 s a walk, and a run walks its input twice."""
+    with os.scandir(top) as it:
+        for e in it:
+            if e.is_dir():
+                if not e.is_symlink():
+                    _tree_stats(e.path, prefix + e.name + "/", entries)
+            else:
+                entries[prefix + e.name] = _stat(e.path)
 
 
 def path_fingerprint(path: str | os.PathLike, arrays: list[str] | None = None) -> dict:
@@ -171,15 +185,13 @@ def path_fingerprint(path: str | os.PathLike, arrays: list[str] | None = None) -
         kind = "zarr"
         for f in sorted(p.iterdir()):
             if f.is_file():
-                entries[f.name] = list(_stat(f))
+                entries[f.name] = _stat(f)
         for name in arrays or ():
-            for root, _, files in os.walk(p / name):
-                for f in files:
-                    full = Path(root) / f
-                    entries[full.relative_to(p).as_posix()] = list(_stat(full))
+            if os.path.isdir(p / name):
+                _tree_stats(str(p / name), name + "/", entries)
     else:
         kind = "file"
-        entries[p.name] = list(_stat(p))
+        entries[p.name] = _stat(p)
     digest = sha256_bytes(json.dumps([str(path), sorted(entries.items())]).encode())
     summary = {"path": str(path), "kind": kind, "files": len(entries),
                "bytes": sum(size for size, _ in entries.values()),
