@@ -447,3 +447,30 @@ def test_trace_samples_where_the_main_thread_waits(tmp_path):
     lines = trace.samples(rows, pid, least=0.2)
     assert len(lines) == 1 and ":waits:3 < " in lines[0], lines
     assert "sample" not in trace.processes(rows)[pid]["seconds"]
+
+
+def test_trace_samples_the_threads_asked_for(tmp_path):
+    """``PIPELINE_TRACE_THREADS``: threads beyond the main one sampled, by the beginning of their name."""
+    import os
+    import sys
+
+    tracing = Path(__file__).resolve().parent.parent / "benchmarks" / "tracing"
+    code = ("import threading, time\ndef waits():\n    time.sleep(0.3)\n"
+            "t = threading.Thread(target=waits, name='reader-7')\nt.start()\nt.join()\n")
+    env = {**os.environ, "PYTHONPATH": str(tracing), "PIPELINE_TRACE_DIR": str(tmp_path),
+           "PIPELINE_TRACE_SAMPLE": "0.002", "PIPELINE_TRACE_THREADS": "reader"}
+    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+    rows = load("process_trace").load(tmp_path)
+    waited = [r for r in rows if r[1] == "sample" and r[2] == "reader-7" and ":waits:3 < " in r[5]]
+    assert waited and max(r[4] - r[3] for r in waited) >= 0.2, rows
+
+
+def test_host_codecs_smoke():
+    bench = load("host_codecs")
+    rows = bench.main(["--threads", "1,2", "--seconds", "0.05", "--zstd-steps", "2", "--grid", "9,16"])
+    assert {(r["codec"], r["threads"]) for r in rows} == {(c, n) for c in bench.CODECS for n in (1, 2)}
+    assert all(r["GBps"] > 0 for r in rows)
+
+
+def test_scaling_touches_memory():
+    assert load("scaling").touch_memory(8 << 20, threads=2) > 0

@@ -172,6 +172,25 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
     def _start_sampler():
         threading.Thread(target=_sample, name="pipeline-trace-sampler", daemon=True).start()
 
+    def _context_state():
+        """At exit, under ``PIPELINE_TRACE_CONTEXT``: a step ``cuda_context`` whose detail says
+        whether this process made the primary CUDA context of its first device (active) or not."""
+        import ctypes
+
+        try:
+            cuda = ctypes.CDLL("libcuda.so.1")
+            flags, active = ctypes.c_uint(), ctypes.c_int()
+            ok = cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(active)) == 0
+            now = time.time()
+            _emit("cuda_context", now, now, ("active" if active.value else "none") if ok else "unknown")
+        except Exception:
+            pass
+
+    if os.environ.get("PIPELINE_TRACE_CONTEXT"):
+        import atexit
+
+        atexit.register(_context_state)
+
     if _EVERY > 0:
         import atexit
 
