@@ -31,12 +31,13 @@ def _terminate(signum, frame):
 
 
 def _may_use_gpu(args, flow_path: str | None = None) -> bool:
-    """Whether this command may compute on the GPU in this process: no ``cpu`` backend asked for
-    (on the command line, in the settings, or by the flow), and no cluster to compute on."""
+    """Whether this command may use the GPU in this process: no ``cpu`` backend asked for (on the
+    command line, in the settings, or by the flow). A run on a cluster does too: it resolves the
+    backend and builds its graph of CuPy blocks here, which made the command's CUDA context after
+    its imports (2-GPU H200 machine: 0.46 s for the driver and 0.3 s for the context, before the
+    graph was built)."""
     import dask.config
 
-    if getattr(args, "cluster", None) or getattr(args, "scheduler", None) or getattr(args, "scheduler_file", None):
-        return False
     if (args.backend or dask.config.get("pipeline.backend", "auto")) == "cpu":
         return False
     return args.backend is not None or flow_path is None or _flow_backend(flow_path) != "cpu"

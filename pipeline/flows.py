@@ -825,8 +825,7 @@ def _run(flow: Flow, rep: dict, *, backend, output, client, progress, resume, im
     compiled_before = compile_seconds()
     t_backend = time.perf_counter()
     target = B.resolve(backend or flow.backend)  # a backend that is not there is refused before any write
-    if client is None:  # on a cluster the workers compute: this process needs no CUDA context
-        _initialize(target)
+    _initialize(target)
     t_backend = time.perf_counter() - t_backend
     sink_path = output or flow.sink.path
     check_sink(flow, sink_path)
@@ -938,9 +937,7 @@ def _stored_bytes(path: str, variable: str) -> int:
 
 def _initialize(backend: str) -> None:
     """Create the CUDA context now on the GPU (the first use of the device does), so that the
-    report counts it apart from the first task that would otherwise pay for it. Not where a
-    cluster computes: there it cost the command 0.4 s with one GPU visible and 0.7-0.8 s with two
-    (2-GPU H200 machine), before its graph was built, for a context it never used."""
+    report counts it apart from the first task that would otherwise pay for it."""
     if backend == "gpu":
         B.module("gpu").cuda.Device().synchronize()
 

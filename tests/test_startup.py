@@ -114,11 +114,11 @@ def test_to_numpy_imports_no_distributed_and_follows_an_active_client(demo):
     assert _probe(probe) == ["True", "False", "True", "True"]
 
 
-def test_the_cuda_context_is_started_early_only_where_the_gpu_may_compute(tmp_path, monkeypatch):
+def test_the_cuda_context_is_started_early_only_where_the_gpu_may_be_used(tmp_path, monkeypatch):
     """``pipeline run`` and ``convert`` start the CUDA context while they import (gpu/context.py),
-    unless the CPU is asked for (on the command line, in the settings or by the flow), a cluster
-    computes, or ``pipeline.gpu.early-context`` is false; without a driver the thread does nothing
-    and the command goes on."""
+    with a cluster too (the command builds the graph of CuPy blocks), unless the CPU is asked for
+    (on the command line, in the settings or by the flow) or ``pipeline.gpu.early-context`` is
+    false; without a driver the thread does nothing and the command goes on."""
     import argparse
 
     from pipeline import cli, state
@@ -136,7 +136,8 @@ def test_the_cuda_context_is_started_early_only_where_the_gpu_may_compute(tmp_pa
         assert not cli._may_use_gpu(args(), str(flow_cpu))
         assert cli._may_use_gpu(args("gpu"), str(flow_cpu))  # the command line wins over the flow
         assert not cli._may_use_gpu(args("cpu"), str(flow_any))
-        assert not cli._may_use_gpu(args(cluster="local-gpu"), str(flow_any))
+        assert cli._may_use_gpu(args(cluster="local-gpu"), str(flow_any))  # the command builds CuPy graphs
+        assert not cli._may_use_gpu(args("cpu", cluster="local-gpu"), str(flow_any))
         assert cli._may_use_gpu(args(), str(tmp_path / "missing.yaml"))  # its error comes later
     with dask.config.set({"pipeline.backend": "cpu"}):
         assert not cli._may_use_gpu(args(), str(flow_any))
