@@ -13,7 +13,8 @@
 #   processes the user's command (`pipeline run`, fresh processes, PROCS of each) on the three layouts
 #             users have (Zarr v3 as xarray writes it, Zarr v2 Blosc, NetCDF4 zlib; STEPS steps each)
 #             and a GWAS on the VCF Zarr store, without a cluster and with --cluster local-gpu on
-#             1..N GPUs, every process traced: one table (benchmarks/scaling.py --user-stores).
+#             1..N GPUs, every process traced: one table (benchmarks/scaling.py --user-stores), after
+#             WARM (64GB) of host memory is touched once (lent machines back memory as it is first used).
 # Usage: OUT=dir GPUS=1,2 bash benchmarks/run_scaling_gpu.sh data ceiling climate
 set -u
 OUT=${OUT:-out}; WORK=${WORK:-/tmp/scaling}; mkdir -p "$OUT" "$WORK"
@@ -53,7 +54,7 @@ for stage in "$@"; do
         --json "$OUT/scaling_genomics.json" > "$OUT/scaling_genomics.txt" 2>&1
       grep -v -E "Warning|warn" "$OUT/scaling_genomics.txt" | cut -c1-400 | tail -30 ;;
     processes)
-      timeout "${PROCESSES_TIMEOUT:-540}" python3 benchmarks/scaling.py --user-stores "${LAYOUTS:-v3-default,v2-blosc,zlib}" \
+      timeout "${PROCESSES_TIMEOUT:-540}" python3 benchmarks/scaling.py --warm-memory "${WARM:-64GB}" --user-stores "${LAYOUTS:-v3-default,v2-blosc,zlib}" \
         --shape "$STEPS,721,1440" --workdir "$WORK" --genomics-store "$GENOMICS" --gpus "$GPUS" --processes "${PROCS:-2}" \
         --trace --json "$OUT/scaling_processes.json" > "$OUT/scaling_processes.txt" 2>&1
       grep -v -E "Warning|warn" "$OUT/scaling_processes.txt" | cut -c1-200 | tail -20 ;;
