@@ -14,7 +14,7 @@
 #             users have (Zarr v3 as xarray writes it, Zarr v2 Blosc, NetCDF4 zlib; STEPS steps each)
 #             and a GWAS on the VCF Zarr store, without a cluster and with --cluster local-gpu on
 #             1..N GPUs, every process traced: one table (benchmarks/scaling.py --user-stores), after
-#             WARM (64GB) of host memory is touched once (lent machines back memory as it is first used).
+#             WARM (64GB) of host memory is touched once (virtual machines that back memory as it is first used).
 # Usage: OUT=dir GPUS=1,2 bash benchmarks/run_scaling_gpu.sh data ceiling climate
 set -u
 OUT=${OUT:-out}; WORK=${WORK:-/tmp/scaling}; mkdir -p "$OUT" "$WORK"
