@@ -330,9 +330,9 @@ def touch_memory(nbytes: int, threads: int = 16) -> float:
     """Fault in ``nbytes`` of anonymous memory on ``threads`` threads, then free it; the seconds
     taken. Some virtual machines back their memory only as it is first used: on the 2-GPU H200
     machine, about 3 GB/s. The first run that allocates tens of GB there (a process's pinned
-    buffers, the workers) pays seconds that the runs after it and a physical host do not: 13.7 GB
-    of pinned buffers took 4.5 s in one such run and 15.3 GB took 0.4 s in a later one. Touched
-    once first, every configuration meets the same machine."""
+    buffers, the workers) pays seconds that the runs after it and a physical host do not: pinned
+    buffers of 1.7 GB took 3.9-4.5 s each to fault in during one such run, and 0.1-0.5 s each in
+    a later one. Touched once first, every configuration meets the same machine."""
     import ctypes
     import mmap
     from concurrent.futures import ThreadPoolExecutor

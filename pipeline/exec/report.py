@@ -157,9 +157,9 @@ def _stat(path: str | os.PathLike) -> list[int]:
 
 def _tree_stats(top: str, prefix: str, entries: dict[str, list[int]]) -> None:
     """Size and mtime of every file under ``top``, keyed ``prefix`` + its path below ``top``, as
-    ``os.walk`` finds them (links to folders are not followed). Plain strings and ``os.scandir``:
-    ``pathlib`` objects cost 18 us a file against 1.5 us for the stat, which on a store of one
-    chunk a time step (12,410 files) was 0.2 s a walk, and a run walks its input twice."""
+    ``os.walk`` finds them (links to folders are not followed). Plain strings and ``os.scandir``
+    rather than ``pathlib`` objects: on a store of one chunk a time step (12,410 files), 0.09 s a
+    walk against 0.22 s (2-core machine), and a run walks its input twice."""
     with os.scandir(top) as it:
         for e in it:
             if e.is_dir():
