@@ -17,9 +17,15 @@ interval: one step ``sample`` for each stretch of a thread's samples in the same
 innermost frames, innermost first), for what the wrapped calls do not show. ``PIPELINE_TRACE_THREADS``
 adds threads to those: ``all``, or comma-separated beginnings of their names (``ThreadPoolExecutor``
 for the threads that compute a run without a cluster and for pipeline's I/O pool, ``Dask-Default``
-for a worker's)."""
+for a worker's). ``PIPELINE_SWITCH_INTERVAL`` (seconds) sets the interpreter's switch interval
+(``sys.setswitchinterval``), traced or not: an experiment on how threads share the GIL."""
 
 import os
+
+if os.environ.get("PIPELINE_SWITCH_INTERVAL"):  # an experiment's knob: the GIL's switch interval (s)
+    import sys
+
+    sys.setswitchinterval(float(os.environ["PIPELINE_SWITCH_INTERVAL"]))
 
 if os.environ.get("PIPELINE_TRACE_DIR"):
     import gc
@@ -56,7 +62,8 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
         "pipeline.exec.cluster": ["start_early", "open_cluster"],
         "pipeline.exec.worker": ["dask_setup"],
         "distributed.worker": ["_run_task"],
-        "pipeline.gpu.reader": ["read_block", "_decode_file"],
+        "pipeline.gpu.reader": ["read_block", "_decode_file", "_move_and_decode", "_decode_into_place"],
+        "pipeline.gpu.blosc": ["decode_frames"],
         "pipeline.gpu.engine": ["read_block_host", "to_device"],
         "pipeline.gpu.hdf5": ["read_block", "read_block_host", "decode_block_host"],
         "pipeline.gpu.ahead": ["read", "_decode"],
