@@ -62,6 +62,34 @@ def test_read_files_in_parallel_pieces(tmp_path, monkeypatch):
         assert buf[s:s + len(b)].tobytes() == b
 
 
+def test_small_files_are_read_several_to_a_job(tmp_path, monkeypatch):
+    from pipeline.gpu import engine
+
+    monkeypatch.setattr(reader, "PIECE", 1000)  # larger files in pieces of their own
+    monkeypatch.setattr(reader, "GROUP", 300)
+    rng = np.random.default_rng(1)
+    sizes = [120] * 10 + [0, 2500] + [90] * 7
+    paths = []
+    for k, n in enumerate(sizes):
+        p = tmp_path / f"f{k}"
+        p.write_bytes(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+        paths.append(str(p))
+    buf = np.zeros(sum(sizes), dtype=np.uint8)
+    files = reader.submit_reads(paths, sizes, buf)
+    jobs = {id(j) for _, waits in files for j in waits}
+    small = [waits for (_, waits), n in zip(files, sizes) if n <= 1000]
+    assert all(len(w) == 1 for w in small) and len({id(w[0]) for w in small}) < len(small)
+    assert len([w for (_, w), n in zip(files, sizes) if n > 1000][0]) == 3  # 2500 bytes in pieces of 1000
+    assert len(jobs) < len(sizes)
+    for (start, waits), path, n in zip(files, paths, sizes):
+        for j in waits:
+            j.result()
+        assert buf[start:start + n].tobytes() == open(path, "rb").read()
+    # a file cut since its size was taken: the job fails, naming it
+    with pytest.raises(OSError, match="f3: short read"):
+        engine.read_whole_files([paths[0], paths[3]], [memoryview(np.zeros(120, np.uint8)), memoryview(np.zeros(200, np.uint8))])
+
+
 def test_memory_limits_are_bytes_or_fractions():
     from pipeline.backend import _bytes_or_fraction
 
