@@ -63,8 +63,6 @@ def test_read_files_in_parallel_pieces(tmp_path, monkeypatch):
 
 
 def test_small_files_are_read_several_to_a_job(tmp_path, monkeypatch):
-    from pipeline.gpu import engine
-
     monkeypatch.setattr(reader, "PIECE", 1000)  # larger files in pieces of their own
     monkeypatch.setattr(reader, "GROUP", 300)
     rng = np.random.default_rng(1)
@@ -85,9 +83,26 @@ def test_small_files_are_read_several_to_a_job(tmp_path, monkeypatch):
         for j in waits:
             j.result()
         assert buf[start:start + n].tobytes() == open(path, "rb").read()
-    # a file cut since its size was taken: the job fails, naming it
-    with pytest.raises(OSError, match="f3: short read"):
-        engine.read_whole_files([paths[0], paths[3]], [memoryview(np.zeros(120, np.uint8)), memoryview(np.zeros(200, np.uint8))])
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_group_of_files_names_the_file_it_could_not_read(tmp_path, monkeypatch, compiled):
+    from pipeline.gpu import engine
+
+    if not compiled:  # without Numba: Python's calls, a file at a time
+        monkeypatch.setattr(engine, "_loop", [None])
+    else:
+        assert engine.file_loop() is not None
+    paths = []
+    for k, n in enumerate((120, 130, 140)):
+        (tmp_path / f"f{k}").write_bytes(bytes((k * 7 + i) % 256 for i in range(n)))
+        paths.append(str(tmp_path / f"f{k}"))
+    buf = np.zeros(1000, dtype=np.uint8)
+    engine.read_whole_files(paths, buf, [0, 120, 250], [120, 130, 140])
+    assert buf[:390].tobytes() == b"".join(open(p, "rb").read() for p in paths)
+    with pytest.raises(OSError, match="f1: short read"):  # a file cut since its size was taken
+        engine.read_whole_files(paths, buf, [0, 120, 400], [120, 200, 140])
+    with pytest.raises(FileNotFoundError):  # or gone
+        engine.read_whole_files([paths[0], str(tmp_path / "gone")], buf, [0, 120], [120, 10])
 
 
 def test_memory_limits_are_bytes_or_fractions():

@@ -53,7 +53,8 @@ from ..errors import DecodeError, UnsupportedLayout, chunk_error
 from ..kernels.copies import copy_into
 from . import pinned, split
 from .engine import (GROUP, PIECE, BlockSource, aligned, block_chunks, block_stream, dask_array, decode_frames,
-                     decode_host, map_file, pread_into, read_block_host, read_whole_files, staged_read)
+                     decode_host, map_file, pread_into, prepare_file_loop, read_block_host, read_whole_files,
+                     staged_read)
 from .iopool import io_pool
 from .nvcomp import nvcomp_available
 
@@ -343,8 +344,8 @@ def submit_reads(paths: list[str], sizes: list[int], buffer: np.ndarray) -> list
 
     def submit_group():
         if group:
-            job = pool.submit(read_whole_files, [paths[k] for k in group],
-                              [mv[starts[k]:starts[k] + sizes[k]] for k in group], ticket=ticket)
+            job = pool.submit(read_whole_files, [paths[k] for k in group], buffer, [starts[k] for k in group],
+                              [sizes[k] for k in group], ticket=ticket)
             for k in group:
                 files[k][1].append(job)
             group.clear()
@@ -870,6 +871,7 @@ def open_array(store: str | os.PathLike, name: str, chunks=None, *, nvcomp: bool
             lay = layout(root)
             if aligned(chunks, lay.chunk):
                 source = GpuSource(lay, arr.ndim, arr.shape, lay.dtype, chunks)
+                prepare_file_loop()  # built while the graph is made, not by the first reads
         except UnsupportedLayout:
             pass
     if source is None:
