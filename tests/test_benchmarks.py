@@ -472,5 +472,14 @@ def test_host_codecs_smoke():
     assert all(r["GBps"] > 0 for r in rows)
 
 
+def test_small_files_smoke(tmp_path):
+    rng = np.random.default_rng(0)
+    for k in range(30):
+        (tmp_path / f"{k}.0.0").write_bytes(rng.integers(0, 256, 1000 + 37 * k, dtype=np.uint8).tobytes())
+    rows = load("small_files").main([str(tmp_path), "--threads", "1,2", "--group", "5000", "--busy", "1"])
+    assert {(r["way"], r["threads"]) for r in rows} == {(w, n) for w in ("python", "loop") for n in (1, 2)}
+    assert all(r["GBps"] > 0 for r in rows)
+
+
 def test_scaling_touches_memory():
     assert load("scaling").touch_memory(8 << 20, threads=2) > 0

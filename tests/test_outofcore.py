@@ -86,23 +86,23 @@ def test_small_files_are_read_several_to_a_job(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("compiled", [True, False])
 def test_a_group_of_files_names_the_file_it_could_not_read(tmp_path, monkeypatch, compiled):
-    from pipeline.gpu import engine
+    from pipeline.gpu import files
 
-    if not compiled:  # without Numba: Python's calls, a file at a time
-        monkeypatch.setattr(engine, "_loop", [None])
+    if not compiled:  # without the compiled loop: Python's calls, a file at a time
+        monkeypatch.setattr(files, "_built", [None])
     else:
-        assert engine.file_loop() is not None
+        assert files.file_loop() is not None
     paths = []
     for k, n in enumerate((120, 130, 140)):
         (tmp_path / f"f{k}").write_bytes(bytes((k * 7 + i) % 256 for i in range(n)))
         paths.append(str(tmp_path / f"f{k}"))
     buf = np.zeros(1000, dtype=np.uint8)
-    engine.read_whole_files(paths, buf, [0, 120, 250], [120, 130, 140])
+    files.read_whole_files(paths, buf, [0, 120, 250], [120, 130, 140])
     assert buf[:390].tobytes() == b"".join(open(p, "rb").read() for p in paths)
     with pytest.raises(OSError, match="f1: short read"):  # a file cut since its size was taken
-        engine.read_whole_files(paths, buf, [0, 120, 400], [120, 200, 140])
+        files.read_whole_files(paths, buf, [0, 120, 400], [120, 200, 140])
     with pytest.raises(FileNotFoundError):  # or gone
-        engine.read_whole_files([paths[0], str(tmp_path / "gone")], buf, [0, 120], [120, 10])
+        files.read_whole_files([paths[0], str(tmp_path / "gone")], buf, [0, 120], [120, 10])
 
 
 def test_memory_limits_are_bytes_or_fractions():

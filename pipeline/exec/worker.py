@@ -51,10 +51,6 @@ def dask_setup(worker) -> None:
             importlib.import_module(name)
         except Exception:  # a library this worker lacks: its first task reports what is wrong
             logging.getLogger(__name__).debug("worker warm-up: %s not imported", name, exc_info=True)
-    if gpu:
-        from ..gpu.engine import prepare_file_loop
-
-        prepare_file_loop()  # the reader's compiled loop, before the first task reads
     logging.getLogger(__name__).debug("worker warm-up took %.2f s", time.perf_counter() - t)
 
 

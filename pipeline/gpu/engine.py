@@ -22,7 +22,7 @@ both do with a plan is here:
 - the chunks of a block and their places (:func:`block_chunks`), and whether Dask's blocks are
   made of whole stored chunks (:func:`aligned`);
 - reads into pinned host memory (:func:`pread_into`, in pieces of ``PIECE`` bytes on the I/O
-  pool, :mod:`pipeline.gpu.iopool`; small files several to a job, :func:`read_whole_files`);
+  pool, :mod:`pipeline.gpu.iopool`; small files several to a job, :mod:`pipeline.gpu.files`);
 - the block's device work on a pooled CUDA stream that first waits for the default stream
   (:func:`block_stream`);
 - one batched decode a block, dispatched by codec (:func:`decode_frames`): nvCOMP for zstd and
@@ -43,7 +43,6 @@ import functools
 import itertools
 import math
 import os
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -58,7 +57,7 @@ from .nvcomp import _copy_frames, _decode_frames, decode_batch
 from .streams import context
 
 PIECE = 16 << 20  # reads above this are split in pieces of this size, which the I/O pool runs in parallel
-GROUP = 1 << 20  # the least bytes of small files that one I/O job reads (read_whole_files)
+GROUP = 1 << 20  # the least bytes of small files that one I/O job reads (pipeline.gpu.files)
 
 
 # --- the chunks of a block ------------------------------------------------------------------------
@@ -111,96 +110,6 @@ def pread_into(path: str, offset: int, views: list) -> None:
         os.close(fd)
     if got != want:
         raise OSError(f"{path}: short read at {offset} ({got} of {want} bytes)")
-
-
-def read_whole_files(paths: list[str], buffer: np.ndarray, starts: list[int], sizes: list[int]) -> None:
-    """Whole files, one after another, file ``k`` into ``buffer[starts[k]:starts[k] + sizes[k]]``:
-    one I/O job for several small chunk files, read by a compiled loop that holds no GIL
-    (:func:`file_loop`). OSError on a file that cannot be opened or is shorter than planned (cut
-    since), which sends the block to the fallback.
-
-    Why not one ``os.open``/``os.preadv``/``os.close`` a file, as before: each call releases the
-    GIL and takes it back, and the I/O threads then wait for it in turn behind each other and the
-    task threads. On the 2-GPU H200 machine, over a Zarr v2 Blosc store of 12,410 files of 2.6 MB,
-    one worker's 16 I/O threads spent 26 s in ``preadv``, 5.7 s in ``open`` and 3.9 s in
-    ``close`` to read 31 GB (7 GB/s); here (benchmarks/small_files.py, 2 cores), with one thread
-    running Python beside them, two threads read 0.04 GB/s that way and 3.1 GB/s through the loop.
-    One job a file, before that, also made the I/O pool's queue a bottleneck (the task threads
-    spent 4.3 s and the I/O threads 15 s waiting for its lock)."""
-    loop = file_loop()
-    if loop is None:  # no Numba to build it with: Python's calls, a file at a time
-        for path, start, size in zip(paths, starts, sizes):
-            pread_into(path, 0, [memoryview(buffer)[start:start + size]])
-        return
-    names = [os.fsencode(p) + b"\0" for p in paths]
-    at = np.fromiter(itertools.accumulate([0] + [len(n) for n in names[:-1]]), dtype=np.int64, count=len(names))
-    packed = np.frombuffer(b"".join(names), dtype=np.uint8)
-    dests = buffer.ctypes.data + np.asarray(starts, dtype=np.int64)
-    want = np.asarray(sizes, dtype=np.int64)
-    got = np.zeros(len(paths), dtype=np.int64)
-    loop(packed, at, dests, want, got)
-    for k in np.flatnonzero(got != want).tolist()[:1]:
-        if got[k] < 0:
-            os.stat(paths[k])  # FileNotFoundError, PermissionError, ... as Python names them
-            raise OSError(f"{paths[k]}: could not be opened")
-        raise OSError(f"{paths[k]}: short read ({got[k]} of {want[k]} bytes)")
-
-
-_loop_lock = threading.Lock()
-_loop: list = []  # the compiled loop once built (None where it cannot be)
-
-
-def file_loop():
-    """The loop of :func:`read_whole_files`: Numba-compiled (kept in Numba's cache on disk), over
-    libc's ``open``, ``pread`` and ``close`` by name, with the GIL released for a whole group of
-    files; None where Numba cannot build it. Built once a process, on first use or ahead of it
-    (:func:`prepare_file_loop`)."""
-    with _loop_lock:
-        if not _loop:
-            try:
-                _loop.append(_build_loop())
-            except Exception as e:  # any failure: Python's calls read the files
-                import logging
-
-                logging.getLogger(__name__).debug("the file loop could not be built (%s): files are read by Python's calls", e)
-                _loop.append(None)
-        return _loop[0]
-
-
-def _build_loop():
-    import numba
-    from numba.core import types
-
-    c_open = types.ExternalFunction("open", types.int32(types.intp, types.int32))
-    c_pread = types.ExternalFunction("pread", types.intp(types.int32, types.intp, types.uintp, types.intp))
-    c_close = types.ExternalFunction("close", types.int32(types.int32))
-
-    @numba.njit(nogil=True, cache=True)
-    def loop(names, name_at, dests, sizes, got):
-        base = names.ctypes.data
-        for k in range(len(sizes)):
-            fd = c_open(base + name_at[k], 0)  # O_RDONLY
-            if fd < 0:
-                got[k] = -1
-                continue
-            done = 0
-            while done < sizes[k]:
-                n = c_pread(fd, dests[k] + done, sizes[k] - done, done)
-                if n <= 0:
-                    break
-                done += n
-            got[k] = done
-            c_close(fd)
-
-    one = np.zeros(1, dtype=np.int64)
-    loop(np.zeros(1, dtype=np.uint8), one[:0], one[:0], one[:0], one[:0])  # compiled (or loaded) here
-    return loop
-
-
-def prepare_file_loop() -> None:
-    """Build :func:`file_loop` on a thread of its own, ahead of the first block's reads."""
-    if not _loop:
-        threading.Thread(target=file_loop, name="pipeline-file-loop", daemon=True).start()
 
 
 @contextmanager

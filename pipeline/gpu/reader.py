@@ -53,8 +53,8 @@ from ..errors import DecodeError, UnsupportedLayout, chunk_error
 from ..kernels.copies import copy_into
 from . import pinned, split
 from .engine import (GROUP, PIECE, BlockSource, aligned, block_chunks, block_stream, dask_array, decode_frames,
-                     decode_host, map_file, pread_into, prepare_file_loop, read_block_host, read_whole_files,
-                     staged_read)
+                     decode_host, map_file, pread_into, read_block_host, staged_read)
+from .files import read_whole_files
 from .iopool import io_pool
 from .nvcomp import nvcomp_available
 
@@ -331,7 +331,7 @@ def submit_pins(paths: list[str], stats: list[os.stat_result]) -> list[Future]:
 def submit_reads(paths: list[str], sizes: list[int], buffer: np.ndarray) -> list[tuple[int, list[Future]]]:
     """Start reading whole files one after another into ``buffer``: (start, jobs) for each file,
     in order. Large files are split into pieces that the I/O pool reads in parallel; consecutive
-    small files are read several to a job (:func:`pipeline.gpu.engine.read_whole_files`), about
+    small files are read several to a job (:func:`pipeline.gpu.files.read_whole_files`), about
     ``PIECE`` bytes a job, less (down to ``GROUP``) where that would leave I/O threads without
     one. All the jobs share one place in the pool's order."""
     starts = list(itertools.accumulate([0] + sizes[:-1]))
@@ -871,7 +871,6 @@ def open_array(store: str | os.PathLike, name: str, chunks=None, *, nvcomp: bool
             lay = layout(root)
             if aligned(chunks, lay.chunk):
                 source = GpuSource(lay, arr.ndim, arr.shape, lay.dtype, chunks)
-                prepare_file_loop()  # built while the graph is made, not by the first reads
         except UnsupportedLayout:
             pass
     if source is None:
