@@ -5,15 +5,17 @@ files of a few MB. Read through Python's ``os.open``, ``os.preadv`` and ``os.clo
 releases the GIL three times and takes it back three times, and the I/O threads then wait for it
 in turn behind each other and behind the task threads: on the 2-GPU H200 machine, one worker's 16
 I/O threads spent 26 s in ``preadv``, 5.7 s in ``open`` and 3.9 s in ``close`` reading 12,410
-files (31 GB) at 7 GB/s. There, 16 threads read 4,000 of those files at 42 GB/s that way while
-nothing else ran, and at 1.3 GB/s beside two threads running Python; :func:`read_whole_files`
-read them at 46 and 18.5 GB/s (benchmarks/small_files.py).
+files (31 GB) at 7 GB/s. There (benchmarks/small_files.py, 4,000 of those files in groups of
+16 MB), 16 threads read 42-46 GB/s either way while nothing else ran; beside two threads running
+Python, a call a file read 1.3 GB/s, and a group a call through the same loop (compiled by Numba
+then) 18.5 GB/s. In the user's command on that store, one GPU's run took 3.9 s against 4.7 s
+(medians of three, fresh processes; benchmarks/RESULTS.md, "Small chunk files").
 
 The loop over a group of files is a few lines of LLVM IR over libc's ``open``, ``pread`` and
 ``close``, compiled once a process by llvmlite (Numba's own compiler back end, installed with it)
 and called through ctypes, which releases the GIL for the whole call. Not a Numba function: a
 fresh process took 0.4 s to import Numba and 0.75 s more to build the function from Numba's
-cache, on the read path's first block; llvmlite imports and compiles this in about 0.05 s. Where
+cache, on the read path's first block; llvmlite imports and compiles this in 0.03 s. Where
 llvmlite is missing or fails, the files are read by Python's calls, one at a time.
 """
 
