@@ -3,6 +3,8 @@ the reader's parallel piecewise file reads return the files' bytes."""
 
 from __future__ import annotations
 
+import os
+
 import dask
 import numpy as np
 import pytest
@@ -97,8 +99,11 @@ def test_a_group_of_files_names_the_file_it_could_not_read(tmp_path, monkeypatch
         (tmp_path / f"f{k}").write_bytes(bytes((k * 7 + i) % 256 for i in range(n)))
         paths.append(str(tmp_path / f"f{k}"))
     buf = np.zeros(1000, dtype=np.uint8)
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
     files.read_whole_files(paths, buf, [0, 120, 250], [120, 130, 140])
     assert buf[:390].tobytes() == b"".join(open(p, "rb").read() for p in paths)
+    if fds is not None:  # every file it opened, closed
+        assert len(os.listdir("/proc/self/fd")) == fds
     with pytest.raises(OSError, match="f1: short read"):  # a file cut since its size was taken
         files.read_whole_files(paths, buf, [0, 120, 400], [120, 200, 140])
     with pytest.raises(FileNotFoundError):  # or gone

@@ -30,15 +30,16 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-# read_files(n, names, dests, sizes, got): for each k < n, open the NUL-terminated path names[k]
-# read-only and pread sizes[k] bytes from its start into dests[k], in as many calls as it takes;
-# got[k] is the bytes read (fewer at the end of a file that is too short) or -1 where open failed.
+# read_files(n, names, dests, sizes, got, flags): for each k < n, open the NUL-terminated path
+# names[k] with ``flags`` (read-only, closed on exec, as Python's os.open) and pread sizes[k] bytes
+# from its start into dests[k], in as many calls as it takes; got[k] is the bytes read (fewer at
+# the end of a file that is too short) or -1 where open failed.
 LOOP_IR = r"""
 declare i32 @open(ptr, i32, ...)
 declare i64 @pread(i32, ptr, i64, i64)
 declare i32 @close(i32)
 
-define void @read_files(i64 %n, ptr %names, ptr %dests, ptr %sizes, ptr %got) {
+define void @read_files(i64 %n, ptr %names, ptr %dests, ptr %sizes, ptr %got, i32 %flags) {
 entry:
   br label %loop
 loop:
@@ -48,7 +49,7 @@ loop:
 body:
   %np = getelementptr ptr, ptr %names, i64 %k
   %name = load ptr, ptr %np
-  %fd = call i32 (ptr, i32, ...) @open(ptr %name, i32 0)
+  %fd = call i32 (ptr, i32, ...) @open(ptr %name, i32 %flags)
   %gp = getelementptr i64, ptr %got, i64 %k
   %bad = icmp slt i32 %fd, 0
   br i1 %bad, label %fail, label %opened
@@ -86,7 +87,8 @@ done:
 }
 """
 
-_SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+_SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_int32)
 _lock = threading.Lock()
 _built: list = []  # [the compiled loop, its engine] once built; [None] where it cannot be
 
@@ -123,29 +125,20 @@ def read_whole_files(paths: list[str], buffer: np.ndarray, starts: list[int], si
     to the fallback."""
     loop = file_loop()
     if loop is None:
+        from .engine import pread_into
+
         view = memoryview(buffer)
         for path, start, size in zip(paths, starts, sizes):
-            _pread(path, view[start:start + size])
+            pread_into(path, 0, [view[start:start + size]])
         return
     names = (ctypes.c_char_p * len(paths))(*[os.fsencode(p) for p in paths])  # NUL-terminated, alive until return
     dests = buffer.ctypes.data + np.asarray(starts, dtype=np.int64)
     want = np.asarray(sizes, dtype=np.int64)
     got = np.zeros(len(paths), dtype=np.int64)
-    loop(len(paths), ctypes.cast(names, ctypes.c_void_p), dests.ctypes.data, want.ctypes.data, got.ctypes.data)
+    loop(len(paths), ctypes.cast(names, ctypes.c_void_p), dests.ctypes.data, want.ctypes.data, got.ctypes.data,
+         os.O_RDONLY | os.O_CLOEXEC)
     for k in np.flatnonzero(got != want).tolist()[:1]:
         if got[k] < 0:
             os.stat(paths[k])  # FileNotFoundError, PermissionError, ... as Python names them
             raise OSError(f"{paths[k]}: could not be opened")
         raise OSError(f"{paths[k]}: short read ({got[k]} of {want[k]} bytes)")
-
-
-def _pread(path: str, view: memoryview) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        got = os.preadv(fd, [view], 0)
-    finally:
-        os.close(fd)
-    if got != len(view):
-        raise OSError(f"{path}: short read ({got} of {len(view)} bytes)")
-
-
