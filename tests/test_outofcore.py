@@ -108,6 +108,8 @@ def test_a_group_of_files_names_the_file_it_could_not_read(tmp_path, monkeypatch
         files.read_whole_files(paths, buf, [0, 120, 400], [120, 200, 140])
     with pytest.raises(FileNotFoundError):  # or gone
         files.read_whole_files([paths[0], str(tmp_path / "gone")], buf, [0, 120], [120, 10])
+    with pytest.raises(OSError):  # a read that fails each time (a folder's): tried again, then said
+        files.read_whole_files([str(tmp_path)], buf, [0], [10])
 
 
 def test_memory_limits_are_bytes_or_fractions():

@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 # read_files(n, names, dests, sizes, got, flags): for each k < n, open the NUL-terminated path
 # names[k] with ``flags`` (read-only, closed on exec, as Python's os.open) and pread sizes[k] bytes
 # from its start into dests[k], in as many calls as it takes; got[k] is the bytes read (fewer at
-# the end of a file that is too short) or -1 where open failed.
+# the end of a file that is too short) or -1 where open failed. A call that fails is tried again,
+# up to 8 times in a row: on a network file system a signal can interrupt it (EINTR), which
+# Python's own calls retry (PEP 475); a lasting error fails each time and ends as a short read.
 LOOP_IR = r"""
 declare i32 @open(ptr, i32, ...)
 declare i64 @pread(i32, ptr, i64, i64)
@@ -49,10 +51,17 @@ loop:
 body:
   %np = getelementptr ptr, ptr %names, i64 %k
   %name = load ptr, ptr %np
-  %fd = call i32 (ptr, i32, ...) @open(ptr %name, i32 %flags)
   %gp = getelementptr i64, ptr %got, i64 %k
+  br label %open
+open:
+  %opens = phi i32 [0, %body], [%opens1, %reopen]
+  %fd = call i32 (ptr, i32, ...) @open(ptr %name, i32 %flags)
   %bad = icmp slt i32 %fd, 0
-  br i1 %bad, label %fail, label %opened
+  br i1 %bad, label %reopen, label %opened
+reopen:
+  %opens1 = add i32 %opens, 1
+  %again = icmp slt i32 %opens1, TRIES
+  br i1 %again, label %open, label %fail
 fail:
   store i64 -1, ptr %gp
   br label %next
@@ -63,7 +72,8 @@ opened:
   %size = load i64, ptr %sp
   br label %read
 read:
-  %have = phi i64 [0, %opened], [%have1, %piece]
+  %have = phi i64 [0, %opened], [%have1, %advance], [%have, %retry]
+  %tries = phi i32 [0, %opened], [0, %advance], [%tries1, %retry]
   %want = icmp slt i64 %have, %size
   br i1 %want, label %call, label %closed
 call:
@@ -71,9 +81,17 @@ call:
   %left = sub i64 %size, %have
   %r = call i64 @pread(i32 %fd, ptr %at, i64 %left, i64 %have)
   %ok = icmp sgt i64 %r, 0
+  br i1 %ok, label %advance, label %failed
+advance:
   %have1 = add i64 %have, %r
-  br i1 %ok, label %piece, label %closed
-piece:
+  br label %read
+failed:
+  %error = icmp slt i64 %r, 0
+  %tries1 = add i32 %tries, 1
+  %retries = icmp slt i32 %tries1, TRIES
+  %retry_it = and i1 %error, %retries
+  br i1 %retry_it, label %retry, label %closed
+retry:
   br label %read
 closed:
   store i64 %have, ptr %gp
@@ -85,7 +103,7 @@ next:
 done:
   ret void
 }
-"""
+""".replace("TRIES", "8")
 
 _SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_int32)
