@@ -11,11 +11,12 @@ reads the layouts that the Zarr v3 (and v2) specifications define, and anything 
 One Dask task reads one block of whole chunks (or shards):
 
 1. the chunk files are read into one pinned host buffer (:mod:`pipeline.gpu.pinned`), large files in
-   pieces, by a pool of I/O threads that serves the earliest read first (file reads release the
-   GIL); or, where ``pipeline.gpu.pinned-files`` leaves room, each file is pinned where it lies in
-   the page cache, once, and later reads of it skip the copy to a buffer;
-2. each file's compressed bytes cross to the device by an asynchronous copy as soon as the file
-   is read, on the task thread's own CUDA stream;
+   pieces and small ones several to a job (:mod:`pipeline.gpu.files`, one call that holds no GIL
+   a group), by a pool of I/O threads that serves the earliest read first; or, where
+   ``pipeline.gpu.pinned-files`` leaves room, each file is pinned where it lies in the page cache,
+   once, and later reads of it skip the copy to a buffer;
+2. each file's compressed bytes cross to the device by an asynchronous copy once the file is read
+   (files next to each other in the buffer together), on the task thread's own CUDA stream;
 3. one nvCOMP batch decodes every zstd frame of the block (a chunk, or every inner chunk of a
    shard) into its place in the output, or into a scratch buffer that one copy rearranges; the
    decode is queued without reading the frames' sizes back. Files of one large frame (zarr's
