@@ -10,6 +10,11 @@
 #   climate   the three climate flows on 1..N GPUs under a device budget (benchmarks/scaling.py);
 #   genomics  pca and gwas_linear_regression on 1..N GPUs, same budget;
 #   tests     the cluster tests on the GPU, and the fixed cost of a distributed run on a tiny flow;
+#   compare   the user's command before and after a change, side by side: OLD_TREE holds an older
+#             commit's pipeline/, benchmarks/ and flows/ (`git archive REV pipeline benchmarks flows |
+#             tar -x -C DIR`); `processes`' table (one process of each configuration, traced) for the
+#             old tree and this one in turn, ROUNDS (3) times, over LAYOUTS (SCALING_ARGS: more of
+#             scaling.py's options); the tables, the JSON and the traces go to $OUT/compare.tgz;
 #   processes the user's command (`pipeline run`, fresh processes, PROCS of each) on the three layouts
 #             users have (Zarr v3 as xarray writes it, Zarr v2 Blosc, NetCDF4 zlib; STEPS steps each)
 #             and a GWAS on the VCF Zarr store, without a cluster and with --cluster local-gpu on
@@ -58,6 +63,23 @@ for stage in "$@"; do
         --shape "$STEPS,721,1440" --workdir "$WORK" --genomics-store "$GENOMICS" --gpus "$GPUS" --processes "${PROCS:-2}" \
         --trace --json "$OUT/scaling_processes.json" > "$OUT/scaling_processes.txt" 2>&1
       grep -v -E "Warning|warn" "$OUT/scaling_processes.txt" | cut -c1-200 | tail -20 ;;
+    compare)
+      mkdir -p "$WORK/compare"; warm="--warm-memory ${WARM:-64GB}"
+      for round in $(seq "${ROUNDS:-3}"); do
+        for side in old new; do
+          tree=$PWD; [ "$side" = old ] && tree=$(cd "$OLD_TREE" && pwd)
+          name="$side$round"
+          (cd "$tree" && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" timeout "${COMPARE_TIMEOUT:-200}" python3 benchmarks/scaling.py $warm \
+            --user-stores "${LAYOUTS:-v2-blosc}" --shape "$STEPS,721,1440" --workdir "$WORK" --gpus "$GPUS" --processes 1 --trace \
+            ${SCALING_ARGS:-} --json "$WORK/compare/$name.json" > "$WORK/compare/$name.txt" 2>&1)
+          warm=""
+          echo "== $name"; grep -E "^(v2|v3|zlib)" "$WORK/compare/$name.txt" | cut -c1-120
+          mkdir -p "$WORK/compare/traces-$name"
+          (cd "$WORK/scaling-processes" && tar cf - --exclude='*.zarr' .) | tar xf - -C "$WORK/compare/traces-$name"
+          rm -rf "$WORK/scaling-processes"
+        done
+      done
+      tar czf "$OUT/compare.tgz" -C "$WORK" compare ;;
     tests)
       timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attach.py tests/test_cluster.py tests/test_locality.py \
         tests/test_genomics_pca.py > "$OUT/cluster_tests.txt" 2>&1
