@@ -24,15 +24,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.gpu import files  # noqa: E402
+from pipeline.gpu.engine import pread_into  # noqa: E402
 
 
 def python_group(paths, views):
     for path, view in zip(paths, views):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.preadv(fd, [view], 0)
-        finally:
-            os.close(fd)
+        pread_into(path, 0, [view])  # os.open, os.preadv, os.close
 
 
 def main(argv=None) -> None:

@@ -57,7 +57,6 @@ from .nvcomp import _copy_frames, _decode_frames, decode_batch
 from .streams import context
 
 PIECE = 16 << 20  # reads above this are split in pieces of this size, which the I/O pool runs in parallel
-GROUP = 1 << 20  # the least bytes of small files that one I/O job reads (pipeline.gpu.files)
 
 
 # --- the chunks of a block ------------------------------------------------------------------------

@@ -53,13 +53,14 @@ from ..backend import use_device_memory_limit
 from ..errors import DecodeError, UnsupportedLayout, chunk_error
 from ..kernels.copies import copy_into
 from . import pinned, split
-from .engine import (GROUP, PIECE, BlockSource, aligned, block_chunks, block_stream, dask_array, decode_frames,
+from .engine import (PIECE, BlockSource, aligned, block_chunks, block_stream, dask_array, decode_frames,
                      decode_host, map_file, pread_into, read_block_host, staged_read)
 from .files import read_whole_files
 from .iopool import io_pool
 from .nvcomp import nvcomp_available
 
 MISSING = np.uint64(2**64 - 1)
+GROUP = 1 << 20  # the least bytes of small files that one I/O job reads (submit_reads)
 COPY = 64 << 20  # the most bytes of staged files that cross to the device in one copy
 
 
@@ -301,13 +302,6 @@ def decode_chunk_host(lay: Layout, blob: bytes) -> np.ndarray:
 # --- reading a block on the GPU -----------------------------------------------------------------
 
 
-def _read_into(path: str, view: memoryview) -> None:
-    with open(path, "rb", buffering=0) as f:
-        got = f.readinto(view)
-    if got != len(view):
-        raise OSError(f"{path}: short read ({got} of {len(view)} bytes)")
-
-
 def _pin_or_own(path: str, st: os.stat_result):
     """The file pinned in the page cache (:func:`pipeline.gpu.pinned.pin_file`), or, where the room
     went to other files meanwhile (or pinning failed), read into host memory of its own: pageable,
@@ -315,7 +309,7 @@ def _pin_or_own(path: str, st: os.stat_result):
     f = pinned.pin_file(path, st)
     if f is None:
         own = np.empty(st.st_size, dtype=np.uint8)
-        _read_into(path, memoryview(own))
+        pread_into(path, 0, [memoryview(own)])
         return own
     return f
 
