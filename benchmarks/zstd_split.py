@@ -77,6 +77,9 @@ def main(argv=None) -> dict:
     p.add_argument("--chunk", type=int, default=73)
     p.add_argument("--workdir", default="data/bench")
     p.add_argument("--threads", type=int, default=16)
+    p.add_argument("--batches", default="1,2,4,8,12,16,all",
+                   help="frames in one nvCOMP batch, comma-separated (all: every frame)")
+    p.add_argument("--quick", action="store_true", help="only cpu_one, cpu_all and the batches")
     p.add_argument("--json")
     a = p.parse_args(argv)
     shape = tuple(int(s) for s in a.shape.split(","))
@@ -117,7 +120,12 @@ def main(argv=None) -> dict:
             streams[0].synchronize()
             del keep
 
-        out["gpu_batch"] = {k: timed(lambda k=k: batch(k)) for k in sorted({1, 2, 4, 8, 12, 16, n}) if k <= n}
+        ks = {n if k == "all" else int(k) for k in a.batches.split(",")}
+        out["gpu_batch"] = {k: timed(lambda k=k: batch(k)) for k in sorted(ks) if k <= n}
+        out["gpu_batch_GBps"] = {k: k * nbytes / s / 1e9 for k, s in out["gpu_batch"].items()}
+        if a.quick:
+            print(json.dumps(out, indent=1))
+            return out
 
         def concurrent(k):
             keep = [gpu([j], j) for j in range(k)]

@@ -437,6 +437,18 @@ def test_split_rates_follow_measurements(monkeypatch):
     assert r.gpu_batch > 7e9
 
 
+def test_split_rates_read_either_spelling_of_their_keys(monkeypatch):
+    """DASK_PIPELINE__GPU__DECODE_RATES__GPU_BATCH sets "gpu_batch", which dask keeps as spelt."""
+    from pipeline import state
+    from pipeline.gpu import split
+
+    monkeypatch.setattr(state, "decode", state.DecodeState())
+    monkeypatch.setenv("DASK_PIPELINE__GPU__DECODE_RATES__GPU_BATCH", "40GB")
+    with dask.config.set(dask.config.collect_env()):
+        r = split.rates()
+    assert r.gpu_batch == 40e9 and r.gpu_frame == 380e6 and r.cpu_frame == 600e6
+
+
 @requires_gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("cpu_rate", ["1GB", "1PB", "1B"])

@@ -44,7 +44,8 @@ class Rates:
 def _defaults() -> Rates:
     from dask.utils import parse_bytes
 
-    cfg = config.get("gpu.decode-rates", None) or {}
+    # dask's config keeps a key as it was set: "gpu_batch" from DASK_PIPELINE__GPU__DECODE_RATES__GPU_BATCH
+    cfg = {k.replace("_", "-"): v for k, v in (config.get("gpu.decode-rates", None) or {}).items()}
 
     def rate(key, default):
         value = cfg.get(key, default)
