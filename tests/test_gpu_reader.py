@@ -427,14 +427,14 @@ def test_split_rates_follow_measurements(monkeypatch):
     monkeypatch.setattr(state, "decode", state.DecodeState())
     with dask.config.set({"pipeline.gpu.decode-rates": {"cpu-frame": "100MB"}}):
         r = split.rates()
-    assert r.cpu_frame == 100e6 and r.gpu_batch == 7e9
+    assert r.cpu_frame == 100e6 and r.gpu_batch == 20e9
     split.observe_cpu(200_000_000, 0.5)  # 400 MB/s measured
     assert 100e6 < r.cpu_frame < 400e6
     before = r.gpu_frame
     split.observe_gpu(300_000_000, 300_000_000, 0.3)  # one large frame: its rate
-    assert r.gpu_frame > before and r.gpu_batch == 7e9
-    split.observe_gpu(1_000_000, 4_000_000_000, 0.2)  # many small frames: the batch rate
-    assert r.gpu_batch > 7e9
+    assert r.gpu_frame > before and r.gpu_batch == 20e9
+    split.observe_gpu(1_000_000, 8_000_000_000, 0.2)  # many small frames: the batch rate
+    assert r.gpu_batch > 20e9
 
 
 def test_split_rates_read_either_spelling_of_their_keys(monkeypatch):
@@ -472,3 +472,51 @@ def test_gpu_read_of_zarr_default_zstd_split_between_gpu_and_cpu(tmp_path, monke
         out = ds["tas"].data.compute()
     assert isinstance(out, cp.ndarray)
     np.testing.assert_array_equal(cp.asnumpy(out), values)
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_blocks_read_at_once_share_the_devices_batch_of_large_frames(tmp_path, monkeypatch):
+    """Frames of the blocks read at once go in one nvCOMP batch of the device
+    (pipeline.gpu.nvcomp.Shared): the read equals zarr's, the edge chunk (decoded apart) included,
+    and some batch held the frames of more than one block."""
+    import cupy as cp
+    import xarray as xr
+
+    from pipeline import state
+    from pipeline.gpu import nvcomp
+
+    monkeypatch.setattr(state, "decode", state.DecodeState())
+    monkeypatch.setattr(state, "nvcomp", state.NvcompState())
+    monkeypatch.setattr(nvcomp, "SHARE_FRAME", 1)  # every frame of these small chunks
+    batches = []
+    decode = nvcomp._decode
+
+    def counted(codec, configs, srcs, outs, count, size):
+        batches.append(count)
+        decode(codec, configs, srcs, outs, count, size)
+
+    monkeypatch.setattr(nvcomp, "_decode", counted)
+    wait = nvcomp._Batch.wait
+    held = []
+
+    def gathering(self):  # the first batch ends once three blocks wait for the next: no race
+        if not held:
+            held.append(True)
+            shared = state.nvcomp.shared[cp.cuda.Device().id]
+            with shared.cond:
+                assert shared.cond.wait_for(lambda: len(shared.pending) >= 3, timeout=60)
+        wait(self)
+
+    monkeypatch.setattr(nvcomp._Batch, "wait", gathering)
+    values = RNG.standard_normal((203, 30, 40)).astype(np.float32)
+    values[3, 4, 5] = np.nan
+    xr.Dataset({"tas": (("time", "lat", "lon"), values)}).chunk({"time": 5}).to_zarr(tmp_path / "s.zarr", zarr_format=3)
+    # every frame on the GPU, blocks of two files, eight tasks at once
+    with dask.config.set({"pipeline.gpu.decode-rates": {"cpu-frame": "1B"}, "pipeline.gpu.threads": 8}):
+        ds = open_dataset(tmp_path / "s.zarr", backend="gpu", decode_cf=False, chunks={"time": 10})
+        out = ds["tas"].data.compute(scheduler="threads", num_workers=8)
+    assert isinstance(out, cp.ndarray)
+    np.testing.assert_array_equal(cp.asnumpy(out), values)
+    # 40 whole files in shared batches, some of three blocks or more; the edge's decoded apart
+    assert sum(batches) == 41 and max(batches) >= 6

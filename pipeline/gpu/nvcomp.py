@@ -1,10 +1,12 @@
 """nvCOMP batch decoding on the stream lent to the task: zstd frames of one size
 (:func:`_decode_frames`), or streams of any algorithm and of sizes that differ
-(:func:`decode_batch`, for Blosc chunks)."""
+(:func:`decode_batch`, for Blosc chunks); large zstd frames of the blocks being read at once
+in one batch of the device (:class:`Shared`)."""
 
 from __future__ import annotations
 
 import functools
+import threading
 
 from .. import state
 from ..errors import DecodeError
@@ -61,12 +63,20 @@ def _batch(buffer, offsets, sizes, stream):
         return nv.as_arrays([flat[o:o + s] for o, s in zip(offsets, sizes)], stream.ptr)
 
 
-def _decode_frames(src, src_offsets, sizes, dst, dst_offsets, dst_size):
+def _decode_frames(src, src_offsets, sizes, dst, dst_offsets, dst_size, share: bool = False):
     """Decode zstd frames of ``src`` (device bytes) into ``dst`` at ``dst_offsets``, ``dst_size``
-    bytes each, on this thread's stream."""
+    bytes each, on this thread's stream; with ``share``, frames large enough go in the device's
+    shared batch (:func:`shares`) and this thread's stream waits for it."""
     if not len(src_offsets):
         return
     stream = _stream()
+    if share and shares(len(src_offsets), dst_size):
+        flat_src = src.reshape(-1).view("u1")
+        flat_dst = dst.reshape(-1).view("u1")
+        srcs = [flat_src[int(o):int(o) + int(s)] for o, s in zip(src_offsets, sizes)]
+        outs = [flat_dst[int(o):int(o) + dst_size] for o in dst_offsets]
+        shared().decode(srcs, outs, dst_size, stream)
+        return
     srcs = _batch(src, src_offsets, sizes, stream)
     outs = _batch(dst.reshape(-1).view("u1"), dst_offsets, [dst_size] * len(dst_offsets), stream)
     try:
@@ -137,3 +147,161 @@ def _copy_frames(src, src_offsets, sizes, dst, dst_offsets):
     flat = dst.reshape(-1).view("u1")
     for so, s, do in zip(src_offsets, sizes, dst_offsets):
         flat[int(do):int(do) + int(s)] = src[int(so):int(so) + int(s)]
+
+
+# --- one batch a device for large frames ------------------------------------------------------------
+#
+# nvCOMP decodes each zstd frame on few of the GPU's units, so a batch of large frames takes about
+# as long as its largest frame, however many it holds. Measured on one H200
+# (benchmarks/zstd_split.py, frames of 303 MB as zarr writes them by default): 0.64 s for one frame,
+# 0.84 s for 10, 0.87 s for 60 (20.9 GB/s). Batches queued on several streams at once overlap
+# little (20 batches of one frame on 20 streams: 2.17 s, against 0.86 s as one batch). So the
+# blocks read at once put their large frames in one batch of the device: the first is launched at
+# once; those that arrive while it decodes wait for it to finish and go together in the next.
+
+SHARE_FRAME = 32 << 20  # decoded bytes a frame from which a block's frames go in the shared batch
+SHARE_FRAMES = 256  # at most this many frames a block (a block of many frames fills a batch alone)
+
+
+def shares(count: int, size: int) -> bool:
+    """Whether a block's ``count`` zstd frames of ``size`` decoded bytes go in the shared batch."""
+    return size >= SHARE_FRAME and 0 < count <= SHARE_FRAMES
+
+
+class _Request:
+    def __init__(self, srcs, outs, size, ready):
+        self.srcs, self.outs, self.size, self.ready = srcs, outs, size, ready
+        self.done = None  # the event recorded after its batch, once launched
+        self.error: BaseException | None = None
+
+
+class _Batch:
+    """A launched batch: what its decode reads until it is done, and its events."""
+
+    def __init__(self, stream):
+        import cupy as cp
+
+        self.start = cp.cuda.Event()
+        self.start.record(stream)
+        self.keep: list | None = []
+        self.largest = self.total = 0
+
+    def finish(self, stream) -> None:
+        import cupy as cp
+
+        self.done = cp.cuda.Event()
+        self.done.record(stream)
+
+    def wait(self) -> None:
+        """Until the GPU is done with it; its time goes to the split's rates."""
+        import cupy as cp
+
+        from . import split
+
+        self.done.synchronize()
+        split.observe_gpu(self.largest, self.total, cp.cuda.get_elapsed_time(self.start, self.done) / 1e3)
+        self.keep = None
+
+
+class Shared:
+    """The shared batch of one device: its own stream and codec. :meth:`decode` puts a block's
+    frames in the next batch and makes the block's stream wait for it. The thread that finds no
+    batch being launched launches the next one, once the GPU is done with the one before (the
+    frames gathered meanwhile go with it); the others wait for that launch, not for the decode."""
+
+    def __init__(self):
+        import cupy as cp
+
+        nv = _nvcomp()
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.codec = nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW, cuda_stream=self.stream.ptr)
+        self.configs: dict = {}
+        self.cond = threading.Condition()
+        self.pending: list[_Request] = []
+        self.launching = False
+        self.last: _Batch | None = None  # the batch the GPU may still be decoding
+
+    def decode(self, srcs, outs, size: int, stream) -> None:
+        """Decode the frames ``srcs`` (device views) into ``outs`` (``size`` bytes each) once the
+        work queued on ``stream`` so far is done; ``stream`` then waits for the decode."""
+        import cupy as cp
+
+        req = _Request(srcs, outs, size, cp.cuda.Event())
+        req.ready.record(stream)
+        with self.cond:
+            self.pending.append(req)
+            self.cond.notify_all()
+        while True:
+            with self.cond:
+                while self.launching and req.done is None and req.error is None:
+                    self.cond.wait()
+                if req.done is not None or req.error is not None:
+                    break
+                self.launching = True
+            try:
+                self._launch_next()
+            except BaseException:
+                with self.cond:  # not launched: its buffers may go once this raises
+                    if req in self.pending:
+                        self.pending.remove(req)
+                raise
+            finally:
+                with self.cond:
+                    self.launching = False
+                    self.cond.notify_all()
+        if isinstance(req.error, (RuntimeError, ValueError)):
+            raise DecodeError(str(req.error)) from req.error
+        if req.error is not None:
+            raise req.error
+        stream.wait_event(req.done)
+
+    def _launch_next(self) -> None:
+        if self.last is not None:
+            last, self.last = self.last, None
+            last.wait()
+        with self.cond:
+            batch, self.pending = self.pending, []
+        if not batch:
+            return
+        try:
+            for req in batch:
+                self.stream.wait_event(req.ready)
+            launched = _Batch(self.stream)
+            for size in sorted({r.size for r in batch}):
+                reqs = [r for r in batch if r.size == size]
+                frames_out = [v for r in reqs for v in r.outs]
+                srcs = _views([v for r in reqs for v in r.srcs], self.stream)
+                outs = _views(frames_out, self.stream)
+                launched.keep.append((srcs, outs, reqs))
+                _decode(self.codec, self.configs, srcs, outs, len(frames_out), size)
+                launched.largest = max(launched.largest, size)
+                launched.total += len(frames_out) * size
+            launched.finish(self.stream)
+        except BaseException as e:
+            # every request of the batch gets the error; the GPU may still read the frames of the
+            # part already queued, so their buffers wait for it
+            try:
+                self.stream.synchronize()
+            finally:
+                for req in batch:
+                    req.error = e
+            return
+        self.last = launched
+        for req in batch:
+            req.done = launched.done
+
+
+def _views(views: list, stream):
+    return _nvcomp().as_arrays(views, stream.ptr)
+
+
+def shared() -> Shared:
+    """The shared batch of the current device, made on first use."""
+    import cupy as cp
+
+    device = cp.cuda.Device().id
+    with state.nvcomp.lock:
+        got = state.nvcomp.shared.get(device)
+        if got is None:
+            got = state.nvcomp.shared[device] = Shared()
+        return got

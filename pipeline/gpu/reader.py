@@ -57,7 +57,7 @@ from .engine import (PIECE, BlockSource, aligned, block_chunks, block_stream, da
                      decode_host, map_file, pread_into, read_block_host, staged_read)
 from .files import read_whole_files
 from .iopool import io_pool
-from .nvcomp import nvcomp_available
+from .nvcomp import nvcomp_available, shares
 
 MISSING = np.uint64(2**64 - 1)
 GROUP = 1 << 20  # the least bytes of small files that one I/O job reads (submit_reads)
@@ -650,7 +650,9 @@ def _move_and_decode(lay: Layout, block, files, sizes, start_host=None):
                 direct.append((target, start, blob))
             else:
                 scratch.append((local, start, blob))
-        timing = _GpuTiming(lay, len(direct) + len(scratch), stream)
+        # frames in the device's shared batch are timed there (pipeline.gpu.nvcomp.Shared)
+        shared = lay.codec == "zstd" and not lay.sharded and shares(len(direct), lay.inner_nbytes)
+        timing = _GpuTiming(lay, len(scratch) if shared else len(direct) + len(scratch), stream)
         _decode_into_place(lay, direct, dev, out)
         _decode_scratch(lay, scratch, dev, out)
         timing.stop(stream)
@@ -680,9 +682,9 @@ def _frame_lists(lay: Layout, items, base_of):
     return src_off, src_size, dst_off, present_all
 
 
-def _run_frames(lay, dev, src_off, src_size, dst, dst_off, items):
+def _run_frames(lay, dev, src_off, src_size, dst, dst_off, items, share: bool = False):
     decode_frames(lay.codec, dev, src_off, src_size, dst, dst_off, lay.inner_nbytes,
-                  hosts=functools.partial(_frame_hosts, lay, items), root=lay.root)
+                  hosts=functools.partial(_frame_hosts, lay, items), root=lay.root, share=share)
 
 
 def _frame_hosts(lay: Layout, items) -> list:
@@ -746,7 +748,7 @@ def _decode_into_place(lay: Layout, direct, dev, out) -> None:
     import cupy as cp
 
     src_off, src_size, dst_off, present_all = _frame_lists(lay, direct, lambda k, t: t.data.ptr - out.data.ptr)
-    _run_frames(lay, dev, src_off, src_size, out, dst_off, direct)
+    _run_frames(lay, dev, src_off, src_size, out, dst_off, direct, share=not lay.sharded)
     count = math.prod(lay.grid)
     for (target, _, _), present in zip(direct, present_all):
         if len(present) < count:  # inner chunks absent from the shard hold the fill value

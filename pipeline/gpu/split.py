@@ -51,7 +51,7 @@ def _defaults() -> Rates:
         value = cfg.get(key, default)
         return float(parse_bytes(value) if isinstance(value, str) else value)
 
-    return Rates(rate("gpu-frame", "380MB"), rate("gpu-batch", "7GB"), rate("cpu-frame", "600MB"))
+    return Rates(rate("gpu-frame", "380MB"), rate("gpu-batch", "20GB"), rate("cpu-frame", "600MB"))
 
 
 def rates() -> Rates:
