@@ -478,13 +478,15 @@ def test_gpu_read_of_zarr_default_zstd_split_between_gpu_and_cpu(tmp_path, monke
 @pytest.mark.gpu
 def test_blocks_read_at_once_share_the_devices_batch_of_large_frames(tmp_path, monkeypatch):
     """Frames of the blocks read at once go in one nvCOMP batch of the device
-    (pipeline.gpu.nvcomp.Shared): the read equals zarr's, the edge chunk (decoded apart) included,
-    and some batch held the frames of more than one block."""
+    (pipeline.gpu.nvcomp.Shared): each block equals zarr's read, the edge chunk (decoded apart)
+    included, and a batch held the frames of three blocks or more."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import cupy as cp
     import xarray as xr
 
     from pipeline import state
-    from pipeline.gpu import nvcomp
+    from pipeline.gpu import nvcomp, reader
 
     monkeypatch.setattr(state, "decode", state.DecodeState())
     monkeypatch.setattr(state, "nvcomp", state.NvcompState())
@@ -512,11 +514,12 @@ def test_blocks_read_at_once_share_the_devices_batch_of_large_frames(tmp_path, m
     values = RNG.standard_normal((203, 30, 40)).astype(np.float32)
     values[3, 4, 5] = np.nan
     xr.Dataset({"tas": (("time", "lat", "lon"), values)}).chunk({"time": 5}).to_zarr(tmp_path / "s.zarr", zarr_format=3)
-    # every frame on the GPU, blocks of two files, eight tasks at once
-    with dask.config.set({"pipeline.gpu.decode-rates": {"cpu-frame": "1B"}, "pipeline.gpu.threads": 8}):
-        ds = open_dataset(tmp_path / "s.zarr", backend="gpu", decode_cf=False, chunks={"time": 10})
-        out = ds["tas"].data.compute(scheduler="threads", num_workers=8)
-    assert isinstance(out, cp.ndarray)
-    np.testing.assert_array_equal(cp.asnumpy(out), values)
-    # 40 whole files in shared batches, some of three blocks or more; the edge's decoded apart
+    lay = reader.layout(tmp_path / "s.zarr" / "tas")
+    regions = [(slice(t, min(t + 10, 203)), slice(0, 30), slice(0, 40)) for t in range(0, 203, 10)]
+    with dask.config.set({"pipeline.gpu.decode-rates": {"cpu-frame": "1B"}}):  # every frame on the GPU
+        with ThreadPoolExecutor(8) as pool:
+            blocks = list(pool.map(lambda region: reader.read_block(lay, region), regions))
+    for region, block in zip(regions, blocks):
+        np.testing.assert_array_equal(cp.asnumpy(block), values[region])
+    # 40 whole files in shared batches, one of three blocks or more; the edge's decoded apart
     assert sum(batches) == 41 and max(batches) >= 6

@@ -5,6 +5,7 @@ in one batch of the device (:class:`Shared`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 
@@ -65,18 +66,19 @@ def _batch(buffer, offsets, sizes, stream):
 
 def _decode_frames(src, src_offsets, sizes, dst, dst_offsets, dst_size, share: bool = False):
     """Decode zstd frames of ``src`` (device bytes) into ``dst`` at ``dst_offsets``, ``dst_size``
-    bytes each, on this thread's stream; with ``share``, frames large enough go in the device's
-    shared batch (:func:`shares`) and this thread's stream waits for it."""
+    bytes each, on this thread's stream. With ``share``, frames large enough go in the device's
+    shared batch (:func:`shares`): the function returned must then be called before the stream is
+    synchronized (it makes the stream wait for the batch), error or not."""
     if not len(src_offsets):
         return
     stream = _stream()
-    if share and shares(len(src_offsets), dst_size):
+    batches = _shared_or_none() if share and shares(len(src_offsets), dst_size) else None
+    if batches is not None:
         flat_src = src.reshape(-1).view("u1")
         flat_dst = dst.reshape(-1).view("u1")
         srcs = [flat_src[int(o):int(o) + int(s)] for o, s in zip(src_offsets, sizes)]
         outs = [flat_dst[int(o):int(o) + dst_size] for o in dst_offsets]
-        shared().decode(srcs, outs, dst_size, stream)
-        return
+        return functools.partial(batches.join, batches.submit(srcs, outs, dst_size, stream), stream)
     srcs = _batch(src, src_offsets, sizes, stream)
     outs = _batch(dst.reshape(-1).view("u1"), dst_offsets, [dst_size] * len(dst_offsets), stream)
     try:
@@ -156,8 +158,8 @@ def _copy_frames(src, src_offsets, sizes, dst, dst_offsets):
 # (benchmarks/zstd_split.py, frames of 303 MB as zarr writes them by default): 0.64 s for one frame,
 # 0.84 s for 10, 0.87 s for 60 (20.9 GB/s). Batches queued on several streams at once overlap
 # little (20 batches of one frame on 20 streams: 2.17 s, against 0.86 s as one batch). So the
-# blocks read at once put their large frames in one batch of the device: the first is launched at
-# once; those that arrive while it decodes wait for it to finish and go together in the next.
+# blocks read at once put their large frames in one batch of the device: a thread of the device
+# launches the first at once, and the frames that arrive while it decodes go together in the next.
 
 SHARE_FRAME = 32 << 20  # decoded bytes a frame from which a block's frames go in the shared batch
 SHARE_FRAMES = 256  # at most this many frames a block (a block of many frames fills a batch alone)
@@ -185,6 +187,7 @@ class _Batch:
         self.start.record(stream)
         self.keep: list | None = []
         self.largest = self.total = 0
+        self.seconds = None
 
     def finish(self, stream) -> None:
         import cupy as cp
@@ -199,31 +202,32 @@ class _Batch:
         from . import split
 
         self.done.synchronize()
-        split.observe_gpu(self.largest, self.total, cp.cuda.get_elapsed_time(self.start, self.done) / 1e3)
+        self.seconds = cp.cuda.get_elapsed_time(self.start, self.done) / 1e3
+        split.observe_gpu(self.largest, self.total, self.seconds)
         self.keep = None
 
 
 class Shared:
-    """The shared batch of one device: its own stream and codec. :meth:`decode` puts a block's
-    frames in the next batch and makes the block's stream wait for it. The thread that finds no
-    batch being launched launches the next one, once the GPU is done with the one before (the
-    frames gathered meanwhile go with it); the others wait for that launch, not for the decode."""
+    """The shared batch of one device. :meth:`submit` puts a block's frames in the next batch;
+    :meth:`join` waits until that batch is launched and makes the block's stream wait for it. A
+    thread of its own launches each batch once the GPU is done with the one before, on a stream
+    and codec of its own (nvCOMP's codecs are for one thread at a time)."""
 
-    def __init__(self):
-        import cupy as cp
-
-        nv = _nvcomp()
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        self.codec = nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW, cuda_stream=self.stream.ptr)
-        self.configs: dict = {}
+    def __init__(self, device: int):
+        self.device = device
         self.cond = threading.Condition()
         self.pending: list[_Request] = []
-        self.launching = False
         self.last: _Batch | None = None  # the batch the GPU may still be decoding
+        self.started = threading.Event()
+        self.failed: BaseException | None = None
+        threading.Thread(target=self._run, name=f"pipeline-nvcomp-{device}", daemon=True).start()
+        self.started.wait()
+        if self.failed is not None:
+            raise self.failed
 
-    def decode(self, srcs, outs, size: int, stream) -> None:
+    def submit(self, srcs, outs, size: int, stream) -> _Request:
         """Decode the frames ``srcs`` (device views) into ``outs`` (``size`` bytes each) once the
-        work queued on ``stream`` so far is done; ``stream`` then waits for the decode."""
+        work queued on ``stream`` so far is done."""
         import cupy as cp
 
         req = _Request(srcs, outs, size, cp.cuda.Event())
@@ -231,68 +235,85 @@ class Shared:
         with self.cond:
             self.pending.append(req)
             self.cond.notify_all()
-        while True:
-            with self.cond:
-                while self.launching and req.done is None and req.error is None:
-                    self.cond.wait()
-                if req.done is not None or req.error is not None:
-                    break
-                self.launching = True
-            try:
-                self._launch_next()
-            except BaseException:
-                with self.cond:  # not launched: its buffers may go once this raises
-                    if req in self.pending:
-                        self.pending.remove(req)
-                raise
-            finally:
-                with self.cond:
-                    self.launching = False
-                    self.cond.notify_all()
+        return req
+
+    def join(self, req: _Request, stream) -> None:
+        """``stream`` waits for the decode of ``req``; DecodeError where nvCOMP refused its batch."""
+        with self.cond:
+            self.cond.wait_for(lambda: req.done is not None or req.error is not None)
         if isinstance(req.error, (RuntimeError, ValueError)):
             raise DecodeError(str(req.error)) from req.error
         if req.error is not None:
             raise req.error
         stream.wait_event(req.done)
 
-    def _launch_next(self) -> None:
-        if self.last is not None:
-            last, self.last = self.last, None
-            last.wait()
-        with self.cond:
-            batch, self.pending = self.pending, []
-        if not batch:
-            return
+    def _run(self) -> None:
+        import cupy as cp
+
         try:
-            for req in batch:
-                self.stream.wait_event(req.ready)
-            launched = _Batch(self.stream)
-            for size in sorted({r.size for r in batch}):
-                reqs = [r for r in batch if r.size == size]
-                frames_out = [v for r in reqs for v in r.outs]
-                srcs = _views([v for r in reqs for v in r.srcs], self.stream)
-                outs = _views(frames_out, self.stream)
-                launched.keep.append((srcs, outs, reqs))
-                _decode(self.codec, self.configs, srcs, outs, len(frames_out), size)
-                launched.largest = max(launched.largest, size)
-                launched.total += len(frames_out) * size
-            launched.finish(self.stream)
+            cp.cuda.Device(self.device).use()
+            nv = _nvcomp()
+            self.stream = cp.cuda.Stream(non_blocking=True)
+            self.codec = nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW, cuda_stream=self.stream.ptr)
+            self.configs: dict = {}
         except BaseException as e:
-            # every request of the batch gets the error; the GPU may still read the frames of the
-            # part already queued, so their buffers wait for it
-            try:
-                self.stream.synchronize()
-            finally:
-                for req in batch:
-                    req.error = e
+            self.failed = e
             return
-        self.last = launched
+        finally:
+            self.started.set()
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.pending)
+            batch = []
+            try:
+                if self.last is not None:  # the frames that arrive meanwhile go in the next batch
+                    last, self.last = self.last, None
+                    last.wait()
+                with self.cond:
+                    batch, self.pending = self.pending, []
+                self.last = self._launch(batch)
+                done = self.last.done
+            except BaseException as e:
+                # every request of the batch gets the error; the GPU may still read the frames of
+                # the part already queued, so their buffers wait for it
+                with contextlib.suppress(BaseException):
+                    self.stream.synchronize()
+                done, error = None, e
+            with self.cond:
+                for req in batch:
+                    if done is not None:
+                        req.done = done
+                    else:
+                        req.error = error
+                self.cond.notify_all()
+
+    def _launch(self, batch: list[_Request]) -> _Batch:
         for req in batch:
-            req.done = launched.done
+            self.stream.wait_event(req.ready)
+        launched = _Batch(self.stream)
+        for size in sorted({r.size for r in batch}):
+            reqs = [r for r in batch if r.size == size]
+            frames_out = [v for r in reqs for v in r.outs]
+            srcs = _views([v for r in reqs for v in r.srcs], self.stream)
+            outs = _views(frames_out, self.stream)
+            launched.keep.append((srcs, outs, reqs))
+            _decode(self.codec, self.configs, srcs, outs, len(frames_out), size)
+            launched.largest = max(launched.largest, size)
+            launched.total += len(frames_out) * size
+        launched.finish(self.stream)
+        return launched
 
 
 def _views(views: list, stream):
     return _nvcomp().as_arrays(views, stream.ptr)
+
+
+def _shared_or_none() -> Shared | None:
+    """:func:`shared`, or None where its thread could not start (each block then decodes alone)."""
+    try:
+        return shared()
+    except Exception:
+        return None
 
 
 def shared() -> Shared:
@@ -303,5 +324,5 @@ def shared() -> Shared:
     with state.nvcomp.lock:
         got = state.nvcomp.shared.get(device)
         if got is None:
-            got = state.nvcomp.shared[device] = Shared()
+            got = state.nvcomp.shared[device] = Shared(device)
         return got

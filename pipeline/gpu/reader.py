@@ -653,12 +653,16 @@ def _move_and_decode(lay: Layout, block, files, sizes, start_host=None):
         # frames in the device's shared batch are timed there (pipeline.gpu.nvcomp.Shared)
         shared = lay.codec == "zstd" and not lay.sharded and shares(len(direct), lay.inner_nbytes)
         timing = _GpuTiming(lay, len(scratch) if shared else len(direct) + len(scratch), stream)
-        _decode_into_place(lay, direct, dev, out)
-        _decode_scratch(lay, scratch, dev, out)
-        timing.stop(stream)
-        if start_host is not None:
-            start_host()
-        _place_host_decoded(lay, on_host, out, stream)
+        join = _decode_into_place(lay, direct, dev, out)
+        try:
+            _decode_scratch(lay, scratch, dev, out)
+            timing.stop(stream)
+            if start_host is not None:
+                start_host()
+            _place_host_decoded(lay, on_host, out, stream)
+        finally:
+            if join is not None:  # the stream waits for the shared batch, before it is synchronized
+                join()
     timing.observe()
     return out
 
@@ -683,7 +687,7 @@ def _frame_lists(lay: Layout, items, base_of):
 
 
 def _run_frames(lay, dev, src_off, src_size, dst, dst_off, items, share: bool = False):
-    decode_frames(lay.codec, dev, src_off, src_size, dst, dst_off, lay.inner_nbytes,
+    return decode_frames(lay.codec, dev, src_off, src_size, dst, dst_off, lay.inner_nbytes,
                   hosts=functools.partial(_frame_hosts, lay, items), root=lay.root, share=share)
 
 
@@ -741,19 +745,20 @@ def _place_host_decoded(lay: Layout, items, out, stream) -> None:
             copy_into(target, chunk[tuple(slice(0, sl.stop - sl.start) for sl in local)])
 
 
-def _decode_into_place(lay: Layout, direct, dev, out) -> None:
-    """Decode whole chunks straight into their (contiguous) places in ``out``."""
+def _decode_into_place(lay: Layout, direct, dev, out):
+    """Decode whole chunks straight into their (contiguous) places in ``out``; where their frames
+    went in the device's shared batch, the function that makes the block's stream wait for it."""
     if not direct:
-        return
+        return None
     import cupy as cp
 
     src_off, src_size, dst_off, present_all = _frame_lists(lay, direct, lambda k, t: t.data.ptr - out.data.ptr)
-    _run_frames(lay, dev, src_off, src_size, out, dst_off, direct, share=not lay.sharded)
     count = math.prod(lay.grid)
     for (target, _, _), present in zip(direct, present_all):
         if len(present) < count:  # inner chunks absent from the shard hold the fill value
             missing = np.setdiff1d(np.arange(count), present)
             target.reshape(count, -1)[cp.asarray(missing)] = lay.fill_value
+    return _run_frames(lay, dev, src_off, src_size, out, dst_off, direct, share=not lay.sharded)
 
 
 def _decode_scratch(lay: Layout, scratch, dev, out) -> None:
