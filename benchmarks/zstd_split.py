@@ -79,9 +79,7 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=16)
     p.add_argument("--batches", default="1,2,4,8,12,16,all",
                    help="frames in one nvCOMP batch, comma-separated (all: every frame)")
-    p.add_argument("--quick", action="store_true", help="only cpu_one, cpu_all, the batches and --streams-of")
-    p.add_argument("--streams-of", type=int, default=0,
-                   help="also every frame as this many batches on as many streams at once")
+    p.add_argument("--quick", action="store_true", help="only cpu_one, cpu_all and the batches")
     p.add_argument("--json")
     a = p.parse_args(argv)
     shape = tuple(int(s) for s in a.shape.split(","))
@@ -107,7 +105,7 @@ def main(argv=None) -> dict:
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()
         dev = cp.asarray(np.frombuffer(b"".join(blobs), np.uint8))
         dst = cp.empty(n * nbytes, np.uint8)
-        streams = [cp.cuda.Stream(non_blocking=True) for _ in range(max(1, a.streams_of) if a.quick else n)]
+        streams = [cp.cuda.Stream(non_blocking=True) for _ in range(1 if a.quick else n)]
         codecs = [nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW, cuda_stream=s.ptr) for s in streams]
 
         def gpu(ks, codec_index=0):
@@ -131,16 +129,6 @@ def main(argv=None) -> dict:
                 except Exception as e:  # such as the device's memory: the others are kept
                     out["gpu_batch"][k] = repr(e)
         out["gpu_batch_GBps"] = {k: k * nbytes / s / 1e9 for k, s in out["gpu_batch"].items() if isinstance(s, float)}
-        if a.streams_of:
-            parts = np.array_split(np.arange(n), a.streams_of)
-
-            def split_streams():
-                keep = [gpu(part.tolist(), j) for j, part in enumerate(parts)]
-                for s in streams[:len(parts)]:
-                    s.synchronize()
-                del keep
-
-            out[f"gpu_{a.streams_of}_streams"] = timed(split_streams)
         if a.quick:
             print(json.dumps(out, indent=1))
             return out

@@ -22,8 +22,8 @@ process holds between computations, each under its own lock:
   once, by which each block's files are split between them (:mod:`pipeline.gpu.split`); the blocks
   whose GPU files are being pinned or read, which the CPU's buffers wait for
   (:mod:`pipeline.gpu.reader`).
-- ``nvcomp``: whether nvCOMP's bindings take decompression configs, learnt at the first decode,
-  and per device the batch that the blocks read at once share (:mod:`pipeline.gpu.nvcomp`).
+- ``nvcomp``: whether nvCOMP's bindings take decompression configs, learnt at the first decode
+  (:mod:`pipeline.gpu.nvcomp`).
 - ``encode``: the threads that compress the frames of the shards ``pipeline convert`` writes
   (:mod:`pipeline.sinks.convert`), and per device the thread that compresses them with nvCOMP
   (:mod:`pipeline.gpu.encode`), started on first use.
@@ -103,8 +103,6 @@ class DecodeState:
 @dataclass
 class NvcompState:
     configs_supported: bool = True
-    shared: dict = field(default_factory=dict)  # device -> pipeline.gpu.nvcomp.Shared
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass

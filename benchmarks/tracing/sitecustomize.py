@@ -64,7 +64,6 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
         "distributed.worker": ["_run_task"],
         "pipeline.gpu.reader": ["read_block", "_decode_file", "_move_and_decode", "_decode_into_place"],
         "pipeline.gpu.blosc": ["decode_frames"],
-        "pipeline.gpu.nvcomp": ["Shared._launch", "_Batch.wait", "Shared.join"],
         "pipeline.gpu.engine": ["read_block_host", "to_device"],
         "pipeline.gpu.hdf5": ["read_block", "read_block_host", "decode_block_host"],
         "pipeline.gpu.ahead": ["read", "_decode"],
@@ -72,18 +71,8 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
     }
     MARK = ("numpy", "distributed", "dask_cuda", "cupy", "xarray", "zarr", "dask.array", "pandas", "numba")
 
-    def _detail(name, args):
-        if name == "_run_task" and len(args) > 3:
-            return str(args[3])[:80]
-        if name == "_Batch.wait" and args:  # a shared nvCOMP batch: decoded bytes, GPU seconds
-            return f"{args[0].total} {args[0].seconds}"
-        return None
-
     def _wrap(module, name):
-        owner, attr = module, name
-        if "." in name:  # a method: "Class.method"
-            owner, attr = getattr(module, name.split(".")[0], None), name.split(".", 1)[1]
-        fn = getattr(owner, attr, None)
+        fn = getattr(module, name, None)
         if fn is None:
             return
         step = module.__name__.rsplit(".", 1)[-1] + "." + name
@@ -93,9 +82,9 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
             try:
                 return fn(*args, **kwargs)
             finally:
-                _emit(step, start, time.time(), _detail(name, args))
+                _emit(step, start, time.time(), str(args[3])[:80] if name == "_run_task" and len(args) > 3 else None)
 
-        setattr(owner, attr, traced)
+        setattr(module, name, traced)
 
     def _wrap_pinned(module):
         cls = getattr(module, "Buffer", None)

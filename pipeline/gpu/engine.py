@@ -127,19 +127,15 @@ def block_stream():
         yield ctx.stream
 
 
-def decode_frames(codec: str, dev, src_off, src_size, dst, dst_off, nbytes: int, hosts=None, root: str = "",
-                  share: bool = False):
+def decode_frames(codec: str, dev, src_off, src_size, dst, dst_off, nbytes: int, hosts=None, root: str = "") -> None:
     """Every frame of a block in one batch on this thread's stream: frame ``k`` (``src_size[k]``
     bytes at ``src_off[k]`` of the device bytes ``dev``) decodes to ``nbytes`` bytes at byte
     ``dst_off[k]`` of ``dst``. ``codec``: "zstd" or "deflate" (raw deflate: nvCOMP), "blosc"
-    (whose headers are read from the frames' host bytes, ``hosts()``) or "none" (copies).
-    ``share``: large zstd frames go in the batch that the blocks read at once share
-    (:class:`pipeline.gpu.nvcomp.Shared`); what is returned, where not None, must then be called
-    before the stream is synchronized, error or not (it makes the stream wait for that batch)."""
+    (whose headers are read from the frames' host bytes, ``hosts()``) or "none" (copies)."""
     if codec == "blosc":
         blosc.decode_frames(root, hosts(), dev, src_off, dst, dst_off, nbytes)
     elif codec == "zstd":
-        return _decode_frames(dev, src_off, src_size, dst, dst_off, nbytes, share)
+        _decode_frames(dev, src_off, src_size, dst, dst_off, nbytes)
     elif codec == "deflate":
         decode_batch("Deflate", dev, src_off, src_size, dst, dst_off, [nbytes] * len(src_off))
     else:

@@ -57,7 +57,7 @@ from .engine import (PIECE, BlockSource, aligned, block_chunks, block_stream, da
                      decode_host, map_file, pread_into, read_block_host, staged_read)
 from .files import read_whole_files
 from .iopool import io_pool
-from .nvcomp import nvcomp_available, shares
+from .nvcomp import nvcomp_available
 
 MISSING = np.uint64(2**64 - 1)
 GROUP = 1 << 20  # the least bytes of small files that one I/O job reads (submit_reads)
@@ -650,19 +650,13 @@ def _move_and_decode(lay: Layout, block, files, sizes, start_host=None):
                 direct.append((target, start, blob))
             else:
                 scratch.append((local, start, blob))
-        # frames in the device's shared batch are timed there (pipeline.gpu.nvcomp.Shared)
-        shared = lay.codec == "zstd" and not lay.sharded and shares(len(direct), lay.inner_nbytes)
-        timing = _GpuTiming(lay, len(scratch) if shared else len(direct) + len(scratch), stream)
-        join = _decode_into_place(lay, direct, dev, out)
-        try:
-            _decode_scratch(lay, scratch, dev, out)
-            timing.stop(stream)
-            if start_host is not None:
-                start_host()
-            _place_host_decoded(lay, on_host, out, stream)
-        finally:
-            if join is not None:  # the stream waits for the shared batch, before it is synchronized
-                join()
+        timing = _GpuTiming(lay, len(direct) + len(scratch), stream)
+        _decode_into_place(lay, direct, dev, out)
+        _decode_scratch(lay, scratch, dev, out)
+        timing.stop(stream)
+        if start_host is not None:
+            start_host()
+        _place_host_decoded(lay, on_host, out, stream)
     timing.observe()
     return out
 
@@ -686,9 +680,9 @@ def _frame_lists(lay: Layout, items, base_of):
     return src_off, src_size, dst_off, present_all
 
 
-def _run_frames(lay, dev, src_off, src_size, dst, dst_off, items, share: bool = False):
-    return decode_frames(lay.codec, dev, src_off, src_size, dst, dst_off, lay.inner_nbytes,
-                  hosts=functools.partial(_frame_hosts, lay, items), root=lay.root, share=share)
+def _run_frames(lay, dev, src_off, src_size, dst, dst_off, items):
+    decode_frames(lay.codec, dev, src_off, src_size, dst, dst_off, lay.inner_nbytes,
+                  hosts=functools.partial(_frame_hosts, lay, items), root=lay.root)
 
 
 def _frame_hosts(lay: Layout, items) -> list:
@@ -745,20 +739,19 @@ def _place_host_decoded(lay: Layout, items, out, stream) -> None:
             copy_into(target, chunk[tuple(slice(0, sl.stop - sl.start) for sl in local)])
 
 
-def _decode_into_place(lay: Layout, direct, dev, out):
-    """Decode whole chunks straight into their (contiguous) places in ``out``; where their frames
-    went in the device's shared batch, the function that makes the block's stream wait for it."""
+def _decode_into_place(lay: Layout, direct, dev, out) -> None:
+    """Decode whole chunks straight into their (contiguous) places in ``out``."""
     if not direct:
-        return None
+        return
     import cupy as cp
 
     src_off, src_size, dst_off, present_all = _frame_lists(lay, direct, lambda k, t: t.data.ptr - out.data.ptr)
+    _run_frames(lay, dev, src_off, src_size, out, dst_off, direct)
     count = math.prod(lay.grid)
     for (target, _, _), present in zip(direct, present_all):
         if len(present) < count:  # inner chunks absent from the shard hold the fill value
             missing = np.setdiff1d(np.arange(count), present)
             target.reshape(count, -1)[cp.asarray(missing)] = lay.fill_value
-    return _run_frames(lay, dev, src_off, src_size, out, dst_off, direct, share=not lay.sharded)
 
 
 def _decode_scratch(lay: Layout, scratch, dev, out) -> None:
