@@ -454,22 +454,41 @@ def test_split_rates_read_either_spelling_of_their_keys(monkeypatch):
 @pytest.mark.parametrize("cpu_rate", ["1GB", "1PB", "1B"])
 def test_gpu_read_of_zarr_default_zstd_split_between_gpu_and_cpu(tmp_path, monkeypatch, cpu_rate):
     """A store as xarray writes it (one zstd frame a chunk), some files decoded by nvCOMP and some
-    by the CPU, equals zarr's own read, the array's edge chunk included."""
+    by the CPU, equals zarr's own read, the array's edge chunk included; every file is decoded by
+    one of the two, as the split's rates say."""
     import cupy as cp
     import xarray as xr
 
     from pipeline import state
+    from pipeline.gpu import nvcomp, reader
 
     monkeypatch.setattr(state, "decode", state.DecodeState())
+    decoded = {"gpu": 0, "cpu": 0}
+    gpu_decode, cpu_decode = nvcomp._decode, reader._decode_file
+
+    def on_gpu(codec, configs, srcs, outs, count, size):
+        decoded["gpu"] += count
+        gpu_decode(codec, configs, srcs, outs, count, size)
+
+    def on_cpu(*args):
+        decoded["cpu"] += 1
+        cpu_decode(*args)
+
+    monkeypatch.setattr(nvcomp, "_decode", on_gpu)
+    monkeypatch.setattr(reader, "_decode_file", on_cpu)
     values = RNG.standard_normal((23, 30, 40)).astype(np.float32)
     values[3, 4, 5] = np.nan
     xr.Dataset({"tas": (("time", "lat", "lon"), values)}).chunk({"time": 5}).to_zarr(tmp_path / "s.zarr", zarr_format=3)
     with dask.config.set({"pipeline.gpu.decode-rates": {"cpu-frame": cpu_rate}, "pipeline.gpu.block-size": "100kB"}):
         # blocks that 2 and 4 GPUs share evenly (pipeline.sources.balanced_fits): 2 files, 2, the edge's
-        assert open_dataset(tmp_path / "s.zarr", backend="gpu", decode_cf=False)["tas"].data.chunks[0] == (10, 10, 3)
-        ds = open_dataset(tmp_path / "s.zarr", backend="gpu", decode_cf=False, chunks={"time": 20})
+        assert open_dataset(tmp_path / "s.zarr", backend="gpu")["tas"].data.chunks[0] == (10, 10, 3)
+        ds = open_dataset(tmp_path / "s.zarr", backend="gpu", chunks={"time": 20})
         assert ds["tas"].data.chunks[0] == (20, 3)  # a block of 4 files to split, and the edge's
         out = ds["tas"].data.compute()
     assert isinstance(out, cp.ndarray)
     np.testing.assert_array_equal(cp.asnumpy(out), values)
-
+    assert decoded["gpu"] + decoded["cpu"] == 5
+    if cpu_rate == "1B":  # the CPU would take for ever: every file on the GPU
+        assert decoded == {"gpu": 5, "cpu": 0}
+    if cpu_rate == "1PB":  # the CPU at once: every file there
+        assert decoded == {"gpu": 0, "cpu": 5}
