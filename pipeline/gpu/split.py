@@ -44,11 +44,9 @@ class Rates:
 def _defaults() -> Rates:
     from dask.utils import parse_bytes
 
-    # dask's config keeps a key as it was set: "gpu_batch" from DASK_PIPELINE__GPU__DECODE_RATES__GPU_BATCH
-    cfg = {k.replace("_", "-"): v for k, v in (config.get("gpu.decode-rates", None) or {}).items()}
-
     def rate(key, default):
-        value = cfg.get(key, default)
+        # dask's lookup by key takes either spelling ("gpu_batch" from an environment variable)
+        value = config.get(f"gpu.decode-rates.{key}", default)
         return float(parse_bytes(value) if isinstance(value, str) else value)
 
     return Rates(rate("gpu-frame", "380MB"), rate("gpu-batch", "20GB"), rate("cpu-frame", "600MB"))
