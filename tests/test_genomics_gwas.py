@@ -215,3 +215,44 @@ def test_memory_plan_counts_the_chunks_of_samples_a_block_is_cut_from():
     three = sg.gwas_linear_regression(chunked, **CASES["split"], merge=False)
     base = memory.graph_blocks_per_thread(one.variant_linreg_beta.data)
     assert memory.graph_blocks_per_thread(three.variant_linreg_beta.data) == base + 3
+
+
+def _layouts(a: np.ndarray) -> dict[str, np.ndarray]:
+    """``a`` in C order, in Fortran order and as a strided view: the orders a block can have
+    after a transpose in place or a copy made for a transfer between workers."""
+    wide = np.empty((a.shape[0], 2 * a.shape[1]), a.dtype)
+    wide[:, ::2] = a
+    return {"C": np.ascontiguousarray(a), "F": np.asfortranarray(a), "strided": wide[:, ::2]}
+
+
+def test_regression_terms_have_the_same_bits_whatever_the_blocks_memory_order():
+    """The covariates' terms and each block's statistics come out bit for bit the same whatever
+    the memory order of their inputs. A product's last bits follow its operands' order, and a
+    block's order follows where its task ran: on a cluster, the betas of one store once differed
+    in the last bits between two runs."""
+    from pipeline.ops.genomics import association, gwas as op
+
+    rng = np.random.default_rng(3)
+    n = 57
+    x = np.c_[np.ones(n), rng.normal(size=(n, 2))]
+    y = rng.normal(size=(n, 2))
+    g = rng.integers(0, 3, size=(101, n)).astype(np.float64)
+    g[rng.random(g.shape) < 0.05] = 0.75  # mean-imputed calls
+    q = op._qr_on_host(x)
+    yp = op._residuals(q, y)
+    w = op._with_residuals(q, yp)
+    ref = {"q": q, "yp": yp, "w": w, "gram": op._gram(w, 3), "qyp": op._q_yp(w, 3), "yps": op._sum_squares(w, 3),
+           "loco": association._loco_traits(q, y, np.float64)}
+    stats = kernels.get("linreg_block", "cpu")(g, w=w, gram=ref["gram"], qyp=ref["qyp"], yps=ref["yps"], dof=n - 4)
+    assert np.isfinite(stats).all() and not np.array_equal(ref["gram"], np.eye(3))  # Q^T Q is I to rounding only
+    for name in ("C", "F", "strided"):
+        xs, ys, gs = _layouts(x)[name], _layouts(y)[name], _layouts(g)[name]
+        qs = _layouts(q)[name]
+        ws = _layouts(w)[name]
+        got = {"q": op._qr_on_host(xs), "yp": op._residuals(qs, ys), "w": op._with_residuals(qs, _layouts(yp)[name]),
+               "gram": op._gram(ws, 3), "qyp": op._q_yp(ws, 3), "yps": op._sum_squares(ws, 3),
+               "loco": association._loco_traits(qs, ys, np.float64)}
+        for key, value in got.items():
+            assert value.tobytes() == ref[key].tobytes(), (name, key)
+        assert kernels.get("linreg_block", "cpu")(gs, w=ws, gram=ref["gram"], qyp=ref["qyp"], yps=ref["yps"],
+                                                  dof=n - 4).tobytes() == stats.tobytes(), name

@@ -31,28 +31,40 @@ MONTHLY = REPO / "flows" / "monthly_anomaly.yaml"
 
 # Loaded at interpreter start where its directory is on PYTHONPATH: every write into a zarr array
 # in the process (a run, or a dask worker) takes that long, as on slow storage, so that a signal
-# lands while writes go on and a cancelled write ends well after the cancel.
+# lands while writes go on and a cancelled write ends well after the cancel. With a hold file
+# named, every write waits until that file exists instead: the run is held mid-write for as long
+# as a test needs, however slowly the machine runs.
 SLOW_WRITES = '''
 import os, time
-if os.environ.get("PIPELINE_TEST_SLOW_WRITE"):
+if os.environ.get("PIPELINE_TEST_SLOW_WRITE") or os.environ.get("PIPELINE_TEST_HOLD_WRITE"):
     import zarr
     _setitem = zarr.Array.__setitem__
     def slow_setitem(self, selection, value):
-        time.sleep(float(os.environ["PIPELINE_TEST_SLOW_WRITE"]))
+        hold = os.environ.get("PIPELINE_TEST_HOLD_WRITE")
+        if hold:
+            deadline = time.monotonic() + 600
+            while not os.path.exists(hold) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        else:
+            time.sleep(float(os.environ["PIPELINE_TEST_SLOW_WRITE"]))
         return _setitem(self, selection, value)
     zarr.Array.__setitem__ = slow_setitem
 '''
 
 
-def env(tmp_path: Path, slow: float | None = None) -> dict:
-    """The environment of a CLI run; with ``slow``, each block write sleeps that long first."""
+def env(tmp_path: Path, slow: float | None = None, hold: Path | None = None) -> dict:
+    """The environment of a CLI run; with ``slow``, each block write sleeps that long first; with
+    ``hold``, each block write waits until the file ``hold`` exists."""
     out = {**os.environ, "DASK_PIPELINE__BACKEND": "cpu"}
-    if slow:
+    if slow or hold:
         site = tmp_path / "slow_site"
         site.mkdir(exist_ok=True)
         (site / "sitecustomize.py").write_text(SLOW_WRITES)
         out["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    if slow:
         out["PIPELINE_TEST_SLOW_WRITE"] = str(slow)
+    if hold:
+        out["PIPELINE_TEST_HOLD_WRITE"] = str(hold)
     return out
 
 
@@ -61,9 +73,9 @@ def cli(*args, cwd, slow=None, timeout=300):
                           text=True, timeout=timeout, env=env(Path(cwd), slow))
 
 
-def start(*args, cwd, slow=None):
+def start(*args, cwd, slow=None, hold=None):
     return subprocess.Popen([sys.executable, "-m", "pipeline", *map(str, args)], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env(Path(cwd), slow))
+                            stderr=subprocess.PIPE, text=True, env=env(Path(cwd), slow, hold))
 
 
 def tree(path: Path) -> dict[str, str]:
@@ -183,17 +195,27 @@ def test_two_runs_in_fail_mode_one_wins_whole(tmp_path):
 
 def test_a_second_overwrite_run_fails_fast_naming_the_holder(tmp_path):
     assert cli("demo", "src.zarr", "--size", "4MB", "--time-chunk", "2", cwd=tmp_path).returncode == 0
-    first = start("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", "--no-progress", cwd=tmp_path, slow=0.2)
-    deadline = time.time() + 60
-    while time.time() < deadline and not (tmp_path / ".out.zarr.partial").exists():
-        time.sleep(0.02)
-    t = time.time()
-    second = cli("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", cwd=tmp_path)
-    assert first.poll() is None, "the first run ended before the second started"
-    assert second.returncode == 2 and f"pid {first.pid}" in second.stderr and "out.zarr" in second.stderr, second.stderr
-    assert time.time() - t < 30
-    first.send_signal(signal.SIGKILL)
-    first.wait()
+    # the first run holds its writes until the second has ended: it holds the output throughout
+    release = tmp_path / "release"
+    first = start("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", "--no-progress", cwd=tmp_path, hold=release)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and first.poll() is None and not (tmp_path / ".out.zarr.partial").exists():
+            time.sleep(0.02)
+        assert first.poll() is None, first.communicate()[1]
+        t = time.time()
+        second = cli("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", cwd=tmp_path)
+        assert first.poll() is None, "the first run ended before the second started"
+        assert second.returncode == 2 and f"pid {first.pid}" in second.stderr and "out.zarr" in second.stderr, second.stderr
+        assert time.time() - t < 30
+        # released, the first run completes its write
+        release.touch()
+        assert first.wait(timeout=300) == 0, first.communicate()[1]
+        assert cli("verify", "out.zarr", cwd=tmp_path).returncode == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
 
 
 # --- 5, 6. checksums and digests ------------------------------------------------------------------

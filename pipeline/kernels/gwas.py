@@ -47,7 +47,10 @@ def linreg_block(g, *, w, gram, qyp, yps, dof: int):
     variant does not vary once the covariates are out (0 / 0), as in sgkit. Written against the
     array module of ``g``."""
     xp = xp_of(g)
-    gf = g.astype(ACC, copy=False)  # float64 dosages are used as they are
+    # C-ordered float64 (a float64 C-ordered block is used as it is): the product's last bits
+    # depend on its operands' order, and a block's order on whether it crossed between workers
+    gf = xp.ascontiguousarray(g, dtype=ACC)
+    w, gram, qyp = (xp.ascontiguousarray(m, dtype=ACC) for m in (w, gram, qyp))
     return _finish(gf @ w, xp.einsum("ij,ij->i", gf, gf), gram=gram, qyp=qyp, yps=yps, dof=dof)
 
 

@@ -332,7 +332,7 @@ def regenie_loco_regression(ds: xr.Dataset, *, dosage: Hashable, covariates: Has
     dosages go through the regression kernel of ``gwas_linear_regression`` on their backend; the
     covariates' and traits' matrices, a few numbers a sample, are made on the host."""
     from ... import kernels
-    from .gwas import _qr_on_host
+    from .gwas import _qr_on_host, regression_terms
 
     op = "regenie_loco_regression"
     g = variable(ds, dosage, kind="iuf", op=op)
@@ -361,19 +361,19 @@ def regenie_loco_regression(ds: xr.Dataset, *, dosage: Hashable, covariates: Has
     if Y.shape[1] != loco.shape[2] or loco.shape[1] != Y.shape[0]:
         raise InputError(f"{op}: {regenie_loco_prediction!r} has shape {loco.shape}, expected (contigs, {Y.shape[0]}, "
                          f"{Y.shape[1]}) for the traits")
-    Y = Y - Y.mean(axis=0)
-    Y = Y - Q @ (Q.T @ Y)
-    Y = Y / da.sqrt(da.sum(Y**2, axis=0) / (Y.shape[0] - Q.shape[1]))[None, :]
+    # centred, covariates projected out and scaled, in one host task (``gwas.regression_terms``
+    # says why): in the dtype that sgkit's formulas give
+    dtype = np.result_type(Q.dtype, Y.dtype, np.float64 if Y.dtype.kind in "iub" else Y.dtype)
+    Y = Y.rechunk((-1, -1))
+    Y = da.map_blocks(_loco_traits, Q, Y, dtype, dtype=dtype, chunks=Y.chunks, meta=meta("cpu", dtype, 2))
     offsets = to_backend(as_dask(loco), "cpu")  # (contigs, samples, traits): small, to the host with Q
-    gram = (Q.T @ Q).rechunk((-1, -1))
     linreg, p_value = kernels.get("linreg_block", backend), kernels.get("linreg_p_value", backend)
     G = as_dask(g).rechunk({1: -1})
     results = []
     for contig in range(loco.shape[0]):
-        Yl = (Y - offsets[contig]).rechunk((-1, -1))
-        w = da.concatenate([Q, Yl], axis=1).rechunk((-1, -1))
+        w, gram, qyp, yps = regression_terms(Q, Y - offsets[contig])
         stats = da.blockwise(_linreg, "vtk", linreg, None, G[contigs == contig], "vs", w, "sc", gram, "pq",
-                             (Q.T @ Yl).rechunk((-1, -1)), "pt", (Yl * Yl).sum(axis=0).rechunk(-1), "t", dof, None,
+                             qyp, "pt", yps, "t", dof, None,
                              new_axes={"k": 2}, concatenate=True, dtype=np.float64, meta=meta("cpu", np.float64, 3))
         t = stats[..., 1]
         p = t.map_blocks(p_value, dof, dtype=np.float64, meta=meta("cpu", np.float64, 2))
@@ -388,6 +388,19 @@ def regenie_loco_regression(ds: xr.Dataset, *, dosage: Hashable, covariates: Has
 
 def _linreg(kernel, g, w, gram, qyp, yps, dof: int):
     return kernel(g, w=w, gram=gram, qyp=qyp, yps=yps, dof=dof)
+
+
+def _loco_traits(q, y, dtype):
+    """sgkit's traits for the LOCO regression: centred (in their own dtype), the covariates'
+    basis ``q`` projected out and each scaled to unit variance (in ``dtype``), from C-ordered
+    copies of the blocks."""
+    from .gwas import _c
+
+    y = _c(y, y.dtype)
+    y = _c(y - y.mean(axis=0), dtype)
+    q = _c(q, dtype)
+    y = y - q @ (q.T @ y)
+    return y / np.sqrt(np.sum(y**2, axis=0) / (y.shape[0] - q.shape[1]))[None, :]
 
 
 def genee(ds: xr.Dataset, ld, *, reg_covar: float = 1e-06):

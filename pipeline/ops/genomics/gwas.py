@@ -124,16 +124,12 @@ def gwas_linear_regression(
     # cuSOLVER's float32 Q differs in the last places, which moved GPU betas by 2e-5 relative
     q = x.map_blocks(_qr_on_host, dtype=x.dtype, meta=meta("cpu", x.dtype, 2))
     y = da.concatenate([c.rechunk((-1, -1)) for c in _columns(ds, traits, "trait", op.name, "cpu")], axis=1)
+    y = y.rechunk((-1, -1))
     out_dtype = np.result_type(g.dtype, q.dtype, y.dtype)
     out_dtype = out_dtype if out_dtype.kind == "f" and out_dtype.itemsize >= 4 else np.dtype(np.float64)
     # sgkit's products promote Q and Y to float64 against float64 operands: the same values
-    q = q.astype(np.float64)
-    y = y.astype(np.float64)
-    yp = y - q @ (q.T @ y)
-    w = da.concatenate([q, yp], axis=1).rechunk((-1, -1))
-    gram = (q.T @ q).rechunk((-1, -1))  # I, to float32 rounding for sgkit's float32 intercept
-    qyp = (q.T @ yp).rechunk((-1, -1))
-    yps = (yp * yp).sum(axis=0).rechunk(-1)
+    yp = da.map_blocks(_residuals, q, y, dtype=np.float64, chunks=y.chunks, meta=meta("cpu", np.float64, 2))
+    w, gram, qyp, yps = regression_terms(q, yp)
 
     gd = as_dask(g)
     sample_chunks = len(gd.chunks[1])
@@ -187,4 +183,57 @@ def _split_rows(chunks: tuple[int, ...], n_samples: int, backend: str) -> tuple[
 def _qr_on_host(block):
     """The reduced QR's Q of one (samples, covariates) block, computed by NumPy (LAPACK, as
     sgkit's ``dask.array.linalg.qr`` of one block)."""
-    return np.linalg.qr(np.asarray(block))[0]
+    return np.linalg.qr(_c(block, block.dtype))[0]
+
+
+# The covariates' and traits' matrices (samples x a few columns) are made on the host, one task
+# for each, from C-ordered float64 copies of their inputs. A product's last bits depend on its
+# operands' memory order (BLAS takes another path for a transposed operand), and a block's order
+# depends on where its task ran: a block that crossed between workers comes back in another order
+# than the view made in place. Made in dask's graph of transposes and products, these matrices
+# differed in the last bits between runs on a cluster, and so did the betas.
+
+
+def _c(a, dtype=np.float64) -> np.ndarray:
+    """``a`` as a C-ordered NumPy array of ``dtype`` (copied only where it is not one already)."""
+    return np.ascontiguousarray(np.asarray(a), dtype=dtype)
+
+
+def _residuals(q, y):
+    """Y_P = Y - Q (Q^T Y): the traits ``y`` with the covariates' basis ``q`` projected out, float64."""
+    q, y = _c(q), _c(y)
+    return y - q @ (q.T @ y)
+
+
+def _with_residuals(q, yp):
+    """W = [Q | Y_P], float64."""
+    return np.concatenate([_c(q), _c(yp)], axis=1)
+
+
+def _gram(w, p: int):
+    q = _c(w[:, :p])
+    return q.T @ q
+
+
+def _q_yp(w, p: int):
+    return _c(w[:, :p]).T @ _c(w[:, p:])
+
+
+def _sum_squares(w, p: int):
+    yp = _c(w[:, p:])
+    return (yp * yp).sum(axis=0)
+
+
+def regression_terms(q, yp):
+    """The regression kernel's covariate terms (:func:`pipeline.kernels.gwas.linreg_block`) from
+    the covariates' basis ``q`` (samples, p) and the traits' residuals ``yp`` (samples, traits),
+    each one chunk: W = [Q | Y_P], Q^T Q, Q^T Y_P and |Y_P|^2, float64 Dask arrays of one chunk,
+    each made by one host task (above: the same bits wherever it runs)."""
+    p, t = q.shape[1], yp.shape[1]
+    f8 = np.float64
+    w = da.map_blocks(_with_residuals, q.rechunk((-1, -1)), yp.rechunk((-1, -1)), dtype=f8,
+                      chunks=((q.shape[0],), (p + t,)), meta=meta("cpu", f8, 2))
+    gram = w.map_blocks(_gram, p, dtype=f8, chunks=((p,), (p,)), meta=meta("cpu", f8, 2))
+    qyp = w.map_blocks(_q_yp, p, dtype=f8, chunks=((p,), (t,)), meta=meta("cpu", f8, 2))
+    yps = w.map_blocks(_sum_squares, p, dtype=f8, chunks=((t,),), drop_axis=0, meta=meta("cpu", f8, 1))
+    return w, gram, qyp, yps
