@@ -247,3 +247,26 @@ def test_genomics_flows_on_the_gpu_equal_the_cpu(store, tmp_path, name):
             np.testing.assert_allclose(g, c.values, rtol=1e-6, atol=1e-12, equal_nan=True, err_msg=var)
         else:
             np.testing.assert_array_equal(g, c.values, err_msg=var)
+
+
+def test_genomics_flows_on_a_cluster_write_the_same_bits(store, tmp_path):
+    """Both genomics flows on a distributed cluster of two worker processes write what they write
+    without one, bit for bit: LD pruning's table of pairs (a dask DataFrame) is computed there too,
+    and the regression's covariate terms do not depend on where their tasks ran."""
+    from distributed import Client, LocalCluster
+
+    from pipeline.sinks.zarr import verify
+
+    want = {}
+    for name in ("gwas", "genomics_qc"):
+        want[name] = run_flow(parse_flow(_flow(name, store, tmp_path / f"{name}.zarr"), f"{name}.yaml"),
+                              backend="cpu")["sink"]["digests"]
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        for name in ("gwas", "genomics_qc"):
+            out = tmp_path / f"{name}-cluster.zarr"
+            got = run_flow(parse_flow(_flow(name, store, out), f"{name}.yaml"), backend="cpu", client=client)
+            assert got["sink"]["digests"] == want[name], name
+            verify(out)
+    assert any(k.startswith("variant_linreg") for k in want["gwas"])
+    assert any(k.startswith("sample_pca") for k in want["genomics_qc"])

@@ -218,11 +218,15 @@ def test_memory_plan_counts_the_chunks_of_samples_a_block_is_cut_from():
 
 
 def _layouts(a: np.ndarray) -> dict[str, np.ndarray]:
-    """``a`` in C order, in Fortran order and as a strided view: the orders a block can have
-    after a transpose in place or a copy made for a transfer between workers."""
+    """``a`` in C order, in Fortran order, as a strided view and at an odd byte: the layouts a
+    block can have after a transpose in place, or received from another worker (distributed makes
+    a small array where its frame lies in the message)."""
     wide = np.empty((a.shape[0], 2 * a.shape[1]), a.dtype)
     wide[:, ::2] = a
-    return {"C": np.ascontiguousarray(a), "F": np.asfortranarray(a), "strided": wide[:, ::2]}
+    odd = np.empty(a.nbytes + 3, np.uint8)[3:].view(a.dtype).reshape(a.shape)
+    odd[...] = a
+    assert not odd.flags.aligned
+    return {"C": np.ascontiguousarray(a), "F": np.asfortranarray(a), "strided": wide[:, ::2], "unaligned": odd}
 
 
 def test_regression_terms_have_the_same_bits_whatever_the_blocks_memory_order():
@@ -245,7 +249,7 @@ def test_regression_terms_have_the_same_bits_whatever_the_blocks_memory_order():
            "loco": association._loco_traits(q, y, np.float64)}
     stats = kernels.get("linreg_block", "cpu")(g, w=w, gram=ref["gram"], qyp=ref["qyp"], yps=ref["yps"], dof=n - 4)
     assert np.isfinite(stats).all() and not np.array_equal(ref["gram"], np.eye(3))  # Q^T Q is I to rounding only
-    for name in ("C", "F", "strided"):
+    for name in ("C", "F", "strided", "unaligned"):
         xs, ys, gs = _layouts(x)[name], _layouts(y)[name], _layouts(g)[name]
         qs = _layouts(q)[name]
         ws = _layouts(w)[name]

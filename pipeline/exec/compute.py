@@ -267,9 +267,10 @@ def _compute_on_cluster(client, obj, progress: bool):
     blocks gathered here."""
     from . import memory
 
-    if "cupy" in sys.modules:  # CuPy results come back without importing Numba (pipeline.exec.serialize)
-        from . import serialize
+    from . import serialize
 
+    serialize.register_aligned()  # NumPy results come back aligned (pipeline.exec.serialize)
+    if "cupy" in sys.modules:  # CuPy results come back without importing Numba
         serialize.register()
     nthreads = client.nthreads()  # one round trip: the workers now, for every step below
     sizes = _graph_sizes(obj)
@@ -330,12 +331,12 @@ def _submit(client, obj, optimize: bool):
     import dask
     from dask.base import collections_to_expr, unpack_collections
 
-    from .locality import lean
+    from .locality import is_frame, lean
 
     collections, repack = unpack_collections(obj)
     if not collections:
         return [], lambda _: obj
-    if optimize:
+    if optimize and not any(is_frame(c) for c in collections):  # dask's frames optimize below, as expressions
         collections = lean(list(dask.optimize(*collections)))
     expr = collections_to_expr(list(collections), optimize_graph=False).optimize()
     futures = client.get(expr, [c.__dask_keys__() for c in collections], sync=False)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
 from typing import Mapping
 
 import dask
@@ -211,6 +212,15 @@ def lean(collections: list) -> list:
     return out
 
 
+def is_frame(collection) -> bool:
+    """Whether ``collection`` is a dask DataFrame, Series, Index or Scalar: dask optimizes those as
+    expressions, whose ``__dask_postpersist__`` does not take a graph of blocks (``dask.optimize``
+    of one raised ``TypeError`` in ``ld_prune``'s table of pairs on a cluster). Their few tasks are
+    not placed."""
+    frames = sys.modules.get("dask.dataframe")  # none made where it was never imported
+    return frames is not None and isinstance(collection, (frames.DataFrame, frames.Series, frames.Index, frames.Scalar))
+
+
 def place(obj, nthreads: Mapping[str, int]):
     """``obj`` (what ``client.compute`` takes) with its graphs optimized and its block tasks
     pinned to the workers of ``nthreads`` (``{address: threads}``), and whether anything was
@@ -221,7 +231,7 @@ def place(obj, nthreads: Mapping[str, int]):
     from dask.highlevelgraph import HighLevelGraph
 
     collections, repack = unpack_collections(obj)
-    if len(nthreads) < 2 or not collections:
+    if len(nthreads) < 2 or not collections or any(is_frame(c) for c in collections):
         return obj, False
     optimized = lean(list(dask.optimize(*collections)))
     graph = {}

@@ -1,4 +1,4 @@
-"""CuPy arrays between the processes of a cluster, without importing Numba.
+"""Arrays between the processes of a cluster: CuPy's without importing Numba, and NumPy's aligned.
 
 distributed serializes a CuPy array with ``distributed.protocol.cupy``, which it imports at the
 first CuPy array a process sends or receives. That module imports Numba's CUDA driver
@@ -13,6 +13,14 @@ meanwhile.
 are distributed's own (``__cuda_array_interface__`` and the strides; one frame of the bytes), so
 a process that uses distributed's module reads what these write, and the other way round. Host
 bytes become device memory from CuPy's pool, as the rest of the run's arrays, rather than Numba's.
+
+NumPy arrays (:func:`register_aligned`): distributed makes a received array on its frame where it
+lies in the message, and a small frame can lie at any byte (an array of float64 came at an address
+of 54 mod 64). NumPy computes on such an array by other paths than on an aligned one: its matrix
+products leave BLAS for a loop of its own, whose sums round otherwise. The Q of a GWAS's covariates,
+received so, gave other betas in their last bits than the same Q made on the worker that used it.
+Each such array is copied to memory aligned to its type as it arrives (a few small frames: a large
+frame is read into a buffer of its own, which is aligned).
 """
 
 from __future__ import annotations
@@ -67,3 +75,24 @@ def host_loads(header, frames):
     (frame,) = frames
     device = cupy.asarray(np.frombuffer(frame, dtype=np.uint8))  # one copy to the device, from CuPy's pool
     return cuda_loads(header, [device])
+
+
+def register_aligned() -> None:
+    """Have this process copy each NumPy array it receives that is not aligned to its type
+    (idempotent; distributed's own deserializer makes it first)."""
+    import numpy as np
+    from distributed.protocol.serialize import dask_deserialize
+
+    loads = dask_deserialize.dispatch(np.ndarray)
+    if getattr(loads, "aligned", False):
+        return
+
+    def aligned_loads(header, frames):
+        x = loads(header, frames)
+        if isinstance(x, np.ndarray) and not x.flags.aligned:
+            writeable, x = x.flags.writeable, x.copy(order="K")
+            x.flags.writeable = writeable
+        return x
+
+    aligned_loads.aligned = True
+    dask_deserialize.register(np.ndarray, aligned_loads)

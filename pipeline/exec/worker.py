@@ -3,8 +3,8 @@ pipeline.exec.worker``), before it joins the scheduler.
 
 - Its log lines, distributed's included, take the format and level of the settings it inherited
   from the process that started it (:func:`pipeline.log.configure`).
-- On a GPU worker, CuPy arrays go to and from the other workers without importing Numba
-  (:mod:`pipeline.exec.serialize`).
+- On a GPU worker, CuPy arrays go to and from the other workers without importing Numba, and on
+  every worker NumPy arrays arrive aligned to their type (:mod:`pipeline.exec.serialize`).
 - It imports what its first tasks would otherwise import one after another while the run waits:
   xarray, zarr, pandas and numcodecs, pipeline's sources, sinks, kernels and computation, and on a
   GPU worker CuPy, with the CUDA context made meanwhile (:mod:`pipeline.gpu.context`). A worker of
@@ -39,13 +39,14 @@ def dask_setup(worker) -> None:
     log.configure()
     t = time.perf_counter()
     gpu = _has_gpu()
+    from . import serialize
+
     if gpu:
         from ..gpu import context
 
         context.start()  # the driver's work, outside the GIL, beside the imports below
-        from . import serialize
-
         serialize.register()
+    serialize.register_aligned()
     for name in WARM + (("cupy",) if gpu else ()):
         try:
             importlib.import_module(name)

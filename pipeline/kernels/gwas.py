@@ -47,11 +47,18 @@ def linreg_block(g, *, w, gram, qyp, yps, dof: int):
     variant does not vary once the covariates are out (0 / 0), as in sgkit. Written against the
     array module of ``g``."""
     xp = xp_of(g)
-    # C-ordered float64 (a float64 C-ordered block is used as it is): the product's last bits
-    # depend on its operands' order, and a block's order on whether it crossed between workers
-    gf = xp.ascontiguousarray(g, dtype=ACC)
-    w, gram, qyp = (xp.ascontiguousarray(m, dtype=ACC) for m in (w, gram, qyp))
+    # C-ordered, aligned float64 (such a block is used as it is): the product's last bits depend
+    # on its operands' order and alignment, and those on whether a block crossed between workers
+    gf, w, gram, qyp = (_c(xp, m) for m in (g, w, gram, qyp))
     return _finish(gf @ w, xp.einsum("ij,ij->i", gf, gf), gram=gram, qyp=qyp, yps=yps, dof=dof)
+
+
+def _c(xp, a):
+    """``a`` as a C-ordered float64 array of ``xp`` aligned to its type (NumPy's ``require``; a
+    CuPy array is always aligned)."""
+    if xp is np:
+        return np.require(a, dtype=ACC, requirements=["C", "A"])
+    return xp.ascontiguousarray(a, dtype=ACC)
 
 
 def _finish(gw, gg, *, gram, qyp, yps, dof: int):

@@ -187,16 +187,18 @@ def _qr_on_host(block):
 
 
 # The covariates' and traits' matrices (samples x a few columns) are made on the host, one task
-# for each, from C-ordered float64 copies of their inputs. A product's last bits depend on its
-# operands' memory order (BLAS takes another path for a transposed operand), and a block's order
-# depends on where its task ran: a block that crossed between workers comes back in another order
-# than the view made in place. Made in dask's graph of transposes and products, these matrices
-# differed in the last bits between runs on a cluster, and so did the betas.
+# for each, from C-ordered, aligned float64 copies of their inputs. A product's last bits depend on
+# its operands' memory order (BLAS takes another path for a transposed operand) and alignment, and
+# both depend on where a task ran: a block that crossed between workers comes in another order than
+# a view made in place, and may lie at any byte. Made in dask's graph of transposes and products,
+# these matrices differed in the last bits between runs on a cluster, and so did the betas.
 
 
 def _c(a, dtype=np.float64) -> np.ndarray:
-    """``a`` as a C-ordered NumPy array of ``dtype`` (copied only where it is not one already)."""
-    return np.ascontiguousarray(np.asarray(a), dtype=dtype)
+    """``a`` as a C-ordered NumPy array of ``dtype`` aligned to it (copied only where it is not one
+    already): a block received from another worker may lie at any byte, and NumPy's products take
+    another path on it (``pipeline.exec.serialize``)."""
+    return np.require(np.asarray(a), dtype=dtype, requirements=["C", "A"])
 
 
 def _residuals(q, y):
