@@ -16,7 +16,7 @@ import xarray as xr
 import pipeline
 from pipeline import state
 from pipeline.errors import InputError
-from pipeline.exec import locality
+from pipeline.exec import locality, serialize
 
 from .conftest import climate_array
 
@@ -116,7 +116,9 @@ def test_a_worker_that_joins_or_leaves_asks_the_workers_again(client, cluster, m
     np.testing.assert_array_equal(pipeline.compute(small()), np.full(1000, 64.0))
     # asked again unless the two left are the two that answered first
     assert calls.counts["run"] == asked + 2 + (set(client.nthreads()) != first)
-    assert calls.counts["register_plugin"] <= 2  # once for each set of workers where blocks were placed
+    # once for each set of workers where blocks were placed, and once a client the workers' plugin
+    # (pipeline.exec.serialize.AlignedArrays), which stays for the workers that join
+    assert calls.counts["register_plugin"] <= 3
 
 
 def test_the_plugin_is_registered_once(client, store, monkeypatch):
@@ -125,8 +127,9 @@ def test_the_plugin_is_registered_once(client, store, monkeypatch):
     tas = pipeline.open_dataset(store, backend="cpu")["tas"]
     for _ in range(3):
         pipeline.compute(pipeline.ops.standardized_anomaly(tas, dim="time").mean(["lat", "lon"]))
-    assert calls.counts["register_plugin"] == 1
+    assert calls.counts["register_plugin"] == 2  # the scheduler's plugin and the workers'
     assert client.run_on_scheduler(lambda dask_scheduler: locality.ReleasePins.name in dask_scheduler.plugins)
+    assert all(client.run(lambda dask_worker: serialize.AlignedArrays.name in dask_worker.plugins).values())
 
 
 def flows(tas):

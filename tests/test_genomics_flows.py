@@ -268,5 +268,14 @@ def test_genomics_flows_on_a_cluster_write_the_same_bits(store, tmp_path):
             got = run_flow(parse_flow(_flow(name, store, out), f"{name}.yaml"), backend="cpu", client=client)
             assert got["sink"]["digests"] == want[name], name
             verify(out)
+        # workers that pipeline did not start copy what they receive unaligned, from the first run on
+        assert all(client.run(_receives_aligned).values())
     assert any(k.startswith("variant_linreg") for k in want["gwas"])
     assert any(k.startswith("sample_pca") for k in want["genomics_qc"])
+
+
+def _receives_aligned() -> bool:
+    import numpy as np
+    from distributed.protocol.serialize import dask_deserialize
+
+    return getattr(dask_deserialize.dispatch(np.ndarray), "aligned", False)

@@ -273,6 +273,8 @@ def _compute_on_cluster(client, obj, progress: bool):
     if "cupy" in sys.modules:  # CuPy results come back without importing Numba
         serialize.register()
     nthreads = client.nthreads()  # one round trip: the workers now, for every step below
+    # a worker plugin stays with the cluster, for the workers that join later too: once a client
+    _plugin_on(client, (client.id, client.scheduler.address), serialize.AlignedArrays())
     sizes = _graph_sizes(obj)
     fits = memory.check_workers(client, *sizes, nthreads=nthreads) if sizes is not None else {}
     placed = False
@@ -297,20 +299,28 @@ def _compute_on_cluster(client, obj, progress: bool):
 
 def _release_pins_on(client, nthreads: dict) -> bool:
     """Whether the scheduler holds :class:`pipeline.exec.locality.ReleasePins` (which unpins the
-    blocks of a worker that leaves), registering it once per client and cluster
-    (:func:`pipeline.exec.memory.cluster_key`): registering costs a round trip to the scheduler."""
-    from .. import state
+    blocks of a worker that leaves)."""
     from .locality import ReleasePins
     from .memory import cluster_key
 
-    key = cluster_key(client, nthreads)
+    return _plugin_on(client, cluster_key(client, nthreads), ReleasePins(), "blocks are left to the scheduler to place")
+
+
+def _plugin_on(client, key: tuple, plugin, otherwise: str = "") -> bool:
+    """Whether the cluster holds ``plugin`` (a scheduler or worker plugin of distributed's, with a
+    ``name``), registering it once per ``key`` (such as :func:`pipeline.exec.memory.cluster_key`):
+    registering costs a round trip to the scheduler. Where it fails (e.g. a scheduler or worker
+    that cannot import pipeline), a warning ends with ``otherwise``, what the run does without it."""
+    from .. import state
+
+    key = (key, plugin.name)
     with state.cluster.lock:
         if key in state.cluster.plugins:
             return True
     try:
-        client.register_plugin(ReleasePins())
-    except Exception as e:  # e.g. a scheduler that cannot import pipeline
-        warnings.warn(f"blocks are left to the scheduler to place: {type(e).__name__}: {e}", stacklevel=4)
+        client.register_plugin(plugin)
+    except Exception as e:
+        warnings.warn(f"{otherwise or plugin.name + ' not registered'}: {type(e).__name__}: {e}", stacklevel=4)
         return False
     with state.cluster.lock:
         state.cluster.plugins.add(key)

@@ -25,6 +25,8 @@ frame is read into a buffer of its own, which is aligned).
 
 from __future__ import annotations
 
+from distributed.diagnostics.plugin import WorkerPlugin
+
 
 def register() -> bool:
     """Register the serializers of ``cupy.ndarray`` (idempotent); False where CuPy is missing."""
@@ -96,3 +98,15 @@ def register_aligned() -> None:
 
     aligned_loads.aligned = True
     dask_deserialize.register(np.ndarray, aligned_loads)
+
+
+class AlignedArrays(WorkerPlugin):
+    """A distributed worker plugin: the worker copies the NumPy arrays it receives unaligned
+    (:func:`register_aligned`), for the workers of a cluster that did not start with pipeline's
+    preload (``pipeline.exec.worker``): one pipeline attached to, or a client of the user's."""
+
+    name = "pipeline-aligned-arrays"
+    idempotent = True
+
+    def setup(self, worker) -> None:
+        register_aligned()
