@@ -44,7 +44,9 @@ def killed(tmp_path_factory, one_chunk_a_block):
     assert cli("demo", "src.zarr", "--size", "6MB", "--time-chunk", "3", cwd=tmp).returncode == 0
     r = cli("run", MONTHLY, "--input", "src.zarr", "--output", "clean.zarr", "--report", "clean.json", cwd=tmp)
     assert r.returncode == 0, r.stderr
-    run = start("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", "--no-progress", cwd=tmp, slow=0.1)
+    # its writes of the anomaly after the fourth wait until it is killed (a file never made)
+    run = start("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", "--no-progress", cwd=tmp,
+                hold=tmp / "never", hold_after="anomaly:4")
     partial = tmp / ".out.zarr.partial"
     deadline = time.time() + 120
     while time.time() < deadline and run.poll() is None and len(list(partial.glob("anomaly/c/*"))) < 4:
@@ -118,12 +120,17 @@ def test_a_terminated_run_with_resume_keeps_its_partial_and_the_next_completes_i
     work = tmp_path / "w"
     work.mkdir()
     (work / "src.zarr").symlink_to(tmp / "src.zarr")
-    run = start("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", "--resume", "--no-progress", cwd=work, slow=0.1)
+    # its writes of the anomaly after the fourth wait for the file "release", made once the run is
+    # signalled: they end after the signal, as slow storage's would
+    run = start("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", "--resume", "--no-progress", cwd=work,
+                hold=work / "release", hold_after="anomaly:4")
     partial = work / ".out.zarr.partial"
     deadline = time.time() + 120
     while time.time() < deadline and run.poll() is None and len(list(partial.glob("anomaly/c/*"))) < 4:
         time.sleep(0.02)
+    assert run.poll() is None, run.stderr.read()
     run.send_signal(signal.SIGTERM)
+    (work / "release").touch()
     _, err = run.communicate(timeout=120)
     assert run.returncode == 1 and "kept" in err and "--resume" in err, err
     assert partial.is_dir() and not (work / "out.zarr").exists()

@@ -84,7 +84,8 @@ def test_the_next_cluster_run_removes_what_a_killed_run_left_and_nothing_else(tm
     args = ("run", FLOW, "--input", "src.zarr", "--output", "out.zarr", "--cluster", profile, "--no-progress")
     alive = hold(HOLD_RUN_DIRECTORY, spill, ready=tmp_path / "alive")  # another run, alive throughout
     alive_dir = Path((tmp_path / "alive").read_text())
-    killed = start(*args, cwd=work, slow=0.2)
+    # its writes of the result after the first wait until it is killed (a file never made)
+    killed = start(*args, cwd=work, hold=work / "never", hold_after="weighted_mean:1")
     wait_for(lambda: len(list(spill.glob(f"run-*/{RUN_MARK}"))) == 2 and list(work.glob(".out.zarr.partial/*/c/*")), killed)
     kill(killed)
     (dead,) = set(spill.glob("run-*")) - {alive_dir}

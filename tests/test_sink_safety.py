@@ -32,29 +32,42 @@ MONTHLY = REPO / "flows" / "monthly_anomaly.yaml"
 # Loaded at interpreter start where its directory is on PYTHONPATH: every write into a zarr array
 # in the process (a run, or a dask worker) takes that long, as on slow storage, so that a signal
 # lands while writes go on and a cancelled write ends well after the cancel. With a hold file
-# named, every write waits until that file exists instead: the run is held mid-write for as long
-# as a test needs, however slowly the machine runs.
+# named, a write waits until that file exists instead: the run is held mid-write for as long as a
+# test needs, however slowly the machine runs; with ``hold_after`` ("array:N"), only the writes
+# to that array after its first N are held, and the others go on.
 SLOW_WRITES = '''
-import os, time
+import os, threading, time
 if os.environ.get("PIPELINE_TEST_SLOW_WRITE") or os.environ.get("PIPELINE_TEST_HOLD_WRITE"):
     import zarr
     _setitem = zarr.Array.__setitem__
+    _writes, _lock = {}, threading.Lock()
+    def _held(array):
+        after = os.environ.get("PIPELINE_TEST_HOLD_AFTER")
+        if not after:
+            return True
+        name, n = after.rsplit(":", 1)
+        if str(array.store_path).rstrip("/").rsplit("/", 1)[-1] != name:
+            return False
+        with _lock:
+            _writes[name] = _writes.get(name, 0) + 1
+            return _writes[name] > int(n)
     def slow_setitem(self, selection, value):
         hold = os.environ.get("PIPELINE_TEST_HOLD_WRITE")
-        if hold:
+        if hold and _held(self):
             deadline = time.monotonic() + 600
             while not os.path.exists(hold) and time.monotonic() < deadline:
                 time.sleep(0.01)
-        else:
+        elif os.environ.get("PIPELINE_TEST_SLOW_WRITE"):
             time.sleep(float(os.environ["PIPELINE_TEST_SLOW_WRITE"]))
         return _setitem(self, selection, value)
     zarr.Array.__setitem__ = slow_setitem
 '''
 
 
-def env(tmp_path: Path, slow: float | None = None, hold: Path | None = None) -> dict:
+def env(tmp_path: Path, slow: float | None = None, hold: Path | None = None, hold_after: str | None = None) -> dict:
     """The environment of a CLI run; with ``slow``, each block write sleeps that long first; with
-    ``hold``, each block write waits until the file ``hold`` exists."""
+    ``hold``, each block write waits until the file ``hold`` exists (with ``hold_after``,
+    "array:N", only the writes to that array after its first N)."""
     out = {**os.environ, "DASK_PIPELINE__BACKEND": "cpu"}
     if slow or hold:
         site = tmp_path / "slow_site"
@@ -65,6 +78,8 @@ def env(tmp_path: Path, slow: float | None = None, hold: Path | None = None) -> 
         out["PIPELINE_TEST_SLOW_WRITE"] = str(slow)
     if hold:
         out["PIPELINE_TEST_HOLD_WRITE"] = str(hold)
+    if hold_after:
+        out["PIPELINE_TEST_HOLD_AFTER"] = hold_after
     return out
 
 
@@ -73,9 +88,9 @@ def cli(*args, cwd, slow=None, timeout=300):
                           text=True, timeout=timeout, env=env(Path(cwd), slow))
 
 
-def start(*args, cwd, slow=None, hold=None):
+def start(*args, cwd, slow=None, hold=None, hold_after=None):
     return subprocess.Popen([sys.executable, "-m", "pipeline", *map(str, args)], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env(Path(cwd), slow, hold))
+                            stderr=subprocess.PIPE, text=True, env=env(Path(cwd), slow, hold, hold_after))
 
 
 def tree(path: Path) -> dict[str, str]:
