@@ -91,12 +91,15 @@ def test_a_store_filled_while_the_run_writes_is_not_replaced(made, tmp_path):
     assert cli("demo", "src.zarr", "--size", "2MB", "--time-chunk", "2", cwd=work).returncode == 0
     shutil.copytree(made / "out.zarr", work / "out.zarr")
     old = tree(work / "out.zarr")
-    run = start("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", "--no-progress", cwd=work, slow=0.1)
+    # held after its first write of the anomaly until the user's file is added
+    run = start("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", "--no-progress", cwd=work,
+                hold=work / "release", hold_after="anomaly:1")
     deadline = time.time() + 120
     while time.time() < deadline and run.poll() is None and not list((work / ".out.zarr.partial").glob("anomaly/c/*")):
         time.sleep(0.02)
     assert run.poll() is None, run.stderr.read()
     (work / "out.zarr" / "NOTES.txt").write_text("added during the run")
+    (work / "release").touch()
     _, err = run.communicate(timeout=120)
     assert run.returncode == 2 and "NOTES.txt" in err and "nothing was replaced" in err, err
     assert tree(work / "out.zarr") == {**old, "NOTES.txt": tree(work / "out.zarr")["NOTES.txt"]}
@@ -154,7 +157,9 @@ def test_only_what_a_killed_run_recorded_is_removed(made, tmp_path):
     work = tmp_path / "w"
     work.mkdir()
     assert cli("demo", "src.zarr", "--size", "2MB", "--time-chunk", "2", cwd=work).returncode == 0
-    run = start("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", "--no-progress", cwd=work, slow=0.1)
+    # held after its first write of the anomaly until it is killed (a file never made)
+    run = start("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", "--no-progress", cwd=work,
+                hold=work / "never", hold_after="anomaly:1")
     partial = work / ".out.zarr.partial"
     deadline = time.time() + 120
     while time.time() < deadline and run.poll() is None and not list(partial.glob("anomaly/c/*")):
@@ -220,12 +225,16 @@ def test_resume_starts_over_on_a_partial_other_versions_wrote(tmp_path):
     work = tmp_path / "w"
     work.mkdir()
     assert cli("demo", "src.zarr", "--size", "2MB", "--time-chunk", "2", cwd=work).returncode == 0
-    run = start("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", "--resume", "--no-progress", cwd=work, slow=0.1)
+    # held after its second write of the anomaly until it is signalled
+    run = start("run", MONTHLY, "--input", "src.zarr", "--output", "out.zarr", "--resume", "--no-progress", cwd=work,
+                hold=work / "release", hold_after="anomaly:2")
     partial = work / ".out.zarr.partial"
     deadline = time.time() + 120
     while time.time() < deadline and run.poll() is None and len(list(partial.glob("anomaly/c/*"))) < 2:
         time.sleep(0.02)
+    assert run.poll() is None, run.stderr.read()
     run.send_signal(signal.SIGTERM)
+    (work / "release").touch()
     _, err = run.communicate(timeout=120)
     assert run.returncode == 1 and partial.is_dir(), err
     for older in ({"zarr": "2.18.3"}, None):  # zarr 2's chunks; a pipeline that recorded no versions
