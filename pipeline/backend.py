@@ -108,6 +108,17 @@ def xp_of(x):
     return _cupy() if is_cupy(x) else np
 
 
+def c_aligned(x, dtype=None):
+    """``x`` (NumPy or CuPy) as a C-ordered array of ``dtype`` (default its own) aligned to it,
+    copied only where it is not one already. NumPy's products and sums round otherwise on other
+    layouts, and a block's layout depends on where its task ran: one that crossed between workers
+    comes in another order than a view made in place, and may lie at any byte
+    (:mod:`pipeline.exec.serialize`). A CuPy array is always aligned."""
+    if is_cupy(x):
+        return _cupy().ascontiguousarray(x, dtype=dtype)
+    return np.require(np.asarray(x), dtype=dtype, requirements=["C", "A"])
+
+
 def linalg_raises(xp):
     """A context in which ``xp``'s linear algebra raises ``numpy.linalg.LinAlgError`` where a
     factorization fails (a singular matrix's zero pivot), as NumPy's does. CuPy's checks nothing by

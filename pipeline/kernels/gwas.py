@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import to_numpy, xp_of
+from ..backend import c_aligned, to_numpy, xp_of
 from . import launch
 from .slabs import SLAB_BYTES, map_slabs, temporaries
 
@@ -49,16 +49,8 @@ def linreg_block(g, *, w, gram, qyp, yps, dof: int):
     xp = xp_of(g)
     # C-ordered, aligned float64 (such a block is used as it is): the product's last bits depend
     # on its operands' order and alignment, and those on whether a block crossed between workers
-    gf, w, gram, qyp = (_c(xp, m) for m in (g, w, gram, qyp))
+    gf, w, gram, qyp = (c_aligned(m, ACC) for m in (g, w, gram, qyp))
     return _finish(gf @ w, xp.einsum("ij,ij->i", gf, gf), gram=gram, qyp=qyp, yps=yps, dof=dof)
-
-
-def _c(xp, a):
-    """``a`` as a C-ordered float64 array of ``xp`` aligned to its type (NumPy's ``require``; a
-    CuPy array is always aligned)."""
-    if xp is np:
-        return np.require(a, dtype=ACC, requirements=["C", "A"])
-    return xp.ascontiguousarray(a, dtype=ACC)
 
 
 def _finish(gw, gg, *, gram, qyp, yps, dof: int):

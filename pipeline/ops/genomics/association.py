@@ -22,7 +22,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 import xarray as xr
 
-from ...backend import backend_of, linalg_raises, meta, to_backend, to_numpy, xp_of
+from ...backend import backend_of, c_aligned, linalg_raises, meta, to_backend, to_numpy, xp_of
 from ...deferred import module as _deferred
 from ...errors import InputError
 from ._dataset import as_dask, merge as _merge, variable
@@ -392,13 +392,11 @@ def _linreg(kernel, g, w, gram, qyp, yps, dof: int):
 
 def _loco_traits(q, y, dtype):
     """sgkit's traits for the LOCO regression: centred (in their own dtype), the covariates'
-    basis ``q`` projected out and each scaled to unit variance (in ``dtype``), from C-ordered
-    copies of the blocks."""
-    from .gwas import _c
-
-    y = _c(y, y.dtype)
-    y = _c(y - y.mean(axis=0), dtype)
-    q = _c(q, dtype)
+    basis ``q`` projected out and each scaled to unit variance (in ``dtype``), from C-ordered,
+    aligned copies of the blocks."""
+    y = c_aligned(y)
+    y = c_aligned(y - y.mean(axis=0), dtype)
+    q = c_aligned(q, dtype)
     y = y - q @ (q.T @ y)
     return y / np.sqrt(np.sum(y**2, axis=0) / (y.shape[0] - q.shape[1]))[None, :]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from ...backend import meta, to_backend
+from ...backend import c_aligned, meta, to_backend
 from ...deferred import module as _deferred
 from ...errors import InputError
 from ...reduce.declare import declare
@@ -183,46 +183,40 @@ def _split_rows(chunks: tuple[int, ...], n_samples: int, backend: str) -> tuple[
 def _qr_on_host(block):
     """The reduced QR's Q of one (samples, covariates) block, computed by NumPy (LAPACK, as
     sgkit's ``dask.array.linalg.qr`` of one block)."""
-    return np.linalg.qr(_c(block, block.dtype))[0]
+    return np.linalg.qr(c_aligned(block))[0]
 
 
 # The covariates' and traits' matrices (samples x a few columns) are made on the host, one task
-# for each, from C-ordered, aligned float64 copies of their inputs. A product's last bits depend on
-# its operands' memory order (BLAS takes another path for a transposed operand) and alignment, and
-# both depend on where a task ran: a block that crossed between workers comes in another order than
-# a view made in place, and may lie at any byte. Made in dask's graph of transposes and products,
-# these matrices differed in the last bits between runs on a cluster, and so did the betas.
-
-
-def _c(a, dtype=np.float64) -> np.ndarray:
-    """``a`` as a C-ordered NumPy array of ``dtype`` aligned to it (copied only where it is not one
-    already): a block received from another worker may lie at any byte, and NumPy's products take
-    another path on it (``pipeline.exec.serialize``)."""
-    return np.require(np.asarray(a), dtype=dtype, requirements=["C", "A"])
+# for each, from C-ordered, aligned float64 copies of their inputs (``backend.c_aligned``). A
+# product's last bits depend on its operands' memory order (BLAS takes another path for a
+# transposed operand) and alignment, and both depend on where a task ran. Made in dask's graph of
+# transposes and products, these matrices differed in the last bits between runs on a cluster,
+# and so did the betas.
+F8 = np.float64
 
 
 def _residuals(q, y):
     """Y_P = Y - Q (Q^T Y): the traits ``y`` with the covariates' basis ``q`` projected out, float64."""
-    q, y = _c(q), _c(y)
+    q, y = c_aligned(q, F8), c_aligned(y, F8)
     return y - q @ (q.T @ y)
 
 
 def _with_residuals(q, yp):
     """W = [Q | Y_P], float64."""
-    return np.concatenate([_c(q), _c(yp)], axis=1)
+    return np.concatenate([c_aligned(q, F8), c_aligned(yp, F8)], axis=1)
 
 
 def _gram(w, p: int):
-    q = _c(w[:, :p])
+    q = c_aligned(w[:, :p], F8)
     return q.T @ q
 
 
 def _q_yp(w, p: int):
-    return _c(w[:, :p]).T @ _c(w[:, p:])
+    return c_aligned(w[:, :p], F8).T @ c_aligned(w[:, p:], F8)
 
 
 def _sum_squares(w, p: int):
-    yp = _c(w[:, p:])
+    yp = c_aligned(w[:, p:], F8)
     return (yp * yp).sum(axis=0)
 
 
@@ -232,10 +226,9 @@ def regression_terms(q, yp):
     each one chunk: W = [Q | Y_P], Q^T Q, Q^T Y_P and |Y_P|^2, float64 Dask arrays of one chunk,
     each made by one host task (above: the same bits wherever it runs)."""
     p, t = q.shape[1], yp.shape[1]
-    f8 = np.float64
-    w = da.map_blocks(_with_residuals, q.rechunk((-1, -1)), yp.rechunk((-1, -1)), dtype=f8,
-                      chunks=((q.shape[0],), (p + t,)), meta=meta("cpu", f8, 2))
-    gram = w.map_blocks(_gram, p, dtype=f8, chunks=((p,), (p,)), meta=meta("cpu", f8, 2))
-    qyp = w.map_blocks(_q_yp, p, dtype=f8, chunks=((p,), (t,)), meta=meta("cpu", f8, 2))
-    yps = w.map_blocks(_sum_squares, p, dtype=f8, chunks=((t,),), drop_axis=0, meta=meta("cpu", f8, 1))
+    w = da.map_blocks(_with_residuals, q.rechunk((-1, -1)), yp.rechunk((-1, -1)), dtype=F8,
+                      chunks=((q.shape[0],), (p + t,)), meta=meta("cpu", F8, 2))
+    gram = w.map_blocks(_gram, p, dtype=F8, chunks=((p,), (p,)), meta=meta("cpu", F8, 2))
+    qyp = w.map_blocks(_q_yp, p, dtype=F8, chunks=((p,), (t,)), meta=meta("cpu", F8, 2))
+    yps = w.map_blocks(_sum_squares, p, dtype=F8, chunks=((t,),), drop_axis=0, meta=meta("cpu", F8, 1))
     return w, gram, qyp, yps
