@@ -472,6 +472,7 @@ def test_gpu_read_of_zarr_default_zstd_split_between_gpu_and_cpu(tmp_path, monke
 
     def on_cpu(*args):
         decoded["cpu"] += 1
+        assert len(args[-1]) == 5 * 30 * 40 * 4  # into a pinned buffer of one chunk
         cpu_decode(*args)
 
     monkeypatch.setattr(nvcomp, "_decode", on_gpu)
@@ -492,3 +493,7 @@ def test_gpu_read_of_zarr_default_zstd_split_between_gpu_and_cpu(tmp_path, monke
         assert decoded == {"gpu": 5, "cpu": 0}
     if cpu_rate == "1PB":  # the CPU at once: every file there
         assert decoded == {"gpu": 0, "cpu": 5}
+    if decoded["cpu"]:  # the chunks' buffers are back, for the next decodes
+        from pipeline.gpu import pinned
+
+        assert pinned.free_for(5 * 30 * 40 * 4) >= 1

@@ -86,17 +86,27 @@ class Buffer:
             pass
 
 
+def _fits(buf: Buffer, nbytes: int) -> bool:
+    return nbytes <= buf.nbytes <= 2 * max(nbytes, GRAIN)
+
+
 def take(nbytes: int, inline: bool = False) -> Buffer:
     """A pinned buffer of at least ``nbytes``: a free one that holds it without wasting more than
     its size, else a new one (whose pages this thread faults in itself where ``inline``: an I/O
     thread). Hand it back with :func:`give` once nothing reads or writes it."""
     with state.pinned.lock:
-        fits = [b for b in state.pinned.buffers if nbytes <= b.nbytes <= 2 * max(nbytes, GRAIN)]
+        fits = [b for b in state.pinned.buffers if _fits(b, nbytes)]
         if fits:
             buf = min(fits, key=lambda b: b.nbytes)
             state.pinned.buffers.remove(buf)
             return buf
     return Buffer(-(-max(nbytes, 1) // GRAIN) * GRAIN, inline)
+
+
+def free_for(nbytes: int) -> int:
+    """How many free buffers :func:`take` would lend for a request of ``nbytes``."""
+    with state.pinned.lock:
+        return sum(_fits(b, nbytes) for b in state.pinned.buffers)
 
 
 def give(buf: Buffer) -> None:

@@ -58,6 +58,7 @@ from .engine import (PIECE, BlockSource, aligned, block_chunks, block_stream, da
 from .files import read_whole_files
 from .iopool import io_pool
 from .nvcomp import nvcomp_available
+from .streams import context
 
 MISSING = np.uint64(2**64 - 1)
 GROUP = 1 << 20  # the least bytes of small files that one I/O job reads (submit_reads)
@@ -384,12 +385,12 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
         host = _on_host(lay, sizes, held, blocks)
         # The GPU's files first: pinned by the I/O threads where the policy and the room let them,
         # the rest read into a pinned buffer taken for them only. The CPU's files are decoded by
-        # the I/O threads into a pinned buffer taken once the GPU's batch is queued
+        # the I/O threads, each into a pinned buffer of one chunk, once the GPU's batch is queued
         # (:class:`_HostDecodes`), or at once in a block the CPU decodes whole. In a first run on
-        # zarr's default store, taking both buffers first held the GPU's batch back by 0.33 s: the
-        # CPU's (2.4 GB, new) took 0.24 s, and one for files that were then pinned (1.4 GB) 0.08 s
-        # more; taken beside the pinning, on a thread of its own, the CPU's buffer slowed the
-        # pinning as much (both register memory with the driver).
+        # zarr's default store, taking the buffers of both first held the GPU's batch back by
+        # 0.33 s: the CPU's (2.4 GB, new) took 0.24 s, and one for files that were then pinned
+        # (1.4 GB) 0.08 s more; taken beside the pinning, on a thread of its own, the CPU's buffer
+        # slowed the pinning as much (both register memory with the driver).
         decodes = _HostDecodes(lay, paths, held, host)
         unread = [k for k, size in enumerate(sizes) if size and held[k] is None and not host[k]]
         fetching = _GpuFiles(bool(unread))
@@ -413,9 +414,9 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
                     files.append(_Staged(staging.bytes, *next(it), size))
                 else:
                     files.append(None)
-            def queued():  # the GPU's files are on their way: the CPU's buffer may be taken
+            def queued(out, ready):  # the GPU's files are on their way: the CPU's decodes start
                 fetching.done()
-                decodes.start()
+                decodes.start(out, block.places, ready)
 
             return _move_and_decode(lay, block, files, [0 if h else n for h, n in zip(host, sizes)], queued)
         finally:
@@ -471,61 +472,98 @@ def _gpu_files_fetched(timeout: float = 1.0) -> None:
 
 
 class _HostDecodes:
-    """The files of a block that the CPU decodes, once :meth:`start` is called: a pinned buffer for
-    them all is taken and each file's decode submitted to the I/O threads. :meth:`close` waits for
-    every decode and gives the buffer back."""
+    """The files of a block that the CPU decodes, once :meth:`start` is called: each file's decode
+    is submitted to the I/O threads, which decode it into a pinned buffer of one chunk and copy it
+    to its place on the device themselves (:func:`_decode_to_device`). :meth:`close` waits for
+    every decode and gives back the buffers of chunks that the task places itself (those cut by
+    the array's edge).
+
+    One chunk's buffer a decode, given back as soon as its copy is done, rather than one buffer
+    for all the block's host files: those were 0.9-2.7 GB each, new in each block's first use (the
+    share of a block decoded on the host varies), and took 0.27-0.93 s each to fault in (4.2 s of
+    a 2-GPU worker's threads on zarr's default store, with most of its I/O threads touching pages
+    instead of decoding; benchmarks/RESULTS.md). Chunk-sized buffers all serve one another, so a
+    process faults in at most one per I/O thread, once."""
 
     def __init__(self, lay: Layout, paths: list[str], held: list, host: list[bool]):
         self.lay, self.paths, self.held, self.host = lay, paths, held, host
-        self.jobs: dict[int, tuple[Future, np.ndarray]] = {}
-        self.buffer = None
+        self.jobs: dict[int, Future] = {}
         self.lock = threading.Lock()
         self.started = not any(host)
 
-    def start(self) -> None:
+    def start(self, out, places, ready) -> None:
+        """Submit the decodes; each whole chunk is copied into ``out[place]`` on the device once
+        the event ``ready`` is done (the block's device memory free of earlier readers)."""
+        import cupy as cp
+
         with self.lock:
             if self.started:
                 return
             self.started = True
             lay = self.lay
-            _gpu_files_fetched()
-            self.buffer = pinned.take(sum(self.host) * lay.inner_nbytes)
+            if pinned.free_for(lay.inner_nbytes) < sum(self.host):
+                _gpu_files_fetched()  # new pinned memory is taken: not beside the GPU's files
+            device = cp.cuda.Device().id
             pool = io_pool()
             ticket = pool.ticket()
-            slot = 0
             for k, on_host in enumerate(self.host):
                 if on_host:
-                    out = self.buffer.bytes[slot * lay.inner_nbytes:(slot + 1) * lay.inner_nbytes]
-                    job = pool.submit(_decode_file, lay, self.paths[k], self.held[k], out, ticket=ticket)
-                    self.jobs[k] = (job, out)
-                    slot += 1
+                    local = places[k]
+                    target = out[local]
+                    whole = tuple(sl.stop - sl.start for sl in local) == lay.chunk
+                    to = target if whole and target.flags.c_contiguous else None
+                    self.jobs[k] = pool.submit(_decode_to_device, lay, self.paths[k], self.held[k], to, device,
+                                               ready, ticket=ticket)
 
-    def get(self, k: int) -> np.ndarray:
-        """File ``k`` decoded (its bytes in pinned memory), once its decode is done."""
-        self.start()
-        job, out = self.jobs[k]
-        job.result()
-        return out
+    def get(self, k: int):
+        """File ``k``, once its decode is done: None where it is in place on the device, else its
+        decoded bytes (a pinned buffer that :meth:`close` gives back)."""
+        return self.jobs[k].result()
 
     def close(self) -> None:
         with self.lock:
-            futures_wait([job for job, _ in self.jobs.values()])
-            if self.buffer is not None:
-                pinned.give(self.buffer)
-                self.buffer = None
+            futures_wait(list(self.jobs.values()))
+            for job in self.jobs.values():
+                if job.exception() is None and job.result() is not None:
+                    pinned.give(job.result())
+            self.jobs.clear()
 
 
 class _HostDecode:
     """File ``k`` of a block, decoded by the CPU (:class:`_HostDecodes`): calling it waits for
-    that; its bytes are then in ``out``."""
+    that; ``out`` is then None (the chunk is in place on the device) or its decoded bytes."""
 
     def __init__(self, group: _HostDecodes, k: int):
         self.group, self.k = group, k
-        self.out: np.ndarray | None = None
+        self.out = None
 
     def __call__(self):
-        self.out = self.group.get(self.k)
+        buf = self.group.get(self.k)
+        self.out = None if buf is None else buf.bytes[:self.group.lay.inner_nbytes]
         return self
+
+
+def _decode_to_device(lay: Layout, path: str, held, target, device: int, ready):
+    """Run by an I/O thread: one chunk file decoded into a pinned buffer of one chunk
+    (:func:`_decode_file`), then, where ``target`` (its place on the device, whole and contiguous)
+    is given, copied there on a stream of this thread once ``ready`` is done, and the buffer given
+    back (None returned); else the buffer, for the task to place."""
+    import cupy as cp
+
+    nbytes = lay.inner_nbytes
+    buf = pinned.take(nbytes, inline=True)
+    try:
+        _decode_file(lay, path, held, buf.bytes[:nbytes])
+        if target is None:
+            return buf
+        with cp.cuda.Device(device), context() as ctx:  # its exit synchronizes the copy
+            ctx.stream.wait_event(ready)
+            target.reshape(-1).view(np.uint8).set(buf.bytes[:nbytes], stream=ctx.stream)
+    except BaseException:
+        pinned.give(buf)
+        raise
+    pinned.give(buf)
+    return None
 
 
 def _decode_file(lay: Layout, path: str, held, out: np.ndarray) -> None:
@@ -597,16 +635,17 @@ def _stat(path: str) -> os.stat_result | None:
 def _move_and_decode(lay: Layout, block, files, sizes, start_host=None):
     """``files``: for each chunk of ``block`` (:func:`pipeline.gpu.engine.block_chunks`), a function
     that waits for its file's bytes in pinned host memory and returns them (None for a chunk with no
-    file); ``sizes``: the files' sizes; ``start_host``: called once the GPU's work is queued, to
-    start the CPU's decodes."""
+    file); ``sizes``: the files' sizes; ``start_host(out, ready)``: called once the GPU's work is
+    queued, to start the CPU's decodes into ``out`` once the event ``ready`` is done."""
     import cupy as cp
 
     file_starts = list(itertools.accumulate([0] + sizes[:-1]))  # places in the device buffer
 
     # The device buffers are taken once the block's first file is there, so that a task waiting
     # for its turn in the I/O pool holds no device memory (under a 4 GB budget, three threads
-    # holding them while they waited ran out of memory).
-    present = [f for f, size in zip(files, sizes) if f and size] or [f for f in files if f]
+    # holding them while they waited ran out of memory). A block that the CPU decodes whole takes
+    # them first: its decodes copy into them.
+    present = [f for f, size in zip(files, sizes) if f and size]
     if present:
         present[0]()
     # both device buffers come from the default stream's arena (pipeline.gpu.engine.block_stream)
@@ -614,6 +653,7 @@ def _move_and_decode(lay: Layout, block, files, sizes, start_host=None):
     dev = cp.empty(max(1, sum(sizes)), dtype=np.uint8)
 
     with block_stream() as stream:
+        ready = stream.record()  # done once the block's memory is free of earlier readers
         # each file crosses the bus once it is there, while the block's later files are read; files
         # read one after another into one buffer cross together, up to COPY bytes a copy (12,410
         # copies of 2.6 MB, one a file, took 3.3 s of a worker's task threads' time on the 2-GPU
@@ -655,7 +695,7 @@ def _move_and_decode(lay: Layout, block, files, sizes, start_host=None):
         _decode_scratch(lay, scratch, dev, out)
         timing.stop(stream)
         if start_host is not None:
-            start_host()
+            start_host(out, ready)
         _place_host_decoded(lay, on_host, out, stream)
     timing.observe()
     return out
@@ -724,19 +764,16 @@ class _GpuTiming:
 
 
 def _place_host_decoded(lay: Layout, items, out, stream) -> None:
-    """Chunks decoded by the CPU, each copied to its place as soon as it is ready."""
+    """Chunks decoded by the CPU: waits for each; those the I/O threads did not copy into place
+    (cut by the array's edge) go to the device whole, then their part into place."""
     import cupy as cp
 
     for local, decode in items:
         decode()
-        target = out[local]
-        whole = tuple(sl.stop - sl.start for sl in local) == lay.chunk
-        if whole and target.flags.c_contiguous:
-            target.reshape(-1).view(np.uint8).set(decode.out, stream=stream)
-        else:  # cut by the array's edge: the whole chunk to the device, then its part in place
+        if decode.out is not None:
             chunk = cp.empty(lay.chunk, dtype=lay.dtype)
             chunk.reshape(-1).view(np.uint8).set(decode.out, stream=stream)
-            copy_into(target, chunk[tuple(slice(0, sl.stop - sl.start) for sl in local)])
+            copy_into(out[local], chunk[tuple(slice(0, sl.stop - sl.start) for sl in local)])
 
 
 def _decode_into_place(lay: Layout, direct, dev, out) -> None:
