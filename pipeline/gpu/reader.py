@@ -58,7 +58,7 @@ from .engine import (PIECE, BlockSource, aligned, block_chunks, block_stream, da
 from .files import read_whole_files
 from .iopool import io_pool
 from .nvcomp import nvcomp_available
-from .streams import context
+from .streams import copy_stream
 
 MISSING = np.uint64(2**64 - 1)
 GROUP = 1 << 20  # the least bytes of small files that one I/O job reads (submit_reads)
@@ -556,9 +556,11 @@ def _decode_to_device(lay: Layout, path: str, held, target, device: int, ready):
         _decode_file(lay, path, held, buf.bytes[:nbytes])
         if target is None:
             return buf
-        with cp.cuda.Device(device), context() as ctx:  # its exit synchronizes the copy
-            ctx.stream.wait_event(ready)
-            target.reshape(-1).view(np.uint8).set(buf.bytes[:nbytes], stream=ctx.stream)
+        with cp.cuda.Device(device):
+            stream = copy_stream()
+            stream.wait_event(ready)
+            target.reshape(-1).view(np.uint8).set(buf.bytes[:nbytes], stream=stream)
+            stream.synchronize()
     except BaseException:
         pinned.give(buf)
         raise

@@ -52,3 +52,17 @@ class context:
 def current() -> Context:
     """The context lent to the task running on this thread."""
     return state.streams.local.ctx
+
+
+def copy_stream():
+    """A CUDA stream of this thread and the current device for plain copies (an I/O thread's copy
+    of what it decoded), made once. Not a pooled :class:`Context`: those carry nvCOMP codecs, whose
+    scratch for large frames is large, and a context lent to an I/O thread makes a task thread
+    build another (seen as the GPU running out of memory)."""
+    import cupy as cp
+
+    device = cp.cuda.Device().id
+    streams = state.streams.local.__dict__.setdefault("copy_streams", {})
+    if device not in streams:
+        streams[device] = cp.cuda.Stream(non_blocking=True)
+    return streams[device]
