@@ -488,7 +488,7 @@ def main(argv=None) -> dict:
     if mode != "in-process" and args.processes < 1:
         raise SystemExit("--mode processes needs --processes K (K >= 1)")
 
-    if args.user_stores:
+    if args.user_stores is not None:
         if mode != "processes":
             raise SystemExit("--user-stores needs --processes K")
         return store_table(args)
