@@ -162,6 +162,28 @@ def test_gwas_flow_equals_the_python_calls(store, tmp_path):
     assert got.attrs["pipeline_flow"] == "gwas"
 
 
+def test_the_gwas_command_on_threads_imports_neither_distributed_nor_scipy_stats(store, tmp_path):
+    """`pipeline run flows/gwas.yaml` without a cluster imports neither distributed (dask looks for
+    a client at a rechunk) nor scipy.stats (the p-values): both are seconds of a fresh process's
+    imports, for nothing. Its output is the flow's."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out.zarr"
+    probe = ("import atexit, sys; atexit.register(lambda: print('LOADED', sorted(m for m in sys.modules "
+             "if (m.split('.')[0] == 'distributed' or m.startswith('scipy.stats')) and sys.modules[m] is not None), "
+             f"file=sys.stderr)); sys.argv = ['pipeline', 'run', {str(REPO / 'flows' / 'gwas.yaml')!r}, '--input', "
+             f"{str(store)!r}, '--output', {str(out)!r}, '--backend', 'cpu', '--no-progress']; "
+             "import runpy; runpy.run_module('pipeline', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.split("LOADED", 1)[1].strip() == "[]", r.stderr
+    run_flow(parse_flow(_flow("gwas", store, tmp_path / "ref.zarr"), "gwas.yaml"), backend="cpu")
+    got, want = xr.open_zarr(out), xr.open_zarr(tmp_path / "ref.zarr")
+    for name in ("variant_position", "variant_linreg_beta", "variant_linreg_p_value"):
+        np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
+
+
 def test_qc_flow_writes_a_pca_of_the_samples(store, tmp_path):
     run_flow(parse_flow(_flow("genomics_qc", store, tmp_path / "qc.zarr"), "genomics_qc.yaml"), backend="cpu")
     got = xr.open_zarr(tmp_path / "qc.zarr")
