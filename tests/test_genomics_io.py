@@ -111,6 +111,46 @@ def test_variables_and_chunks(demo_stores):
         pipeline.open_dataset(path, backend="cpu", variables=["call_AD"])
 
 
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_strings_read_from_their_chunk_files_as_zarr_reads_them(demo_stores, tmp_path, fmt):
+    """bio2zarr's variable-length strings (Zarr v2: VLenUTF8 then Blosc; v3: vlen-utf8 then zstd)
+    are decoded from their chunk files by numcodecs (pipeline.sources.reads.chunks_of), not through
+    zarr: the values and type that zarr and sgkit give, blocks across chunk boundaries, a chunk
+    never written as the empty strings zarr fills it with, and a damaged chunk named."""
+    import shutil
+
+    from pipeline.sources import reads
+
+    path = tmp_path / "s.vcz"
+    shutil.copytree(demo_stores[fmt], path)
+    arr = zarr.open_array(str(path / "variant_allele"), mode="r")
+    key = arr.metadata.encode_chunk_key((1, 0))
+    (path / "variant_allele" / key).unlink()  # variants 100-199 never written
+    ds = pipeline.open_dataset(path, backend="cpu", chunks={"variants": 70})
+    var = ds["variant_allele"]  # (strings with the fill value "", sample_id's, are masked by xarray: read by it)
+    plan = reads.chunks_of(_store_array(var).variable)
+    assert plan is not None and plan.strings
+    expected = zarr.open_array(str(path / "variant_allele"), mode="r")[...]
+    got = var.values
+    assert got.dtype == object and got.dtype.metadata == {"element_type": str}
+    assert all(type(x) is str for x in got.ravel())
+    assert got.tolist() == expected.astype(object).tolist()
+    assert (got[100:200] == "").all() and (got[:100, 0] != "").all()
+    # a damaged chunk: an InputError naming the variable and the chunk
+    (path / "variant_allele" / arr.metadata.encode_chunk_key((2, 0))).write_bytes(b"not a chunk")
+    with pytest.raises(InputError, match=r"variant_allele.*chunk"):
+        pipeline.open_dataset(path, backend="cpu")["variant_allele"].values
+
+
+def _store_array(var):
+    """The reads.StoreArray that a variable's Dask array reads its blocks from."""
+    from pipeline.sources import reads
+
+    found = [v for v in dict(var.data.dask).values() if isinstance(v, reads.StoreArray)]
+    assert len(found) == 1, found
+    return found[0]
+
+
 def test_grouped_blocks_take_whole_variant_chunks_and_keep_samples(demo_stores, monkeypatch):
     """Blocks of several stored chunks (the GPU's default, here asked of the CPU) grow along
     variants only, alike for every variable of variants, and keep the stored sample chunks

@@ -228,18 +228,9 @@ def _strings_as_objects(ds: xr.Dataset) -> xr.Dataset:
     out = ds.copy()
     for key, var in ds.variables.items():
         if var.dtype.kind in "OT":  # objects: strings xarray masked (zarr 3 reads them as StringDType)
-            data = lazy_elemwise_func(var._data, _as_objects, _VLEN_STR)
+            data = lazy_elemwise_func(var._data, reads.as_objects, reads.vlen_str())
             out[key] = xr.Variable(var.dims, data, var.attrs, var.encoding)
     return out
-
-
-# xarray's type of variable-length strings (an object type that says it holds str): xarray writes
-# them as such, where a plain object array would be loaded to find a type to store
-_VLEN_STR = xr.coding.strings.create_vlen_dtype(str)
-
-
-def _as_objects(values: np.ndarray) -> np.ndarray:
-    return values.astype(_VLEN_STR)
 
 
 def _as_stored(data, attrs: dict, encoding: dict, name: str):
