@@ -113,7 +113,7 @@ def test_variables_and_chunks(demo_stores):
 
 @pytest.mark.parametrize("fmt", [2, 3])
 def test_strings_read_from_their_chunk_files_as_zarr_reads_them(demo_stores, tmp_path, fmt):
-    """bio2zarr's variable-length strings (Zarr v2: VLenUTF8 then Blosc; v3: vlen-utf8 then zstd)
+    """bio2zarr's variable-length strings (Zarr v2: VLenUTF8 then Blosc; v3: vlen-utf8 then Blosc)
     are decoded from their chunk files by numcodecs (pipeline.sources.reads.chunks_of), not through
     zarr: the values and type that zarr and sgkit give, blocks across chunk boundaries, a chunk
     never written as the empty strings zarr fills it with, and a damaged chunk named."""
@@ -140,6 +140,23 @@ def test_strings_read_from_their_chunk_files_as_zarr_reads_them(demo_stores, tmp
     (path / "variant_allele" / arr.metadata.encode_chunk_key((2, 0))).write_bytes(b"not a chunk")
     with pytest.raises(InputError, match=r"variant_allele.*chunk"):
         pipeline.open_dataset(path, backend="cpu")["variant_allele"].values
+
+
+def test_strings_of_a_store_xarray_wrote_read_from_their_chunk_files(tmp_path):
+    """A VCF Zarr store that xarray wrote with zarr's defaults (Zarr v3: vlen-utf8 then zstd) reads
+    its strings from their chunk files too, as zarr reads them."""
+    from pipeline.sources import reads
+
+    alleles = np.array([["A", "T", ""], ["G", "", ""], ["C", "GA", "T"]] * 9, dtype=object)
+    xr.Dataset({"variant_allele": (("variants", "alleles"), alleles),
+                "variant_position": ("variants", np.arange(27, dtype=np.int32)),
+                "sample_id": ("samples", np.array(["s0", "s1"], dtype=object))},
+               attrs={"vcf_zarr_version": "0.4"}).chunk({"variants": 10}).to_zarr(tmp_path / "x.vcz", zarr_format=3)
+    codecs = [c["name"] for c in json.loads((tmp_path / "x.vcz" / "variant_allele" / "zarr.json").read_text())["codecs"]]
+    assert codecs == ["vlen-utf8", "zstd"]
+    ds = pipeline.open_dataset(tmp_path / "x.vcz", backend="cpu", chunks={"variants": 7})
+    assert reads.chunks_of(_store_array(ds["variant_allele"]).variable) is not None
+    assert ds["variant_allele"].values.tolist() == alleles.tolist()
 
 
 def _store_array(var):
