@@ -154,9 +154,18 @@ def test_strings_of_a_store_xarray_wrote_read_from_their_chunk_files(tmp_path):
                attrs={"vcf_zarr_version": "0.4"}).chunk({"variants": 10}).to_zarr(tmp_path / "x.vcz", zarr_format=3)
     codecs = [c["name"] for c in json.loads((tmp_path / "x.vcz" / "variant_allele" / "zarr.json").read_text())["codecs"]]
     assert codecs == ["vlen-utf8", "zstd"]
+    # a string array zarr wrote with a fill value of its own, one chunk never written
+    ids = zarr.create_array(str(tmp_path / "x.vcz" / "variant_id"), shape=(27,), chunks=(10,), dtype=str, fill_value="N/A",
+                            dimension_names=("variants",))
+    ids[:10] = np.array([f"rs{k}" for k in range(10)])
+    ids[20:] = np.array([f"rs{k}" for k in range(20, 27)])
+    zarr.consolidate_metadata(str(tmp_path / "x.vcz"))  # xarray wrote consolidated metadata
     ds = pipeline.open_dataset(tmp_path / "x.vcz", backend="cpu", chunks={"variants": 7})
-    assert reads.chunks_of(_store_array(ds["variant_allele"]).variable) is not None
+    for name in ("variant_allele", "variant_id"):
+        assert reads.chunks_of(_store_array(ds[name]).variable) is not None, name
     assert ds["variant_allele"].values.tolist() == alleles.tolist()
+    assert ds["variant_id"].values.tolist() == zarr.open_array(str(tmp_path / "x.vcz" / "variant_id"))[...].tolist()
+    assert ds["variant_id"].values[10:20].tolist() == ["N/A"] * 10
 
 
 def _store_array(var):

@@ -310,8 +310,9 @@ def chunks_of(variable) -> Chunks | None:
         if codec is False:
             return None
         root = Path(arr.store.root) / arr.path
-        if strings:  # zarr fills a chunk never written with empty strings
-            return Chunks(str(root), md, tuple(arr.shape), tuple(arr.chunks), np.dtype(variable.dtype), "", codec, True)
+        if strings:  # zarr fills a chunk never written with its string fill value, else empty strings
+            fill = str(arr.fill_value) if isinstance(arr.fill_value, str) else ""
+            return Chunks(str(root), md, tuple(arr.shape), tuple(arr.chunks), np.dtype(variable.dtype), fill, codec, True)
         return Chunks(str(root), md, tuple(arr.shape), tuple(arr.chunks), dtype, arr.fill_value, codec)
     except Exception:  # anything unexpected: xarray reads it, as before
         return None
