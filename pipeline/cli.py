@@ -68,8 +68,6 @@ def cmd_run(args) -> int:
 
     profile = profile_from_args(args.cluster, args.scheduler, args.scheduler_file)
     _one_shot_pinning()  # before the cluster starts: its workers take this process's settings
-    if profile.kind == "threads":
-        _rechunk_without_client()
     starting = start_early(profile)  # a local cluster's workers start while this process imports
     try:
         import dask.array  # noqa: F401  (a run needs them: imported here, its report counts them as imports)
@@ -121,17 +119,6 @@ def _one_shot_pinning() -> None:
 
     if dask.config.get("pipeline.gpu.pin-files", "auto") == "auto":
         dask.config.set({"pipeline.gpu.pin-files": "reread"})
-
-
-def _rechunk_without_client() -> None:
-    """A run on this process's threads has no distributed client, so dask's rechunks take the
-    ``tasks`` method; dask finds that out by importing ``distributed`` (to look for a client)
-    at a flow's first rechunk, 0.16 s of a GWAS's 2.5 s process on 2 cores. Said here, it is not
-    imported. A method set in dask's settings is kept."""
-    import dask.config
-
-    if dask.config.get("array.rechunk.method", None) is None:
-        dask.config.set({"array.rechunk.method": "tasks"})
 
 
 def cmd_validate(args) -> int:

@@ -708,8 +708,8 @@ ELSEWHERE: dict[str, tuple[str, str]] = {
     ),
     "dask-client-lookup": (
         "pipeline.exec.compute.skip_client_lookup",
-        "dask imports all of distributed in a first .values or .compute() to look for a client that cannot "
-        "exist before distributed is imported",
+        "dask imports all of distributed in a first .values, .compute() or rechunk to look for a client that "
+        "cannot exist before distributed is imported",
     ),
 }
 

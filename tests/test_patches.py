@@ -345,6 +345,12 @@ with dask.config.set(scheduler="processes"):
 with dask.config.set(scheduler=dask.local.get_sync):
     assert get(collections=[x]) is dask.local.get_sync
 assert float(ds.t.sum().values) == 66.0 and float(x.sum().compute()) == 16.0
+# a rechunk chooses its method as dask does after finding no client ("tasks"), a method set is kept
+rechunk_module = sys.modules["dask.array.rechunk"]  # (dask.array.rechunk is also the function)
+assert rechunk_module._choose_rechunk_method(((2, 2),), ((4,),)) == "tasks"
+with dask.config.set({"array.rechunk.method": "p2p"}):
+    assert rechunk_module._choose_rechunk_method(((2, 2),), ((4,),)) == "p2p"
+assert float(ds.t.data.rechunk((3, 1)).sum().compute()) == 66.0
 assert "distributed" not in sys.modules
 with dask.config.set({"pipeline.patches": False}):  # turned off once made: dask's own lookup
     assert get(collections=[x]) is dask.threaded.get

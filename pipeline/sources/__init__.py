@@ -122,9 +122,6 @@ def open_dataset(
     target = B.resolve(backend)
     name = "zarr3" if is_url(path) else store_format(path)
     fmt = FORMATS[name]
-    from ..exec.compute import skip_client_lookup
-
-    skip_client_lookup()  # the user's own .values and .compute() import no distributed only to find no client
     if target == "gpu":
         from ..kernels.copies import prepare_cupy
 
@@ -162,6 +159,11 @@ def open_dataset(
             )
         ds = ds[variables]
     ds = _chunked(ds, path, chunks or {}, zarr_path=str(path) if fmt.is_zarr else None)
+    from ..exec.compute import skip_client_lookup
+
+    # the user's own .values, .compute() and rechunks (dask.array is imported by now) import no
+    # distributed only to find no client
+    skip_client_lookup()
     direct = target == "gpu" and local and fmt.device_array is not None
     for var_name, var in ds.variables.items():
         if var_name in ds.indexes or not isinstance(var.data, da.Array):
