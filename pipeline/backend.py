@@ -154,29 +154,43 @@ def to_numpy(x):
         return x.copy(data=to_numpy(x.data))
     if isinstance(x, xr.Dataset):
         return x.map(to_numpy, keep_attrs=True)
-    if hasattr(x, "__dask_graph__"):
-        if is_cupy(getattr(x, "_meta", None)):
-            # each block to the host in the graph: dask's result of a lone CuPy block was its
-            # copy by CuPy's copy kernel, which a fresh machine compiled for each dtype
-            x = x.map_blocks(_host_block, dtype=x.dtype, meta=np.empty((0,) * x.ndim, dtype=x.dtype))
-        x = _compute(x)
-    if is_cupy(x):
-        return _host_block(x)
-    return np.asarray(x)
+    (out,) = to_numpy_all(x)
+    return out
 
 
-def _compute(x):
-    """``x.compute()``, on the scheduler dask would choose. Where distributed is not imported there
-    is no client, and dask chooses the collection's own scheduler; but dask imports distributed
-    to look for a client first (0.33 s of a process's first ``to_numpy`` on the GPU machine), so
-    that choice is made here."""
+def to_numpy_all(*xs) -> list:
+    """:func:`to_numpy` of several NumPy, CuPy or Dask arrays, their graphs computed together: a
+    pass over the data that they share (the genotypes, for a filter's call rate and allele
+    frequency) is made once, not once for each."""
+    lazy = [i for i, x in enumerate(xs) if hasattr(x, "__dask_graph__")]
+    out = list(xs)
+    for i, v in zip(lazy, _compute(*(_host_blocks(xs[i]) for i in lazy))):
+        out[i] = v
+    return [_host_block(x) if is_cupy(x) else np.asarray(x) for x in out]
+
+
+def _host_blocks(x):
+    """A Dask array whose CuPy blocks are copied to the host in the graph: dask's result of a lone
+    CuPy block was its copy by CuPy's copy kernel, which a fresh machine compiled for each dtype."""
+    if not is_cupy(getattr(x, "_meta", None)):
+        return x
+    return x.map_blocks(_host_block, dtype=x.dtype, meta=np.empty((0,) * x.ndim, dtype=x.dtype))
+
+
+def _compute(*xs) -> tuple:
+    """``dask.compute(*xs)``, on the scheduler dask would choose. Where distributed is not imported
+    there is no client, and dask chooses the collections' own scheduler; but dask imports
+    distributed to look for a client first (0.33 s of a process's first ``to_numpy`` on the GPU
+    machine), so that choice is made here."""
     import sys
 
     import dask
 
+    if not xs:
+        return ()
     if "distributed" in sys.modules or dask.config.get("scheduler", None) is not None:
-        return x.compute()
-    return x.compute(scheduler=x.__dask_scheduler__)
+        return dask.compute(*xs)
+    return dask.compute(*xs, scheduler=xs[0].__dask_scheduler__)
 
 
 def _host_block(b):

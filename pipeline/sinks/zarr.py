@@ -94,11 +94,22 @@ class Written:
 
 
 def _regular(data: da.Array) -> da.Array:
-    """Zarr needs equal chunks (the last may be shorter): rechunk where a graph made them uneven."""
+    """Zarr needs equal chunks (the last may be shorter): rechunk where a graph made them uneven
+    (a filter's kept positions, block by block). Each uneven axis gets chunks of its largest
+    block; an array no larger than dask's ``array.chunk-size`` gets one chunk along it instead.
+
+    The outputs of a filtered genomics flow are such arrays: a number or two a variant, in blocks
+    of a few thousand variants. Cut to the largest block, each took a task to split and one to
+    merge for each of its chunks, and one to write each chunk: on the GPU machine's GWAS run over
+    1.2 million variants, some 200 tasks of the run's 450, each a round of the cluster's
+    scheduling. As one chunk, it is one task that joins the blocks and one that writes them."""
     target = []
-    for c in data.chunks:
+    from dask.utils import parse_bytes
+
+    small = data.nbytes <= parse_bytes(dask.config.get("array.chunk-size"))
+    for c, n in zip(data.chunks, data.shape):
         regular = len(set(c[:-1])) <= 1 and (len(c) < 2 or c[-1] <= c[0])
-        target.append(c if regular else max(c))
+        target.append(c if regular else (n if small else max(c)))
     return data if all(isinstance(t, tuple) for t in target) else data.rechunk(tuple(target))
 
 
@@ -786,8 +797,12 @@ def _write(ds, partial: Path, encoding, zarr_format, fingerprint, kind, progress
             if sha is not None:
                 kept.setdefault(k, {})[i] = sha
     tasks, where = [], []
-    for k, array_dir, unit, v in todo:
-        data = _aligned(_encoded(v, str(k), enc[k]).data, unit)
+    # optimized together, as dask.compute would: the write tasks below are Delayed, whose own
+    # optimization only culls, so the arrays' chains of blockwise steps (a filter's two selections,
+    # a dosage's imputation: gt, where, truediv, ...) would each stay a task a block. Shared steps
+    # (the three outputs of one regression) stay shared.
+    datas = dask.optimize(*[_aligned(_encoded(v, str(k), enc[k]).data, unit) for k, _, unit, v in todo])
+    for (k, array_dir, unit, v), data in zip(todo, datas):
         token = dask.base.tokenize(data, array_dir)
         shas = data.map_blocks(
             _write_block, array_dir=array_dir, store=store_block, dtype="<U64", chunks=tuple((1,) * n for n in data.numblocks),

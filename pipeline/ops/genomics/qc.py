@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from ...backend import meta, to_numpy
+from ...backend import meta, to_numpy, to_numpy_all
 from ...errors import InputError
 from ..registry import register
 from . import specs
@@ -24,8 +24,10 @@ from .variables import A, DOSAGE, STRINGS, V, Add, Declared, Ensure, Read, given
 __all__ = ["filter_samples", "filter_variants", "impute_mean"]
 
 
-def _computed(x: xr.DataArray) -> np.ndarray:
-    return np.asarray(to_numpy(x.data))
+def _computed(*xs: xr.DataArray) -> list[np.ndarray]:
+    """The values of ``xs``, computed together: statistics of one pass (a variant's call rate and
+    allele frequencies) read the genotypes once."""
+    return [np.asarray(v) for v in to_numpy_all(*(x.data for x in xs))]
 
 
 @register(kernels=("take",), dataset=True, variables=Declared(
@@ -82,16 +84,22 @@ def filter_variants(
             ds = stats.variant_stats(ds)
     if min_hwe_p is not None and "variant_hwe_p_value" not in ds.variables:
         ds = stats.hardy_weinberg_test(ds)
+    wanted = {}
     if min_call_rate is not None:
-        keep &= _computed(variable(ds, "variant_call_rate", ("variants",), "f", op=name)) >= min_call_rate
+        wanted["call_rate"] = variable(ds, "variant_call_rate", ("variants",), "f", op=name)
     if min_maf is not None:
-        af = _computed(variable(ds, "variant_allele_frequency", ("variants", "alleles"), "f", op=name))
+        wanted["af"] = variable(ds, "variant_allele_frequency", ("variants", "alleles"), "f", op=name)
+    if min_hwe_p is not None:
+        wanted["p"] = variable(ds, "variant_hwe_p_value", ("variants",), "f", op=name)
+    values = dict(zip(wanted, _computed(*wanted.values())))
+    if min_call_rate is not None:
+        keep &= values["call_rate"] >= min_call_rate
+    if min_maf is not None:
         with np.errstate(invalid="ignore"):
-            maf = 1.0 - np.nanmax(np.where(np.isnan(af), -np.inf, af), axis=1)
+            maf = 1.0 - np.nanmax(np.where(np.isnan(values["af"]), -np.inf, values["af"]), axis=1)
         keep &= np.isfinite(maf) & (maf >= min_maf)
     if min_hwe_p is not None:
-        p = _computed(variable(ds, "variant_hwe_p_value", ("variants",), "f", op=name))
-        keep &= ~(p < min_hwe_p)  # NaN (no called genotype) is kept, as PLINK keeps it
+        keep &= ~(values["p"] < min_hwe_p)  # NaN (no called genotype) is kept, as PLINK keeps it
     return keep_positions(ds, "variants", keep, filter_variants.op)
 
 
@@ -113,7 +121,8 @@ def filter_samples(ds: xr.Dataset, min_call_rate: float | None = None) -> xr.Dat
     if min_call_rate is not None:
         if "sample_call_rate" not in ds.variables:
             ds = stats.sample_stats(ds)
-        keep &= _computed(variable(ds, "sample_call_rate", ("samples",), "f", op=name)) >= min_call_rate
+        (call_rate,) = _computed(variable(ds, "sample_call_rate", ("samples",), "f", op=name))
+        keep &= call_rate >= min_call_rate
     return keep_positions(ds, "samples", keep, filter_samples.op)
 
 
