@@ -44,6 +44,27 @@ def test_filter_variants_against_numpy():
     np.testing.assert_array_equal(out.call_genotype.values, g[keep])
 
 
+def test_filter_variants_reads_each_genotype_block_once():
+    """Call rate, allele frequencies and the HWE p-value come from one computation: every block of
+    the genotypes is read once, not once for each statistic."""
+    import collections
+
+    import dask.array as da
+
+    ds = dataset("bi", {"variants": 37})
+    reads = collections.Counter()
+
+    def counted(block, block_info=None):
+        reads[block_info[0]["chunk-location"][0]] += 1
+        return block
+
+    g = ds.call_genotype.data
+    ds = ds.assign(call_genotype=(ds.call_genotype.dims, da.map_blocks(counted, g, dtype=g.dtype, meta=g._meta)))
+    out = sg.filter_variants(ds, min_call_rate=0.97, min_maf=0.05, min_hwe_p=1e-6)
+    assert sorted(reads) == list(range(g.numblocks[0])) and set(reads.values()) == {1}, reads
+    assert 0 < out.sizes["variants"] < ds.sizes["variants"]
+
+
 def test_filter_variants_max_alleles_cuts_the_alleles_dimension():
     ds = dataset("multi", {"variants": 100})
     a = inputs()

@@ -102,6 +102,57 @@ def test_write_uneven_chunks(tmp_path):
     np.testing.assert_array_equal(xr.open_zarr(tmp_path / "u.zarr")["tas"].values, x.values)
 
 
+def test_small_uneven_array_is_one_chunk_and_large_ones_keep_their_largest_block(tmp_path):
+    """An uneven array (a filter's kept positions) within dask's array.chunk-size is stored as one
+    chunk (one task joins it, one writes it); a larger one in chunks of its largest block."""
+    import dask
+    import zarr
+
+    x = climate_array().chunk({"time": (3, 20, 5, 22)})
+    write_zarr(x, tmp_path / "small.zarr")
+    assert zarr.open_array(str(tmp_path / "small.zarr" / "tas")).chunks[0] == x.sizes["time"]
+    with dask.config.set({"array.chunk-size": f"{x.nbytes // 2}B"}):
+        write_zarr(x, tmp_path / "large.zarr")
+    assert zarr.open_array(str(tmp_path / "large.zarr" / "tas")).chunks[0] == 22
+    for name in ("small", "large"):
+        np.testing.assert_array_equal(xr.open_zarr(tmp_path / f"{name}.zarr")["tas"].values, x.values)
+
+
+def test_write_fuses_chains_and_computes_shared_steps_once(tmp_path, monkeypatch):
+    """The arrays written are optimized together before their writes: a chain of elementwise steps
+    is one task a block, and a step two variables share runs once a block."""
+    import collections
+
+    import dask.array as da
+
+    import pipeline.sinks.zarr as sink
+
+    runs = collections.Counter()
+
+    def shared(block, block_info=None):
+        runs[block_info[0]["chunk-location"][0]] += 1
+        return block * 2.0
+
+    base = da.map_blocks(shared, da.arange(40.0, chunks=10), dtype=float)
+    a = ((base + 1) * 3 - 2) / 5
+    ds = xr.Dataset({"a": ("x", a), "b": ("x", base.sum() - base)})
+    tasks = []
+    real = sink.compute
+
+    def spy(obj, *args, **kwargs):
+        tasks.append(dict(obj[0].__dask_graph__()))  # the graph the writes share
+        return real(obj, *args, **kwargs)
+
+    monkeypatch.setattr(sink, "compute", spy)
+    write_zarr(ds, tmp_path / "f.zarr")
+    assert set(runs.values()) == {1} and len(runs) == 4, runs
+    names = collections.Counter(str(k[0] if isinstance(k, tuple) else k).rsplit("-", 1)[0] for g in tasks for k in g)
+    assert not {"add", "mul", "sub", "truediv"} & set(names), names  # fused into one task a block
+    got = xr.open_zarr(tmp_path / "f.zarr")
+    np.testing.assert_array_equal(got.a.values, ((np.arange(40.0) * 2 + 1) * 3 - 2) / 5)
+    np.testing.assert_array_equal(got.b.values, (np.arange(40.0) * 2).sum() - np.arange(40.0) * 2)
+
+
 def _explode(block, block_info=None):
     if block_info[0]["chunk-location"][0] == 3:
         raise RuntimeError("disk full")

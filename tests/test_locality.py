@@ -177,3 +177,27 @@ def test_a_store_written_through_the_cluster_equals_one_written_here(client, sto
         pipeline.write_zarr(anomaly, tmp_path / "there.zarr")
     here, there = xr.open_zarr(tmp_path / "here.zarr"), xr.open_zarr(tmp_path / "there.zarr")
     np.testing.assert_array_equal(there["tas"].values, here["tas"].values)
+
+
+
+def _mapped(block, block_info=None, *, log=None):
+    """Twice the block, each call noted in the file ``log`` (the workers are other processes)."""
+    with open(log, "a") as f:
+        f.write(f"{block_info[0]['chunk-location'][0]}\n")
+    return block * 2.0
+
+
+@pytest.mark.parametrize("placed", [True, False], ids=["slabs", "scheduler"])
+def test_a_step_two_results_share_runs_once_a_block_on_a_cluster(client, placed, tmp_path):
+    """Two results of one graph computed together on a cluster: the step they share runs once a
+    block (``dask.optimize`` fused it into each result's chain, and each block was mapped twice)."""
+    log = tmp_path / "calls.txt"
+    base = da.map_blocks(_mapped, da.arange(40.0, chunks=10), dtype=float, log=str(log))
+    a = ((base + 1) * 3 - 2) / 5
+    b = base.sum() - base
+    with client.as_current(), dask.config.set({"pipeline.cluster.locality": placed}):
+        got_a, got_b = pipeline.compute([a, b])
+    assert sorted(log.read_text().split()) == ["0", "1", "2", "3"]
+    x = np.arange(40.0) * 2
+    np.testing.assert_array_equal(got_a, ((x + 1) * 3 - 2) / 5)
+    np.testing.assert_array_equal(got_b, x.sum() - x)

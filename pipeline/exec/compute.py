@@ -357,6 +357,26 @@ def _plugin_on(client, key: tuple, plugin, otherwise: str = "") -> bool:
     return True
 
 
+def optimized(collections: list) -> list:
+    """``collections`` sharing one graph, optimized together as ``dask.compute`` optimizes them.
+
+    ``dask.optimize`` (dask 2026.7 and 2026.8) optimizes each collection's graph on its own and
+    merges the results: a step that two collections share is fused into each, and computed once
+    for each (two arrays made of one map over the blocks: every block mapped twice, on a
+    ``LocalCluster``). ``dask.compute`` builds one expression of them all and optimizes that, as
+    here: the shared step stays one task a block."""
+    from dask.base import collections_to_expr
+
+    if not collections:
+        return []
+    graph = collections_to_expr(list(collections), optimize_graph=True).optimize().__dask_graph__()
+    out = []
+    for c in collections:
+        rebuild, args = c.__dask_postpersist__()
+        out.append(rebuild(graph, *args))
+    return out
+
+
 def _submit(client, obj, optimize: bool):
     """Submit the graphs of ``obj`` (what ``client.compute`` takes) and return the futures of their
     output blocks and the function that makes the result of them here.
@@ -368,7 +388,6 @@ def _submit(client, obj, optimize: bool):
     Unless ``optimize`` is False (a graph that :func:`pipeline.exec.locality.place` optimized), the
     graph is optimized here as ``client.compute`` would, then without its tasks that do next to
     nothing (:func:`pipeline.exec.locality.lean`)."""
-    import dask
     from dask.base import collections_to_expr, unpack_collections
 
     from .locality import is_frame, lean
@@ -377,7 +396,7 @@ def _submit(client, obj, optimize: bool):
     if not collections:
         return [], lambda _: obj
     if optimize and not any(is_frame(c) for c in collections):  # dask's frames optimize below, as expressions
-        collections = lean(list(dask.optimize(*collections)))
+        collections = lean(optimized(collections))
     expr = collections_to_expr(list(collections), optimize_graph=False).optimize()
     futures = client.get(expr, [c.__dask_keys__() for c in collections], sync=False)
 

@@ -45,7 +45,6 @@ import itertools
 import sys
 from typing import Mapping
 
-import dask
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .slabs import slab_ends
@@ -233,9 +232,11 @@ def place(obj, nthreads: Mapping[str, int]):
     collections, repack = unpack_collections(obj)
     if len(nthreads) < 2 or not collections or any(is_frame(c) for c in collections):
         return obj, False
-    optimized = lean(list(dask.optimize(*collections)))
+    from .compute import optimized
+
+    collections = lean(optimized(collections))
     graph = {}
-    for c in optimized:
+    for c in collections:
         graph.update(c.__dask_graph__())
     owner = owners(graph, nthreads)
     if not owner:
@@ -243,7 +244,7 @@ def place(obj, nthreads: Mapping[str, int]):
     # per key, through callables: the scheduler skips the keys for which they answer None
     annotations = {"workers": functools.partial(_pinned, owner), PIN: owner.get}
     placed = []
-    for c in optimized:
+    for c in collections:
         if isinstance(c, Delayed) and not isinstance(c.dask, HighLevelGraph):
             layer = f"placed-{c.key}"  # a graph of layers, to carry the annotations
             c = Delayed(c.key, HighLevelGraph.from_collections(layer, c.dask, dependencies=()), layer=layer)

@@ -47,7 +47,7 @@ import xarray as xr
 from .. import backend as B
 from ..deferred import module as _deferred
 from ..errors import InputError, chunk_error
-from ..exec.compute import compute, compute_threads, distributed_not_imported
+from ..exec.compute import compute, compute_threads, distributed_not_imported, optimized
 from ..exec.report import versions  # recorded in every manifest: a partial store is resumed under the same ones
 from ..sources import is_url
 
@@ -796,18 +796,20 @@ def _write(ds, partial: Path, encoding, zarr_format, fingerprint, kind, progress
         for (k, i, _), sha in zip(checks, found):
             if sha is not None:
                 kept.setdefault(k, {})[i] = sha
-    tasks, where = [], []
-    # optimized together, as dask.compute would: the write tasks below are Delayed, whose own
-    # optimization only culls, so the arrays' chains of blockwise steps (a filter's two selections,
-    # a dosage's imputation: gt, where, truediv, ...) would each stay a task a block. Shared steps
-    # (the three outputs of one regression) stay shared.
-    datas = dask.optimize(*[_aligned(_encoded(v, str(k), enc[k]).data, unit) for k, _, unit, v in todo])
-    for (k, array_dir, unit, v), data in zip(todo, datas):
+    tasks, where, writes = [], [], []
+    for k, array_dir, unit, v in todo:
+        data = _aligned(_encoded(v, str(k), enc[k]).data, unit)
         token = dask.base.tokenize(data, array_dir)
-        shas = data.map_blocks(
+        writes.append(data.map_blocks(
             _write_block, array_dir=array_dir, store=store_block, dtype="<U64", chunks=tuple((1,) * n for n in data.numblocks),
             meta=np.empty((0,) * data.ndim, "<U64"), name=f"pipeline-write-{token}",
-        )
+        ))
+    # The writes go to compute as Delayed objects, one a chunk, whose own optimization only culls:
+    # optimized here as arrays, all together (as dask.compute would), each block's chain of steps
+    # (a filter's two selections, a dosage's imputation: gt, where, truediv, ...) is one task with
+    # its write, not a task a step; a step that several outputs share (a regression's beta, t and
+    # p) stays one task.
+    for (k, *_), shas in zip(todo, optimized(writes)):
         blocks = shas.to_delayed(optimize_graph=False).ravel()
         for i, b in enumerate(blocks):
             if i not in kept.get(k, {}):
