@@ -178,19 +178,14 @@ def _host_blocks(x):
 
 
 def _compute(*xs) -> tuple:
-    """``dask.compute(*xs)``, on the scheduler dask would choose. Where distributed is not imported
-    there is no client, and dask chooses the collections' own scheduler; but dask imports
-    distributed to look for a client first (0.33 s of a process's first ``to_numpy`` on the GPU
-    machine), so that choice is made here."""
-    import sys
+    """The arrays computed together by :func:`pipeline.exec.compute.compute`: on the current
+    cluster, else on as many threads as the memory plan allows each holding its blocks (dask's
+    default is a thread per core). A filter's statistics over 50 GB of genotypes (20 blocks of
+    2.5 GB) read every block at once on the 32 threads of the 2-GPU machine, and the run ran out
+    of device memory, there or in the pass after it."""
+    from .exec.compute import compute
 
-    import dask
-
-    if not xs:
-        return ()
-    if "distributed" in sys.modules or dask.config.get("scheduler", None) is not None:
-        return dask.compute(*xs)
-    return dask.compute(*xs, scheduler=xs[0].__dask_scheduler__)
+    return tuple(compute(list(xs))) if xs else ()
 
 
 def _host_block(b):

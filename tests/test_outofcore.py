@@ -243,6 +243,37 @@ def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit(monke
     np.testing.assert_allclose(pipeline.compute(total), np.zeros(40))
 
 
+def _thread_of_block(block, *, seen):
+    import threading
+
+    seen.add(threading.get_ident())
+    return block
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=[pytest.mark.gpu, requires_gpu])])
+def test_to_numpy_runs_as_many_threads_as_the_memory_plan_allows(monkeypatch, backend):
+    """``pipeline.to_numpy`` (a filter's statistics, an op's eager step) computes on the threads
+    of the memory plan, not dask's thread per core: a filter's statistics over 50 GB of genotypes
+    read all 20 blocks at once on a 32-core GPU machine, and ran out of device memory. Planned
+    on the device's budget where the blocks are on the device and only the result comes to the
+    host."""
+    import dask.array as da
+
+    from pipeline import backend as B
+    from pipeline.exec import memory
+
+    monkeypatch.setattr(memory, "process_baseline", lambda backend, worker=None: 0)
+    seen: set = set()
+    x = B.to_backend(da.arange(20 * 1000, chunks=1000, dtype="f8"), backend)
+    stats = x.map_blocks(_thread_of_block, seen=seen, dtype=x.dtype, meta=x._meta) * 2
+    assert memory.graph_backend(stats.map_blocks(B.to_numpy, meta=np.empty(0))) == backend
+    limits = {"num_workers": 8, "pipeline.gpu.threads": 8, f"pipeline.{backend}.memory-limit": "1B"}
+    with dask.config.set(limits):
+        got = pipeline.to_numpy(stats)
+    assert len(seen) == 1, seen
+    np.testing.assert_array_equal(got, np.arange(20 * 1000) * 2.0)
+
+
 def _buffers_bytes(values) -> int:
     """Bytes of the memory behind ``values`` (arrays, dicts of them), each buffer counted once: a
     view counts as the whole array it is a view of, which it keeps alive."""

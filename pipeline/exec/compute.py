@@ -44,7 +44,7 @@ def _graph_sizes(obj) -> tuple[str, int, int, int, int] | None:
     arrays = [a for a in _arrays_of(obj) if isinstance(a, da.Array)]
     if not arrays:
         return None
-    backend = "gpu" if any(B.backend_of(a) == "gpu" for a in arrays) else "cpu"
+    backend = memory.graph_backend(*arrays)
     return (
         backend, memory.graph_block_bytes(*arrays), memory.graph_partial_bytes(*arrays),
         memory.graph_blocks_per_thread(*arrays), memory.graph_held(backend, *arrays),

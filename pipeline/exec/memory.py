@@ -157,6 +157,19 @@ def _array_layers(arrays):
             yield layer, d
 
 
+def graph_backend(*arrays: da.Array) -> str:
+    """"gpu" where any array in the graphs of ``arrays`` holds CuPy blocks (its intermediates too:
+    statistics computed on the device and copied to the host as the last step are planned against
+    the device's budget), else "cpu"."""
+    if any(B.backend_of(a) == "gpu" for a in arrays):
+        return "gpu"
+    for layer, _ in _layers(arrays):
+        ann = getattr(layer, "collection_annotations", None) or {}
+        if str(ann.get("chunk_type", "")).startswith("cupy"):
+            return "gpu"
+    return "cpu"
+
+
 def graph_block_bytes(*arrays: da.Array) -> int:
     """The largest block of any array in the graphs of ``arrays``: their inputs and intermediates
     too, as dask records them on each layer, not only the (often tiny) results."""
