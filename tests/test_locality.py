@@ -201,3 +201,25 @@ def test_a_step_two_results_share_runs_once_a_block_on_a_cluster(client, placed,
     x = np.arange(40.0) * 2
     np.testing.assert_array_equal(got_a, ((x + 1) * 3 - 2) / 5)
     np.testing.assert_array_equal(got_b, x.sum() - x)
+
+
+def test_an_array_whose_short_last_block_is_small_is_inlined_whole_or_not_at_all():
+    """``lean`` inlines small values into the tasks that take them, but the blocks of one array
+    all or none: a filter's mask whose short last block alone was small enough became a grid of
+    one block fewer than the reads it selects, and :func:`owners` placed none of them."""
+    from pipeline.exec.compute import optimized
+
+    chunks = (100_000,) * 3 + (1_000,)  # 100 kB of booleans a block, 1 kB the last
+    mask = da.from_array(np.ones(sum(chunks), dtype=bool), chunks=chunks)
+    # two selections by one mask (a genotype's, a position's), each one task a block once fused,
+    # whose one input is the mask's block
+    y, z = da.ones(sum(chunks), chunks=chunks) * mask, da.arange(sum(chunks), chunks=chunks) * mask
+    lean_y, lean_z = locality.lean(optimized([y, z]))
+    graph = {**lean_y.__dask_graph__(), **lean_z.__dask_graph__()}
+    own = locality.owners(graph, {"a": 1, "b": 1})
+    for out in (y, z):
+        assert sorted(k[1] for k in own if k[0] == out.name) == [0, 1, 2, 3]
+        assert sorted(own[k] for k in own if k[0] == out.name) == ["a", "a", "b", "b"]
+    got_y, got_z = dask.compute(lean_y, lean_z, optimize_graph=False)
+    np.testing.assert_array_equal(got_y, np.ones(sum(chunks)))
+    np.testing.assert_array_equal(got_z, np.arange(sum(chunks)))

@@ -199,6 +199,13 @@ def lean(collections: list) -> list:
     inline = {k: t for k, t in graph.items() if k not in keys and dependents[k] and _inlinable(t, blocks)}
     # one level only: what an inlined task takes stays a task
     inline = {k: t for k, t in inline.items() if not (t.dependencies & inline.keys())}
+    # the blocks of one array all or none: :func:`owners` counts a grid's blocks by the keys left,
+    # and a filter's mask of 20 blocks whose short last one alone was inlined (2.5 million variants
+    # on the GPU) became a grid of 19 that no read matched: nothing was placed, and each worker
+    # pulled the other's genotypes
+    whole = {k[0] for k in inline if block_index(k) is not None} - {
+        k[0] for k in graph if block_index(k) is not None and k not in inline}
+    inline = {k: t for k, t in inline.items() if block_index(k) is None or k[0] in whole}
     if not inline and not any(isinstance(t, Alias) for t in graph.values()):
         return collections
     graph = {k: t.substitute({d: inline[d] for d in dependencies[k] & inline.keys()}) if dependencies[k] & inline.keys() else t
