@@ -14,6 +14,7 @@ import numpy as np
 import xarray as xr
 
 from ...backend import meta, to_numpy, to_numpy_all
+from ...deferred import module as _deferred
 from ...errors import InputError
 from ..registry import register
 from . import specs
@@ -23,11 +24,33 @@ from .variables import A, DOSAGE, STRINGS, V, Add, Declared, Ensure, Read, given
 
 __all__ = ["filter_samples", "filter_variants", "impute_mean"]
 
+da = _deferred("dask.array")  # imported when the first graph is built
+
 
 def _computed(*xs: xr.DataArray) -> list[np.ndarray]:
     """The values of ``xs``, computed together: statistics of one pass (a variant's call rate and
     allele frequencies) read the genotypes once."""
     return [np.asarray(v) for v in to_numpy_all(*(x.data for x in xs))]
+
+
+def _named(block: np.ndarray) -> np.ndarray:
+    """The alleles each variant names: its non-empty strings (VCF Zarr pads with empty strings:
+    bytes, str, object or NumPy's StringDType alike). An object array's cast to bool takes each
+    element's truth as bool() does, in C (4x ``np.vectorize(bool)``)."""
+    values = np.asarray(block)
+    present = values.astype(bool) if values.dtype.kind == "O" else np.vectorize(bool, otypes=[bool])(values)
+    return present.sum(axis=1, dtype=np.int64)
+
+
+def _alleles_named(alleles):
+    """:func:`_named` of ``alleles`` (variants, alleles), by blocks of variants where it is a Dask
+    array: counted where the strings are read (on a cluster, by the workers), so that only one
+    number a variant comes back. Fetched whole, 2.5 million variants' strings held the command
+    of a 2-GPU run 1.7 s."""
+    if not isinstance(alleles, da.Array):
+        return _named(alleles)
+    alleles = alleles.rechunk({1: -1})
+    return alleles.map_blocks(_named, drop_axis=1, dtype=np.int64, meta=np.empty((0,), dtype=np.int64))
 
 
 @register(kernels=("take",), dataset=True, variables=Declared(
@@ -70,11 +93,7 @@ def filter_variants(
         if max_alleles < 1:
             raise InputError(f"{name}: max_alleles must be 1 or more, got {max_alleles}")
         alleles = variable(ds, "variant_allele", ("variants", "alleles"), "OUST", op=name)
-        # VCF Zarr pads with empty strings (bytes, str, object or NumPy's StringDType alike); an
-        # object array's cast to bool takes each element's truth as bool() does, in C (4x faster)
-        values = np.asarray(alleles.values)
-        present = values.astype(bool) if values.dtype.kind == "O" else np.vectorize(bool, otypes=[bool])(values)
-        n_alleles = present.sum(axis=1)
+        (n_alleles,) = to_numpy_all(_alleles_named(alleles.data))
         ds = keep_positions(ds, "variants", n_alleles <= max_alleles, filter_variants.op)
         if ds.sizes["alleles"] > max_alleles:
             ds = ds.isel(alleles=slice(0, max_alleles))
