@@ -183,6 +183,21 @@ def test_gwas_flow_equals_the_python_calls(store, tmp_path):
     assert got.attrs["pipeline_flow"] == "gwas"
 
 
+def test_the_benchmarks_pca_flow_equals_the_python_calls(store, tmp_path):
+    """benchmarks/flows/pca.yaml (what benchmarks/scaling.py times as the PCA) is the GWAS flow's
+    selection and imputation, then sgkit's pca."""
+    data = yaml.safe_load((REPO / "benchmarks" / "flows" / "pca.yaml").read_text())
+    data["source"]["path"], data["sink"]["path"] = str(store), str(tmp_path / "pca.zarr")
+    run_flow(parse_flow(data, "pca.yaml"), backend="cpu")
+    got = xr.open_zarr(tmp_path / "pca.zarr")
+    ds = sg.load_dataset(store, backend="cpu")
+    ds = sg.filter_variants(ds, max_alleles=2, min_call_rate=0.95, min_maf=0.01)
+    want = sg.pca(sg.impute_mean(sg.count_call_alternate_alleles(ds)), n_components=10).compute()
+    np.testing.assert_allclose(got.sample_pca_explained_variance_ratio.values,
+                               want.sample_pca_explained_variance_ratio.values, rtol=1e-10)
+    np.testing.assert_allclose(got.sample_pca_projection.values, want.sample_pca_projection.values, rtol=1e-8, atol=1e-10)
+
+
 def test_the_gwas_command_on_threads_imports_neither_distributed_nor_scipy_stats(store, tmp_path):
     """`pipeline run flows/gwas.yaml` without a cluster imports neither distributed (dask looks for
     a client at a rechunk) nor scipy.stats (the p-values): both are seconds of a fresh process's
