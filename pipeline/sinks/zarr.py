@@ -100,13 +100,13 @@ def _regular(data: da.Array) -> da.Array:
 
     The outputs of a filtered genomics flow are such arrays: a number or two a variant, in blocks
     of a few thousand variants. Cut to the largest block, each took a task to split and one to
-    merge for each of its chunks, and one to write each chunk: on the GPU machine's GWAS run over
-    1.2 million variants, some 200 tasks of the run's 450, each a round of the cluster's
-    scheduling. As one chunk, it is one task that joins the blocks and one that writes them."""
-    target = []
+    merge for each of its chunks, and one to write each chunk: in the GWAS flow's graph over
+    120,000 variants x 300 samples, 208 of its 449 tasks, each a round of a cluster's scheduling.
+    As one chunk, it is one task that joins the blocks and one that writes them."""
     from dask.utils import parse_bytes
 
     small = data.nbytes <= parse_bytes(dask.config.get("array.chunk-size"))
+    target = []
     for c, n in zip(data.chunks, data.shape):
         regular = len(set(c[:-1])) <= 1 and (len(c) < 2 or c[-1] <= c[0])
         target.append(c if regular else (n if small else max(c)))
