@@ -177,15 +177,40 @@ def _host_blocks(x):
     return x.map_blocks(_host_block, dtype=x.dtype, meta=np.empty((0,) * x.ndim, dtype=x.dtype))
 
 
-def _compute(*xs) -> tuple:
-    """The arrays computed together by :func:`pipeline.exec.compute.compute`: on the current
-    cluster, else on as many threads as the memory plan allows each holding its blocks (dask's
-    default is a thread per core). A filter's statistics over 50 GB of genotypes (20 blocks of
-    2.5 GB) read every block at once on the 32 threads of the 2-GPU machine, and the run ran out
-    of device memory, there or in the pass after it."""
-    from .exec.compute import compute
+# How :func:`to_numpy` computes Dask graphs: :mod:`pipeline.exec.compute` sets its ``compute``
+# here when it is imported (every flow, op module and ``pipeline.genomics`` imports it): the memory
+# plan's threads, or the current cluster with its placement. This layer is below it, so it does not
+# import it. Until then, dask's own scheduler.
+_planned_compute = None
 
-    return tuple(compute(list(xs))) if xs else ()
+
+def set_compute(compute) -> None:
+    """The function (``compute(list of collections) -> list of results``) that :func:`to_numpy`
+    computes Dask graphs with; set by :mod:`pipeline.exec.compute`."""
+    global _planned_compute
+    _planned_compute = compute
+
+
+def _compute(*xs) -> tuple:
+    """The arrays computed together, by ``pipeline.compute`` once it is set (see ``set_compute``):
+    dask's scheduler runs a thread a core, each holding its blocks. A filter's statistics over
+    50 GB of genotypes (20 blocks of 2.5 GB) read every block at once on the 32 threads of the
+    2-GPU machine, and the run ran out of device memory, there or in the pass after it.
+
+    Before, dask's choice, made here: where distributed is not imported there is no client, and
+    dask chooses the collections' own scheduler, but it imports distributed to look for a client
+    first (0.33 s of a process's first ``to_numpy`` on the GPU machine)."""
+    import sys
+
+    import dask
+
+    if not xs:
+        return ()
+    if _planned_compute is not None:
+        return tuple(_planned_compute(list(xs)))
+    if "distributed" in sys.modules or dask.config.get("scheduler", None) is not None:
+        return dask.compute(*xs)
+    return dask.compute(*xs, scheduler=xs[0].__dask_scheduler__)
 
 
 def _host_block(b):

@@ -207,7 +207,7 @@ def test_an_array_whose_short_last_block_is_small_is_inlined_whole_or_not_at_all
     """``lean`` inlines small values into the tasks that take them, but the blocks of one array
     all or none: a filter's mask whose short last block alone was small enough became a grid of
     one block fewer than the reads it selects, and :func:`owners` placed none of them."""
-    from pipeline.exec.compute import optimized
+    from pipeline.exec.optimize import optimized
 
     chunks = (100_000,) * 3 + (1_000,)  # 100 kB of booleans a block, 1 kB the last
     mask = da.from_array(np.ones(sum(chunks), dtype=bool), chunks=chunks)

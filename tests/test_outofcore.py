@@ -260,8 +260,9 @@ def test_to_numpy_runs_as_many_threads_as_the_memory_plan_allows(monkeypatch, ba
     import dask.array as da
 
     from pipeline import backend as B
-    from pipeline.exec import memory
+    from pipeline.exec import compute, memory
 
+    assert B._planned_compute is compute.compute  # set as pipeline.exec.compute is imported
     monkeypatch.setattr(memory, "process_baseline", lambda backend, worker=None: 0)
     seen: set = set()
     x = B.to_backend(da.arange(20 * 1000, chunks=1000, dtype="f8"), backend)

@@ -241,6 +241,9 @@ def compute(obj, progress: bool = False, threads: int | None = None):
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+B.set_compute(compute)  # pipeline.to_numpy computes through it (pipeline.backend can not import this layer)
+
+
 def _reading_ahead():
     """On the GPU, sources of one-frame chunks larger than half of the device budget are decoded
     on the host ahead of their tasks while the computation runs (:mod:`pipeline.gpu.ahead`)."""
@@ -357,26 +360,6 @@ def _plugin_on(client, key: tuple, plugin, otherwise: str = "") -> bool:
     return True
 
 
-def optimized(collections: list) -> list:
-    """``collections`` sharing one graph, optimized together as ``dask.compute`` optimizes them.
-
-    ``dask.optimize`` (dask 2026.7 and 2026.8) optimizes each collection's graph on its own and
-    merges the results: a step that two collections share is fused into each, and computed once
-    for each (two arrays made of one map over the blocks: every block mapped twice, on a
-    ``LocalCluster``). ``dask.compute`` builds one expression of them all and optimizes that, as
-    here: the shared step stays one task a block."""
-    from dask.base import collections_to_expr
-
-    if not collections:
-        return []
-    graph = collections_to_expr(list(collections), optimize_graph=True).optimize().__dask_graph__()
-    out = []
-    for c in collections:
-        rebuild, args = c.__dask_postpersist__()
-        out.append(rebuild(graph, *args))
-    return out
-
-
 def _submit(client, obj, optimize: bool):
     """Submit the graphs of ``obj`` (what ``client.compute`` takes) and return the futures of their
     output blocks and the function that makes the result of them here.
@@ -391,6 +374,7 @@ def _submit(client, obj, optimize: bool):
     from dask.base import collections_to_expr, unpack_collections
 
     from .locality import is_frame, lean
+    from .optimize import optimized
 
     collections, repack = unpack_collections(obj)
     if not collections:

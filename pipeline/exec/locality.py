@@ -239,7 +239,7 @@ def place(obj, nthreads: Mapping[str, int]):
     collections, repack = unpack_collections(obj)
     if len(nthreads) < 2 or not collections or any(is_frame(c) for c in collections):
         return obj, False
-    from .compute import optimized
+    from .optimize import optimized
 
     collections = lean(optimized(collections))
     graph = {}

@@ -47,7 +47,8 @@ import xarray as xr
 from .. import backend as B
 from ..deferred import module as _deferred
 from ..errors import InputError, chunk_error
-from ..exec.compute import compute, compute_threads, distributed_not_imported, optimized
+from ..exec.compute import compute, compute_threads, distributed_not_imported
+from ..exec.optimize import optimized
 from ..exec.report import versions  # recorded in every manifest: a partial store is resumed under the same ones
 from ..sources import is_url
 
