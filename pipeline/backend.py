@@ -192,14 +192,14 @@ def set_compute(compute) -> None:
 
 
 def _compute(*xs) -> tuple:
-    """The arrays computed together, by ``pipeline.compute`` once it is set (see ``set_compute``):
-    dask's scheduler runs a thread a core, each holding its blocks. A filter's statistics over
-    50 GB of genotypes (20 blocks of 2.5 GB) read every block at once on the 32 threads of the
-    2-GPU machine, and the run ran out of device memory, there or in the pass after it.
+    """The arrays computed together, by ``pipeline.compute`` once it is set (see ``set_compute``).
+    Not dask's scheduler, which runs a thread a core, each holding its blocks: a filter's
+    statistics over 50 GB of genotypes (20 blocks of 2.5 GB) read every block at once on the 32
+    threads of the 2-GPU machine, and the run ran out of device memory.
 
-    Before, dask's choice, made here: where distributed is not imported there is no client, and
-    dask chooses the collections' own scheduler, but it imports distributed to look for a client
-    first (0.33 s of a process's first ``to_numpy`` on the GPU machine)."""
+    Until it is set, dask's own choice, made here: where distributed is not imported there is no
+    client, and dask chooses the collections' own scheduler, but it imports distributed to look
+    for a client first (0.33 s of a process's first ``to_numpy`` on the GPU machine)."""
     import sys
 
     import dask
