@@ -16,6 +16,7 @@ from pipeline import backend as B
 from pipeline import kernels
 from pipeline.errors import InputError
 from pipeline.kernels import alternate
+from pipeline.kernels import linalg as L
 
 from .conftest import raise_if_dask_computes, requires_gpu
 from .genomics_data import dataset, sgkit
@@ -173,7 +174,9 @@ def test_pca_in_tiles(monkeypatch):
     data = pca_data(np.float64, (37, -1))
     with kernels.recording() as calls:
         out = sg.pca(data, n_components=4, merge=False).compute()
-    assert calls[("patterson_gram", "cpu")] == 10 * 18  # tiles on and above the diagonal, 18 variant chunks
+    # one call a chunk of variants (18), for the 10 tiles on and above the diagonal
+    assert calls[("patterson_gram", "cpu")] == 18
+    assert len(L.upper_pairs(4)) == 10
     assert_pca(out, "tsqr64", F64)
     out = sg.pca(pca_data(np.float64, (37, -1)), n_components=5, algorithm="randomized", n_iter=2, random_state=7)
     assert_pca(out.compute(), "randomized64c37", F64)
@@ -319,39 +322,80 @@ def test_alternate_allele_count_gpu_equals_cpu():
         np.testing.assert_array_equal(B.to_numpy(out.data), REF[f"{kind}_alt"])
 
 
+def _counted(data: xr.Dataset, seen: list) -> xr.Dataset:
+    """``data`` whose counts record each block they compute in ``seen``."""
+
+    def block(b):
+        if b.size:
+            seen.append(b.shape)
+        return b
+
+    ac = data["call_alternate_allele_count"]
+    return data.assign(call_alternate_allele_count=ac.copy(data=ac.data.map_blocks(block, dtype=ac.dtype)))
+
+
 def test_pca_tsqr_out_of_core_reads_its_input_again():
-    """Under a budget smaller than twice the counts, the Gram pass reads its blocks again after
-    the statistics rather than holding every block until they are done (the statistics need the
-    whole first pass): the graph has a second copy of the input's reads, and the results are
-    sgkit's as in core."""
+    """The statistics and the Gram matrix come from one pass over the blocks (a block's mean and
+    scale are its own variants'); the pass after the eigendecomposition (``V = X^T U / S``) reads
+    the blocks again out of core (a budget below twice the counts) rather than holding them all
+    until it starts, and takes the blocks of the first pass in core. The results are sgkit's."""
     import dask
 
-    data = pca_data(np.float64, (100, -1))
+    seen = []
+    data = _counted(pca_data(np.float64, (100, -1)), seen)
+    blocks = data["call_alternate_allele_count"].data.numblocks[0]
     with dask.config.set({"pipeline.cpu.memory-limit": "64kB"}):
         out = sg.pca(data, n_components=4, merge=False)
     in_core = sg.pca(data, n_components=4, merge=False)
-
-    def gram_inputs(ds):
-        graph = ds["sample_pca_explained_variance"].data.__dask_graph__()
-        (gram,) = [name for name in graph.layers if name.startswith("patterson-gram-")]
-        return graph, set(graph.dependencies[gram])
-
-    _, held = gram_inputs(in_core)
-    _, read = gram_inputs(out)
-    # in core the Gram tiles take the blocks the statistics took; out of core blocks of their own
-    assert read - held and held - read  # the same statistics, other blocks
-    assert_pca(out.compute(), "tsqr64", F64)
+    for ds, passes in ((in_core, 1), (out, 2)):
+        seen.clear()
+        with kernels.recording() as calls:
+            got = ds.compute()
+        assert_pca(got, "tsqr64", F64)
+        assert len(seen) == passes * blocks
+        assert calls[("patterson_gram", "cpu")] == calls[("patterson_moments", "cpu")] == blocks
 
 
-def test_gram_chains_fewer_where_tiles_are_many():
-    """About CHAINS independent chains in all: 8 chains for one tile, one a tile for 28 tiles, so
-    that 25,000 samples hold 28 partials of 134 MB rather than 224."""
-    from pipeline.ops.genomics.pca import CHAINS, chains_per_tile, tsqr_device_bytes
+def test_bound_copies_of_a_rechunked_input_are_computed_again():
+    """The second pass's copy of its input's graph computes that input again, however it was
+    made: a rechunk's tasks (dask's Task objects) pointed at the first pass's blocks in dask's own
+    copy (dask/dask#12455), which held all of them between the passes."""
+    import dask
 
-    assert chains_per_tile(1) == CHAINS
-    assert chains_per_tile(2) == 3  # 3 tiles on and above the diagonal
-    assert chains_per_tile(3) == 2
-    assert chains_per_tile(7) == 1
+    from pipeline.exec import clone
+
+    seen = []
+
+    def block(b):
+        if b.size:  # not dask's call on an empty block for the metadata
+            seen.append(b.shape)
+        return b * 2
+
+    x = da.ones((60, 12), chunks=(10, 12)).map_blocks(block, dtype=float).rechunk({1: 5})
+    total = x.sum()
+    again = clone.bind(x, [total])
+    assert dask.compute(total, again.sum(), scheduler="sync") == (1440.0, 1440.0)
+    assert len(seen) == 2 * 6
+    seen.clear()
+    copy = clone.clone(x, seed=1)
+    assert copy.name != x.name
+    np.testing.assert_array_equal(*dask.compute(x, copy, scheduler="sync"))
+    assert len(seen) == 2 * 6
+
+
+def test_gram_chains_fewer_where_their_sums_are_large():
+    """At most CHAINS chains, one a block of variants, and fewer where their sums of the tiles on
+    and above the diagonal would hold more than CHAIN_BYTES: at 25,000 samples (7 tiles) one."""
+    from pipeline.ops.genomics.pca import CHAIN_BYTES, CHAINS, TILE, gram_chains, tsqr_device_bytes
+
+    def tiles(n):
+        return PCA_MODULE.even_chunks(n, TILE)
+
+    assert gram_chains(tiles(500), 100) == CHAINS
+    assert gram_chains(tiles(500), 3) == 3
+    assert gram_chains(tiles(10_000), 100) == CHAINS  # 3 tiles: 6 sums of 89 MB a chain
+    assert gram_chains(tiles(15_000), 100) == CHAIN_BYTES // (10 * 3750 * 3750 * 8) == 3
+    assert gram_chains(tiles(25_000), 100) == 1
     assert tsqr_device_bytes(25_000) == 6 * 25_000**2 * 8
 
 
@@ -395,14 +439,21 @@ def test_patterson_kernels_equal_the_formulas():
             np.testing.assert_array_equal(got, want, err_msg=f"{dtype}")
         else:
             np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=f"{dtype}")
-    ac = rng.integers(0, 3, size=(50, 40)).astype(np.int8)
-    mean, scale = ac.mean(axis=1), np.full(50, 0.7)
-    got = L.patterson_gram_gpu(cupy.asarray(ac), cupy.asarray(ac), mean, scale)
-    np.testing.assert_allclose(cupy.asnumpy(got), L.patterson_gram(ac, ac, mean, scale), rtol=1e-13, atol=1e-12)
-    # the chain's sum so far, and the chains' sums: added by the add kernel
-    start = rng.normal(size=(40, 40))
-    got = L.patterson_gram_gpu(cupy.asarray(ac), cupy.asarray(ac), mean, scale, cupy.asarray(start))
-    np.testing.assert_allclose(cupy.asnumpy(got), L.patterson_gram(ac, ac, mean, scale, start), rtol=1e-13, atol=1e-12)
+    ac = rng.integers(0, 3, size=(5000, 40)).astype(np.int8)  # two slabs of variants
+    mean, scale = ac.mean(axis=1), np.full(5000, 0.7)
+    tiles = [ac[:, :15], ac[:, 15:30], ac[:, 30:]]
+    got = L.patterson_gram_gpu([cupy.asarray(t) for t in tiles], mean, scale)
+    want = L.patterson_gram(tiles, mean, scale)
+    x = (ac - mean[:, None]) / 0.7
+    for (i, j), g, w in zip(L.upper_pairs(3), got, want):  # the tiles on and above the diagonal
+        exact = x[:, 15 * i : 15 * i + 15].T @ x[:, 15 * j : 15 * j + 15]
+        np.testing.assert_allclose(w, exact, rtol=1e-12, atol=1e-9)
+        np.testing.assert_allclose(cupy.asnumpy(g), w, rtol=1e-12, atol=1e-9)
+    # the chain's sums so far, and the chains' sums: added by the add kernel
+    start = [rng.normal(size=w.shape) for w in want]
+    got = L.patterson_gram_gpu([cupy.asarray(t) for t in tiles], mean, scale, [cupy.asarray(p) for p in start])
+    for g, w, p in zip(got, want, start):
+        np.testing.assert_allclose(cupy.asnumpy(g), w + p, rtol=1e-12, atol=1e-9)
     parts = [rng.normal(size=(40, 30)) for _ in range(3)]
     np.testing.assert_array_equal(cupy.asnumpy(L.sum_parts_gpu([cupy.asarray(p) for p in parts])), L.sum_parts_cpu(parts))
     # the leading eigenpairs: cuSOLVER against LAPACK, vectors up to their signs

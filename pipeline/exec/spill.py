@@ -139,7 +139,7 @@ def held_second_pass(data, stats, budget: int):
     """The second pass's input: the leading blocks of ``data`` that fit ``budget`` bytes copied to
     host memory as the first pass computes them and copied back once ``stats`` are done; the rest
     read again (its graph bound to ``stats``)."""
-    from dask.graph_manipulation import bind
+    from .clone import bind
 
     rows = _held_rows(data, budget) if data.ndim else 0
     if rows == 0:

@@ -11,8 +11,9 @@ float64 temporaries stay a few slabs whatever the block's size.
   (the scaler's mean and scale, and the data's total variance, follow).
 - ``patterson_standardize``: alternate allele counts (variants, samples) -> (x - mean) / scale in
   float64, missing values (negative or NaN) as NaN: sgkit's ``PattersonScaler.transform``.
-- ``patterson_gram``: the Gram matrix ``Xi^T Xj`` of two tiles of samples of one block of variants,
-  each standardized as above: the block's part of ``X^T X``, summed over blocks by the op.
+- ``patterson_gram``: the Gram matrices ``Xi^T Xj`` of the tiles of samples of one block of
+  variants, for each pair of tiles on and above the diagonal, each tile standardized as above: the
+  block's part of ``X^T X``, summed over blocks by the op.
 - ``top_eigenpairs``: the ``k`` leading eigenvectors and the square roots of the eigenvalues of a
   symmetric matrix (the Gram matrix: the left singular vectors and singular values of ``X``).
 - ``distance_sums``: per pair of rows of two tiles, the sums over the columns where both are
@@ -71,18 +72,38 @@ def patterson_standardize(ac, mean, scale):
     return x
 
 
-def patterson_gram(ac_i, ac_j, mean, scale, start=None):
-    """``Xi^T Xj`` (samples_i, samples_j), float64, where ``Xi``, ``Xj`` are the standardized
-    (variants, samples) tiles ``ac_i``, ``ac_j`` of one block of variants (the same tile twice on
-    the diagonal of the Gram matrix: standardized once), plus ``start`` (the sum so far) if given."""
-    out = np.zeros((ac_i.shape[1], ac_j.shape[1]), dtype=ACC)
-    for v in range(0, ac_i.shape[0], SLAB):
+def upper_pairs(n_tiles: int) -> list[tuple[int, int]]:
+    """The tiles ``(i, j)`` on and above the diagonal of a matrix of ``n_tiles`` a side, row by row:
+    the order of :func:`patterson_gram`'s results."""
+    return [(i, j) for i in range(n_tiles) for j in range(i, n_tiles)]
+
+
+def patterson_gram(tiles, mean, scale, start=None):
+    """One block of variants' part of the Gram matrix's tiles on and above the diagonal: ``[Xi^T
+    Xj for i <= j]`` (:func:`upper_pairs`' order), float64, where ``Xi`` is the standardized
+    (variants, samples) tile ``tiles[i]``, standardized once a slab of variants for all of its
+    pairs; each plus its tile of ``start`` (the sums so far, a list in the same order) if given."""
+    return _gram_tiles(tiles, mean, scale, start, patterson_standardize, np.copy, _add_cpu)
+
+
+def _add_cpu(out, x) -> None:
+    out += x
+
+
+def _gram_tiles(tiles, mean, scale, start, standardize, copy, add):
+    """:func:`patterson_gram` with the backend's standardization, copy and addition; the sums so far
+    are copied, not added to in place: they are the inputs of a task."""
+    xp = xp_of(tiles[0])
+    pairs = upper_pairs(len(tiles))
+    if start is None:
+        out = [xp.zeros((tiles[i].shape[1], tiles[j].shape[1]), dtype=ACC) for i, j in pairs]
+    else:
+        out = [copy(part) for part in start]
+    for v in range(0, tiles[0].shape[0], SLAB):
         s = slice(v, v + SLAB)
-        xi = patterson_standardize(ac_i[s], mean[s], scale[s])
-        xj = xi if ac_j is ac_i else patterson_standardize(ac_j[s], mean[s], scale[s])
-        out += xi.T @ xj
-    if start is not None:
-        out += start
+        xs = [standardize(t[s], mean[s], scale[s]) for t in tiles]
+        for part, (i, j) in zip(out, pairs):
+            add(part, xs[i].T @ xs[j])
     return out
 
 
@@ -161,21 +182,14 @@ def _add_into(out, x) -> None:
         _patterson_kernel("pipeline_add_into", np.float64)((grid,), (launch.THREADS,), (out, x, np.int64(out.size)))
 
 
-def patterson_gram_gpu(ac_i, ac_j, mean, scale, start=None):
-    """:func:`patterson_gram` on CuPy tiles: standardized by the CUDA C kernel, each slab's product
-    by cuBLAS, added by ``pipeline_add_into`` to ``start``'s copy (CuPy's ``+=`` is a kernel that a
-    fresh machine compiles)."""
-    import cupy
-
+def patterson_gram_gpu(tiles, mean, scale, start=None):
+    """:func:`patterson_gram` on CuPy tiles: standardized by the CUDA C kernel, each slab's
+    products by cuBLAS, added by ``pipeline_add_into`` (CuPy's ``+=`` is a kernel that a fresh
+    machine compiles)."""
     from .copies import copy_of
 
-    out = copy_of(start) if start is not None else cupy.zeros((ac_i.shape[1], ac_j.shape[1]), dtype=ACC)
-    for v in range(0, ac_i.shape[0], SLAB):
-        s = slice(v, v + SLAB)
-        xi = patterson_standardize_gpu(ac_i[s], mean[s], scale[s])
-        xj = xi if ac_j is ac_i else patterson_standardize_gpu(ac_j[s], mean[s], scale[s])
-        _add_into(out, xi.T @ xj)
-    return out
+    return _gram_tiles(tiles, _device_column(mean), _device_column(scale), start, patterson_standardize_gpu, copy_of,
+                       _add_into)
 
 
 def sum_parts_gpu(parts):

@@ -230,11 +230,11 @@ def _by_slabs(data: da.Array, axis: int, chunks, apply, cut: int, out_axis: int)
 
     A plain rechunk computes each input block once and keeps its pieces for every slab until the
     last slab is gathered: the whole input. Here each slab comes from its own copy of ``data``'s
-    graph (:func:`dask.graph_manipulation.clone`), computed again from the source and cut to the
+    graph (:func:`pipeline.exec.clone.clone`), computed again from the source and cut to the
     slab block by block, and started once the slab before it is done (:func:`_fused_after`), so
     that one slab is held at a time. What the copies share (:func:`_shared_layers`: a detrend's coefficients) is
     computed once."""
-    from dask.graph_manipulation import clone
+    from ..exec.clone import clone
 
     if len(chunks[cut]) == 1:  # nothing to cut along: one chunk holds the input
         return apply(declare(data.rechunk(chunks), held_bytes=int(data.nbytes)))

@@ -89,10 +89,12 @@ ALT = "call_alternate_allele_count"
 # samples a side of the Gram matrix's tiles: a tile's partial is TILE^2 float64 (134 MB), however
 # many samples there are; blocks of variants are the input's
 TILE = 4096
-# independent chains of the Gram fold (:func:`_gram_folded`), about: tiles x chains a tile, each
-# chain holding one partial of its tile; a tile is folded in fewer chains where there are many
-# tiles (25,000 samples: 28 tiles of 134 MB, one chain each rather than 8 x 28 partials)
+# independent chains of the Gram fold (:func:`_gram_folded`), each holding a sum of every tile on
+# and above the diagonal (a little over half a Gram matrix): at most CHAINS, fewer where they would
+# hold more than CHAIN_BYTES in all (10,000 samples: 8 chains of 533 MB; 25,000 samples: one of
+# 2.9 GB, whose products of 3,572-sample tiles keep a GPU or a host's BLAS busy on their own)
 CHAINS = 8
+CHAIN_BYTES = 4 * 2**30
 # device memory the exact algorithm holds at its peak, in Gram matrices (N^2 float64): the matrix,
 # CuPy's copy of it that becomes the eigenvectors, and cuSOLVER syevd's workspace (3.21 GB asked
 # for 10,000 samples on the GPU machine: four matrices)
@@ -333,12 +335,10 @@ def _tsqr(x, stats, check, k: int, scaled, op, backend):
     """The exact truncated SVD from the Gram matrix (see the module docstring): ``U`` (samples, k),
     ``S`` (k,) and the components ``V`` (variants, k), signs as dask's ``svd_flip``."""
     n = x.shape[1]
-    gram_kernel = op.kernel("patterson_gram", backend)
-    # the Gram pass needs the statistics of the whole first pass: out of core its blocks are read
-    # again (or come back from host memory) rather than held, all of them, until the statistics
-    # are done; held, 50 GB of genotypes overran a 32 GB device budget on the GPU machine
-    xg = spill.second_pass(x, stats["mean"], stats["scale"])
-    gram = _gram_folded(xg, stats["mean"], stats["scale"], gram_kernel, op.kernel("sum_parts", backend), backend).rechunk((n, n))
+    # a block's mean and scale are its own variants' (over the samples): the Gram matrix is summed
+    # from the blocks that the statistics are read from, in the same pass
+    gram = _gram_folded(x, stats["mean"], stats["scale"], op.kernel("patterson_gram", backend),
+                        op.kernel("sum_parts", backend), backend).rechunk((n, n))
     eig = da.map_blocks(
         _eigenpairs, gram, check["n_missing"], check["n_flat"], kernel=op.kernel("top_eigenpairs", backend), k=k,
         variable=check["variable"], check_missing=check["check_missing"],
@@ -346,55 +346,69 @@ def _tsqr(x, stats, check, k: int, scaled, op, backend):
     )
     eig_host = B.to_backend(eig, "cpu")
     u, s = eig_host[:n], eig_host[n]
-    v = _x_product(scaled(eig), u.rechunk((x.chunks[1], (k,)))) / s  # V = X^T U / S, by blocks of variants
+    u_tiles = u.rechunk((x.chunks[1], (k,)))
+    # V = X^T U / S, by blocks of variants; read once U's tiles are on the host: read after the
+    # eigendecomposition only, the blocks waited for U there, all of them (dask ordered U's steps last)
+    v = _x_product(scaled(u_tiles), u_tiles) / s
     signs = da.where(v.sum(axis=0) >= 0, 1.0, -1.0)
     return u * signs, s, v * signs
 
 
 def _gram_folded(x, mean, scale, kernel, sum_kernel, backend) -> "da.Array":
-    """``X^T X`` by tiles of samples, each tile folded along the blocks of variants in a few chains
-    (:func:`chains_per_tile`): the task of block ``k`` adds its part to what the chain's task of block ``k - 1``
-    passed it, and the chains' sums are added at the end. Only tiles on and above the diagonal are
-    computed; those below are their transposes (the matrix is symmetric: half the work).
+    """``X^T X`` by tiles of samples, folded along the blocks of variants in a few chains
+    (:func:`gram_chains`): the task of block ``k`` adds that block's part of every tile on and
+    above the diagonal (``patterson_gram``) to what the chain's task of block ``k - 1`` passed it,
+    and the chains' sums are added at the end, tile by tile. The tiles below the diagonal are the
+    transposes of those above (the matrix is symmetric: half the work).
 
-    A tree sum over the blocks (``parts.sum(axis=...)``) holds, for every tile, a few partials on
-    each of its levels, and the blocks' own parts waiting for their siblings: 81 partials and 36
-    parts held at once for 6 tiles of 240 blocks (measured, one thread, distributed), and on the
-    GPU machine 50 GB of genotypes in 10,000 samples (tiles of 89 MB) overran a 32 GB device
-    budget. A chain holds one sum a tile. Keys lead with the block of variants, so that on a
-    cluster each task runs where its block is read (:mod:`pipeline.exec.locality`)."""
+    One task a block, for all of its tiles: with a task a block and tile pair, dask's ordering
+    ran each pair's chain over all the blocks before the next pair's, and every tile of every
+    block waited in memory for its last pair (the whole input: 3 tiles of samples, measured on
+    a 1-worker cluster). A tree sum over the blocks (``parts.sum(axis=...)``) held, for every
+    tile, a few partials on each of its levels and the blocks' parts waiting for their siblings;
+    a chain holds one sum of each tile. Keys lead with the block of variants, so that on a cluster
+    each task runs where its block is read (:mod:`pipeline.exec.locality`)."""
     import functools
 
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
+
+    from ...kernels.linalg import upper_pairs
 
     tiles = x.chunks[1]
     nk, nt = x.numblocks
     token = tokenize(x.name, mean.name, scale.name, "gram-fold")
     fold, total = f"patterson-gram-fold-{token}", f"patterson-gram-{token}"
     step = functools.partial(_gram_step, kernel=kernel)
-    edges = np.linspace(0, nk, min(nk, chains_per_tile(nt)) + 1).round().astype(int)
-    dsk, ends = {}, {}
-    for i in range(nt):
-        for j in range(i, nt):
-            for a, b in zip(edges[:-1], edges[1:]):
-                prev = None
-                for k in range(a, b):
-                    dsk[(fold, k, i, j)] = (step, prev, (x.name, k, i), (x.name, k, j), (mean.name, k), (scale.name, k))
-                    prev = (fold, k, i, j)
-                ends.setdefault((i, j), []).append(prev)
-    for i in range(nt):
-        for j in range(nt):
-            dsk[(total, i, j)] = (sum_kernel, ends[(i, j)]) if i <= j else (_transposed, (total, j, i))
+    edges = np.linspace(0, nk, gram_chains(tiles, nk) + 1).round().astype(int)
+    dsk, ends = {}, []
+    for a, b in zip(edges[:-1], edges[1:]):
+        prev = None
+        for k in range(a, b):
+            dsk[(fold, k)] = (step, prev, [(x.name, k, i) for i in range(nt)], (mean.name, k), (scale.name, k))
+            prev = (fold, k)
+        ends.append(prev)
+    for p, (i, j) in enumerate(upper_pairs(nt)):
+        dsk[(total, i, j)] = (_chains_sum, ends, p, sum_kernel)
+        if i != j:
+            dsk[(total, j, i)] = (_transposed, (total, i, j))
     graph = HighLevelGraph.from_collections(total, dsk, dependencies=[x, mean, scale])
     return da.Array(graph, total, (tiles, tiles), meta=B.meta(backend, ACC, 2))
 
 
-def chains_per_tile(n_tiles: int) -> int:
-    """Chains a tile is folded in: about ``CHAINS`` independent chains in all, at least one a tile
-    (of the tiles on and above the diagonal, ``n_tiles`` a side)."""
-    upper = n_tiles * (n_tiles + 1) // 2
-    return -(-CHAINS // upper)
+def gram_chains(tiles: tuple[int, ...], n_blocks: int) -> int:
+    """Chains the Gram matrix of tiles of ``tiles`` samples is folded in: ``CHAINS``, fewer where
+    their sums (each of the tiles on and above the diagonal) would hold more than ``CHAIN_BYTES``,
+    and at most one a block of variants."""
+    from ...kernels.linalg import upper_pairs
+
+    state = sum(tiles[i] * tiles[j] for i, j in upper_pairs(len(tiles))) * np.dtype(ACC).itemsize
+    return max(1, min(CHAINS, n_blocks, CHAIN_BYTES // max(1, state)))
+
+
+def _chains_sum(states, p: int, kernel):
+    """Tile ``p`` (:func:`pipeline.kernels.linalg.upper_pairs`' order) summed over the chains' sums."""
+    return kernel([state[p] for state in states])
 
 
 def tsqr_device_bytes(n_samples: int) -> int:
@@ -421,8 +435,8 @@ def _check_fits(n_samples: int, backend, name: str) -> None:
         )
 
 
-def _gram_step(prev, ac_i, ac_j, mean, scale, *, kernel):
-    return kernel(ac_i, ac_j, mean, scale, prev)  # a new array: the sum so far plus this block's part
+def _gram_step(prev, tiles, mean, scale, *, kernel):
+    return kernel(tiles, mean, scale, prev)  # new arrays: the sums so far plus this block's parts
 
 
 
