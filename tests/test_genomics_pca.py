@@ -383,6 +383,24 @@ def test_bound_copies_of_a_rechunked_input_are_computed_again():
     assert len(seen) == 2 * 6
 
 
+def test_gram_chains_are_added_two_by_two():
+    """The chains' sums are added in pairs of neighbours (on a cluster, neighbouring chains are on
+    one worker), and every tile comes from the one total, not from every chain's sums."""
+    from dask.core import get_dependencies
+
+    data = pca_data(np.float64, (20, -1))
+    graph = dict(sg.pca(data, n_components=4, merge=False)["sample_pca_explained_variance"].data.__dask_graph__())
+    folds = {k for k in graph if isinstance(k, tuple) and k[0].startswith("patterson-gram-fold")}
+    sums = {k for k in graph if isinstance(k, str) and k.startswith("patterson-gram-sum")}
+    ends = {f for f in folds if not any(f in get_dependencies(graph, g) for g in folds)}
+    assert len(ends) == PCA_MODULE.CHAINS == len(sums) + 1  # 8 chains, 4 + 2 + 1 additions
+    for key in sums:
+        assert len(get_dependencies(graph, key)) == 2
+    tiles = [k for k in graph if isinstance(k, tuple) and k[0].startswith("patterson-gram-") and "fold" not in k[0]
+             and "sum" not in k[0]]
+    assert all(len(get_dependencies(graph, k)) == 1 for k in tiles)
+
+
 def test_gram_chains_fewer_where_their_sums_are_large():
     """At most CHAINS chains, one a block of variants, and fewer where their sums of the tiles on
     and above the diagonal would hold more than CHAIN_BYTES: at 25,000 samples (7 tiles) one."""
