@@ -430,6 +430,47 @@ def test_pca_tsqr_refuses_a_device_budget_below_its_eigendecomposition():
         sg.pca(data, n_components=4, algorithm="randomized", merge=False)  # no such limit
 
 
+FILL_THE_DEVICE = """
+import threading
+import cupy
+import numpy as np
+from pipeline.kernels import linalg as L
+
+blocks, size = [], 1 << 30
+while size >= 1 << 20:  # every byte CuPy can take, then given back to its pool, not to the device
+    try:
+        blocks.append(cupy.empty(size, dtype=cupy.uint8))
+    except cupy.cuda.memory.OutOfMemoryError:
+        size //= 2
+del blocks
+g = np.cov(np.random.default_rng(0).normal(size=(40, 200)))
+out = {}
+thread = threading.Thread(target=lambda: out.update(v=cupy.asnumpy(L.top_eigenpairs_gpu(cupy.asarray(g), 3))))
+thread.start()
+thread.join()
+np.testing.assert_allclose(out["v"][-1], L.top_eigenpairs(g, 3)[-1], rtol=1e-10)
+print("free", cupy.cuda.runtime.memGetInfo()[0])
+"""
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_the_eigendecomposition_runs_when_the_pool_holds_the_device():
+    """After a pass over the data CuPy's pool may hold nearly all of the device, and making a
+    thread's cuSOLVER handle (device memory outside the pool) failed with
+    CUSOLVER_STATUS_INTERNAL_ERROR: the pool's cache is given back and the handle made again. In
+    a process of its own, which fills the device: not beside other tests (-n)."""
+    import os
+    import subprocess
+    import sys
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("fills the device: run without -n")
+    run = subprocess.run([sys.executable, "-c", FILL_THE_DEVICE], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.startswith("free")
+
+
 @pytest.mark.gpu
 @requires_gpu
 def test_patterson_kernels_equal_the_formulas():

@@ -64,6 +64,31 @@ def test_held_blocks_are_read_once_and_the_rest_twice(monkeypatch, budget_rows):
     assert spill.spilled_bytes() == held_bytes
 
 
+@pytest.mark.parametrize("dtype, held", [("f4", True), ("f8", True), ("i2", True), ("i1", False)])
+def test_an_input_widened_from_what_it_reads_is_read_again(monkeypatch, dtype, held):
+    """Held where its values are at most HOLD_WIDENING times as wide as those of the largest array
+    it is computed from (float32 from float32 or int16), read again where wider (float64 from
+    int8, as PCA's dosage from genotypes): each block then read twice, and nothing held."""
+    values = np.random.default_rng(1).integers(0, 3, size=(45, 6, 5)).astype(dtype)
+    src = CountingSource(values, 7)
+    x = da.from_array(src, chunks=(7, 6, 5)).astype("f8" if dtype in ("f8", "i1") else "f4")
+    assert spill.read_itemsize(x) == np.dtype(dtype).itemsize
+    monkeypatch.setattr(spill, "hold_budget", lambda backend: 10**9)
+    spill.spilled_bytes(reset=True)
+    with dask.config.set({"pipeline.cpu.memory-limit": "1B"}):  # out of core
+        got = _two_pass(x).compute(scheduler="threads")
+    np.testing.assert_allclose(got, values - values.mean(axis=0, dtype="f8"), rtol=1e-6, atol=1e-6)
+    assert src.reads == {r: 1 if held else 2 for r in range(7)}
+    assert (spill.spilled_bytes() > 0) == held
+
+
+def test_the_widest_read_is_the_largest_arrays():
+    small = da.ones(10, chunks=5, dtype="f8")  # a mask or a coordinate: not what the graph reads most
+    big = da.ones((1000, 10), chunks=(100, 10), dtype="i1")
+    assert spill.read_itemsize(big.astype("f8") * small) == 1
+    assert spill.read_itemsize((big.astype("f8") * small).rechunk((50, 10))) == 1
+
+
 def test_rows_held_stop_at_the_budget():
     x = da.zeros((20, 4), chunks=((3, 7, 5, 5), 4), dtype="f8")
     per_step = 4 * 8

@@ -32,6 +32,17 @@ from ..gpu import pinned
 da = _deferred("dask.array")  # imported when the first graph is built
 
 
+# An input whose values are more than this many times as wide as those of the largest array its
+# graph reads (its type widened: PCA's float64 dosage from int8 genotypes, 8 times) is read again
+# rather than held: copying it to pinned memory and back, and pinning that memory in a fresh
+# process, cost more than computing it again from the store. On the 2-GPU H200 machine, PCA of
+# 50 GB of genotypes: holding the first pass (64 GB pinned) took 8.7 and 8.8 s, and 17.6 s in the
+# first run after the store was written (the host freed its page cache for the pinned buffers),
+# against 6.5 s reading it again. A climate variable is held as before: read as float32, or float32
+# decoded from int16 (twice as wide).
+HOLD_WIDENING = 2
+
+
 def hold_budget(backend: str) -> int:
     """Bytes of host memory that two-pass ops on ``backend`` may hold between their passes:
     ``pipeline.gpu.host-spill`` on the GPU; none on the CPU, whose blocks are in host memory
@@ -182,9 +193,41 @@ def second_pass(data: da.Array, *stats: da.Array) -> da.Array:
       done (:func:`held_second_pass`): a trip over the bus instead of a second read and decode;
     - blocks beyond that bound, and every block on the CPU, come from a copy of the input's graph
       that starts only once ``stats`` are done: read again from storage, streaming, instead of
-      being held in memory that is not there.
+      being held in memory that is not there;
+    - so do all the blocks of an input whose values are more than ``HOLD_WIDENING`` times as wide
+      as those its graph reads (:func:`read_itemsize`): computing it again is then cheaper than
+      pinning it and copying it over the bus.
     """
     backend = B.backend_of(data)
     if not B.out_of_core(data.nbytes, backend):
         return data
-    return held_second_pass(data, list(stats), hold_budget(backend))
+    read = read_itemsize(data)
+    worth = read is None or data.dtype.itemsize <= HOLD_WIDENING * read
+    return held_second_pass(data, list(stats), hold_budget(backend) if worth else 0)
+
+
+def read_itemsize(data) -> int | None:
+    """The bytes a value of the largest array that ``data``'s graph starts from (of its array layers
+    that take no other array: a store's variables as read, arrays made in memory), as dask records
+    them on each layer; None where none is known."""
+    graph = data.__dask_graph__()
+    layers = getattr(graph, "layers", None)
+    if layers is None:
+        return None
+
+    def array(name):
+        annotations = layers[name].collection_annotations or {}
+        return annotations if annotations.get("shape") is not None and annotations.get("dtype") is not None else None
+
+    largest, itemsize = -1.0, None
+    for name in layers:
+        annotations = array(name)
+        if annotations is None or any(array(dep) for dep in graph.dependencies.get(name, ()) if dep in layers):
+            continue
+        dtype = np.dtype(annotations["dtype"])
+        size = float(np.prod(annotations["shape"])) * dtype.itemsize
+        if not np.isfinite(size):  # unknown chunks
+            return None
+        if size > largest:
+            largest, itemsize = size, dtype.itemsize
+    return itemsize
