@@ -79,6 +79,25 @@ def test_filter_variants_max_alleles_cuts_the_alleles_dimension():
     assert np.isfinite(p.variant_hwe_p_value.values).any()
 
 
+def test_filter_variants_max_alleles_reads_no_string_where_the_dimension_is_within_it():
+    """Where the alleles dimension is no longer than ``max_alleles``, every variant is kept
+    without reading ``variant_allele`` (nothing is computed); a shorter bound counts them."""
+    from .conftest import raise_if_dask_computes
+
+    ds = dataset("bi", {"variants": 37})
+    assert ds.sizes["alleles"] == 2
+    with raise_if_dask_computes():
+        out = sg.filter_variants(ds, max_alleles=2)
+    assert out.sizes == ds.sizes
+    np.testing.assert_array_equal(out.call_genotype.values, ds.call_genotype.values)
+    alleles = ds.variant_allele.values.astype(object)
+    alleles[::3, 1] = ""  # every third variant names one allele
+    ds = ds.assign(variant_allele=(("variants", "alleles"), alleles))
+    out = sg.filter_variants(ds, max_alleles=1)
+    assert out.sizes["alleles"] == 1
+    np.testing.assert_array_equal(out.call_genotype.values, ds.call_genotype.values[::3])
+
+
 def test_filter_samples_and_bad_bounds():
     a = inputs()
     g = a["bi_call_genotype"]
