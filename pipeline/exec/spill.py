@@ -36,8 +36,8 @@ da = _deferred("dask.array")  # imported when the first graph is built
 # graph reads (its type widened: PCA's float64 dosage from int8 genotypes, 8 times) is read again
 # rather than held: copying it to pinned memory and back, and pinning that memory in a fresh
 # process, cost more than computing it again from the store. On the 2-GPU H200 machine, PCA of
-# 50 GB of genotypes without a cluster: holding the first pass (64 GB pinned) took 8.6-9.6 s of
-# compute in four runs, and 17.6 s in the first run after the store was written (the host freed
+# 50 GB of genotypes without a cluster: holding the first pass (64 GB pinned) took 7.9-9.6 s of
+# compute in six runs, and 17.6 s in the first run after the store was written (the host freed
 # its page cache for the pinned buffers), against 5.9-6.7 s in three runs reading it again. A
 # climate variable is held as before: read as float32, or float32 decoded from int16 (twice as
 # wide).
