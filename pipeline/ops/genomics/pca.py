@@ -26,7 +26,9 @@ variants x 25,000 samples (10 GB of int8 genotypes) on one GPU in bounded memory
   its tiles on and above the diagonal are computed (1.4e14 flops at 200,000 x 25,000: seconds);
   the data are read once before the eigendecomposition (the scaler's statistics and ``G`` from
   the same blocks). Memory depends on the samples only: ``G`` is N^2 float64 (5 GB at 25,000
-  samples), summed from tiles of at most ``TILE`` samples a side (partials of 134 MB), and the
+  samples), summed in tiles of at most ``TILE`` samples a side by a few chains, each holding the
+  tiles on and above the diagonal (``CHAIN_BYTES`` in all: 8 chains at 10,000 samples, one at
+  25,000), and the
   eigendecomposition (LAPACK's or cuSOLVER's syevd, O(N^3): the step that grows fastest, tens of
   seconds at 25,000 samples on one GPU) holds about six N^2 arrays on the GPU (cuSOLVER's workspace
   is four of them), three on the CPU: on the GPU, a device budget below that (30 GB at 25,000
