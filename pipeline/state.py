@@ -27,6 +27,9 @@ process holds between computations, each under its own lock:
 - ``encode``: the threads that compress the frames of the shards ``pipeline convert`` writes
   (:mod:`pipeline.sinks.convert`), and per device the thread that compresses them with nvCOMP
   (:mod:`pipeline.gpu.encode`), started on first use.
+- ``opened``: arrays of strings as the source opened them, by their Dask name, and what reads
+  their blocks (:mod:`pipeline.sources.reads`), so that a filter counts alleles from their chunk
+  files (:mod:`pipeline.ops.genomics.qc`); held weakly, for as long as their graphs hold them.
 - ``cluster``: per distributed client, the workers' answers to the memory check
   (:mod:`pipeline.exec.memory`) and the schedulers that hold pipeline's plugin
   (:mod:`pipeline.exec.compute`), so that a second computation asks neither again.
@@ -38,6 +41,7 @@ state.pinned, "files", OrderedDict())``).
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -113,6 +117,13 @@ class EncodeState:
 
 
 @dataclass
+class OpenedState:
+    # Dask name -> pipeline.sources.reads.StoreArray. A name is a token of the store, its
+    # modification time and the blocks: any step on an array gives it another name.
+    strings: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary)
+
+
+@dataclass
 class ClusterState:
     answers: OrderedDict = field(default_factory=OrderedDict)  # (client, workers, plan) -> answers
     plugins: set = field(default_factory=set)  # (client id, scheduler id) holding the plugin
@@ -129,4 +140,5 @@ device = DeviceState()
 nvcomp = NvcompState()
 decode = DecodeState()
 encode = EncodeState()
+opened = OpenedState()
 cluster = ClusterState()

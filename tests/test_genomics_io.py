@@ -18,6 +18,7 @@ import xarray as xr
 import zarr
 
 import pipeline
+import pipeline.genomics as sg
 from pipeline import cli
 from pipeline.demo_genomics import call_uniforms, import_vcf, set_missing, write_genomics_demo
 from pipeline.errors import InputError
@@ -166,6 +167,115 @@ def test_strings_of_a_store_xarray_wrote_read_from_their_chunk_files(tmp_path):
     assert ds["variant_allele"].values.tolist() == alleles.tolist()
     assert ds["variant_id"].values.tolist() == zarr.open_array(str(tmp_path / "x.vcz" / "variant_id"))[...].tolist()
     assert ds["variant_id"].values[10:20].tolist() == ["N/A"] * 10
+
+
+def _no_strings(monkeypatch):
+    """Decoding a chunk's strings fails the test: the alleles are to be counted from their lengths."""
+    from pipeline.sources import reads
+
+    def refused(raw, shape):
+        raise AssertionError("a chunk's strings were decoded")
+
+    monkeypatch.setattr(reads, "_strings", refused)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_alleles_counted_from_their_chunk_files_as_from_their_strings(demo_stores, tmp_path, monkeypatch, fmt):
+    """``filter_variants(max_alleles=...)`` counts each variant's alleles from the lengths in
+    bio2zarr's chunk files, not from strings: the counts of the strings zarr reads, in blocks
+    across chunk boundaries, with a chunk never written (no allele); the filter keeps the same
+    variants as from the strings in memory."""
+    import shutil
+
+    from pipeline import state
+    from pipeline.kernels import genotypes
+    from pipeline.ops.genomics import qc
+
+    path = tmp_path / "s.vcz"
+    shutil.copytree(demo_stores[fmt], path)
+    arr = zarr.open_array(str(path / "variant_allele"), mode="r")
+    (path / "variant_allele" / arr.metadata.encode_chunk_key((1, 0))).unlink()
+    expected = genotypes.strings_named(zarr.open_array(str(path / "variant_allele"), mode="r")[...])
+    assert (expected[100:200] == 0).all() and set(expected[:100]) >= {2}
+    ds = pipeline.open_dataset(path, backend="cpu", chunks={"variants": 70})
+    alleles = ds["variant_allele"].data
+    assert state.opened.strings.get(alleles.name) is not None
+    with monkeypatch.context() as m:
+        _no_strings(m)
+        counted = qc._alleles_named(alleles)
+        assert counted.chunks == (alleles.chunks[0],)
+        np.testing.assert_array_equal(counted.compute(), expected)
+        out = sg.filter_variants(ds, max_alleles=1)
+    # a step on the strings (a selection) counts them from the strings, with the same numbers
+    subset = ds["variant_allele"].data[5:250]
+    assert state.opened.strings.get(subset.name) is None
+    np.testing.assert_array_equal(qc._alleles_named(subset).compute(), expected[5:250])
+    in_memory = sg.filter_variants(ds.load(), max_alleles=1)
+    assert out.sizes["variants"] == in_memory.sizes["variants"] == int((expected <= 1).sum())
+    np.testing.assert_array_equal(out.variant_position.values, in_memory.variant_position.values)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_alleles_that_their_lengths_cannot_prove_are_counted_from_their_strings(tmp_path, fmt):
+    """Strings as zarr writes them with numcodecs' VLenUTF8 (v2) or its vlen-utf8 codec (v3):
+    long alleles (32 bytes or more), text beyond ASCII and control characters, each in a chunk
+    of its own beside plain ones. Every count is the strings'; a damaged chunk is named."""
+    from pipeline.kernels import genotypes
+    from pipeline.ops.genomics import qc
+
+    rows = [["A", "T", ""], ["G", "", ""], ["C", "GA", "T"], ["", "", ""]] * 10
+    rows[12] = ["A", "T" * 40, ""]  # a long insertion: its length is not below 32
+    rows[25] = ["É", "\u00e9t\u00e9", ""]  # UTF-8 beyond ASCII
+    rows[33] = ["A", "\t", "\x01C"]  # control characters among the bytes
+    alleles = np.array(rows, dtype=object)
+    store = zarr.open_group(str(tmp_path / "x.vcz"), mode="w", zarr_format=fmt)
+    a = store.create_array("variant_allele", shape=alleles.shape, chunks=(10, 3), dtype=str,
+                           **({"dimension_names": ("variants", "alleles")} if fmt == 3 else
+                              {"attributes": {"_ARRAY_DIMENSIONS": ["variants", "alleles"]}}))
+    a[...] = alleles
+    p = store.create_array("variant_position", shape=(40,), chunks=(10,), dtype="i4",
+                           **({"dimension_names": ("variants",)} if fmt == 3 else
+                              {"attributes": {"_ARRAY_DIMENSIONS": ["variants"]}}))
+    p[...] = np.arange(40)
+    zarr.consolidate_metadata(str(tmp_path / "x.vcz"))
+    ds = pipeline.open_dataset(tmp_path / "x.vcz", backend="cpu", chunks={"variants": 15})
+    counted = qc._alleles_named(ds["variant_allele"].data).compute()
+    np.testing.assert_array_equal(counted, genotypes.strings_named(alleles))
+    key = a.metadata.encode_chunk_key((2, 0))
+    (tmp_path / "x.vcz" / "variant_allele" / key).write_bytes(b"not a chunk")
+    ds = pipeline.open_dataset(tmp_path / "x.vcz", backend="cpu", chunks={"variants": 15})
+    with pytest.raises(InputError, match=r"variant_allele.*chunk"):
+        qc._alleles_named(ds["variant_allele"].data).compute()
+
+
+def test_lengths_of_strings_are_proved_or_refused():
+    """Which strings are not empty, from numcodecs' VLenUTF8 bytes: the same as the decoded
+    strings' truth wherever an answer is given, on random strings of lengths 0 to 40 with
+    control characters; refused (None) for bytes that are not that encoding."""
+    import numcodecs
+
+    from pipeline.sources import reads
+
+    rng = np.random.default_rng(7)
+    printable = list("ACGTN*<>") + [""]
+    control = printable + ["\t", "\x01", "\x1f"]
+    for trial in range(300):
+        kind = trial % 3  # long strings of every byte; short ones with control characters; short printable
+        alphabet = np.array(printable if kind == 2 else control, dtype=object)
+        chunks = []
+        for _ in range(rng.integers(1, 4)):
+            k = rng.integers(0, 40 if kind == 0 else 3, size=(6, 3))
+            chunks.append(np.array(["".join(rng.choice(alphabet, size=n)) for n in k.ravel()], dtype=object).reshape(6, 3))
+        got = reads._vlen_present([numcodecs.VLenUTF8().encode(c) for c in chunks], (6, 3))
+        if got is not None:
+            np.testing.assert_array_equal(got, np.stack([c.astype(bool) for c in chunks]))
+        else:
+            assert kind != 2, chunks  # strings below 32 bytes, all printable: always answered
+    one = numcodecs.VLenUTF8().encode(np.array([["A", ""]], dtype=object))
+    assert reads._vlen_present([one], (1, 2)).tolist() == [[[True, False]]]
+    for bad in (one[:-1], one + b"A", b"\x02\x00\x00\x00", one[:4] + b"\x05\x00\x00\x00A\x00\x00\x00\x00"):
+        assert reads._vlen_present([bad], (1, 2)) is None
+    assert reads._vlen_present([one, one], (1, 2)).tolist() == [[[True, False]], [[True, False]]]
 
 
 def _store_array(var):

@@ -573,6 +573,16 @@ def hwe_exact_cpu(het, hom1, hom2):
     return out
 
 
+def strings_named(values) -> np.ndarray:
+    """For each row of ``values`` (rows, columns of strings), how many are not empty: the alleles
+    a variant names (VCF Zarr pads them with empty strings). Bytes, str, objects or NumPy's
+    StringDType alike; an object array's cast to bool takes each element's truth as ``bool()``
+    does, in C (4x ``np.vectorize(bool)``). Host strings only: there are no strings on a GPU."""
+    values = np.asarray(values)
+    present = values.astype(bool) if values.dtype.kind == "O" else np.vectorize(bool, otypes=[bool])(values)
+    return present.sum(axis=1, dtype=np.int64)
+
+
 # --- GPU: Numba CUDA kernels over the same functions ------------------------------------------------
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DecodeError, PipelineError, UnsupportedLayout, chunk_error
+from ..kernels import genotypes
 
 
 def _region(key, shape) -> tuple[slice, ...]:
@@ -86,6 +87,18 @@ class StoreArray:
 
     def __getstate__(self):  # the chunk plans are found again where the array is read
         return {k: v for k, v in self.__dict__.items() if k not in ("_zarr", "_direct", "_h5")}
+
+    def nonempty(self, start: int, stop: int) -> np.ndarray:
+        """For each row ``start`` to ``stop`` of a 2-D variable of strings, how many of its
+        strings are not empty (:func:`pipeline.kernels.genotypes.strings_named`), counted from the chunk files' encoded
+        lengths where they can be (:func:`nonempty_direct`), without making the strings."""
+        region = (slice(start, stop), slice(0, self.shape[1]))
+        if self._direct is not None and self._direct.strings and self.ndim == 2:
+            try:
+                return nonempty_direct(self._direct, region)
+            except (OSError, RuntimeError, ValueError):
+                pass  # read as strings below, where a chunk that fails is named
+        return genotypes.strings_named(self[region])
 
     def __getitem__(self, key):
         try:
@@ -342,6 +355,92 @@ def _decode_chunk(c: Chunks, data: bytes, dest: np.ndarray | None) -> np.ndarray
     if out.size != math.prod(c.chunks):
         raise ValueError(f"a chunk decodes to {out.size} values, not the {math.prod(c.chunks)} of its shape {c.chunks}")
     return out.reshape(c.chunks)
+
+
+def nonempty_direct(c: Chunks, region: tuple[slice, slice]) -> np.ndarray:
+    """:func:`pipeline.kernels.genotypes.strings_named` of ``region`` of a 2-D array of strings
+    (``c.strings``), from its chunk files: each decoded by its codec only, the strings' lengths
+    read from the bytes that numcodecs' VLenUTF8 writes (:func:`_vlen_present`, all the chunks of
+    the region at once); where they cannot be proved, the chunks are decoded into strings. A
+    missing chunk file holds the fill value, as zarr reads it.
+
+    Why not the strings: a VCF Zarr store's ``variant_allele`` of 2,500,000 variants is 7.5 to 10
+    million strings, which held ``filter_variants(max_alleles=...)`` about 1.4 s on a GPU cluster's
+    worker (the GIL's, whatever the threads) before the genotypes' first read."""
+    rows = region[0]
+    ranges = [range(s.start // n, -(-s.stop // n)) for s, n in zip(region, c.chunks)]
+    found, raws = [], []
+    out = np.zeros(rows.stop - rows.start, dtype=np.int64)
+    for coords in itertools.product(*ranges):
+        lo = [i * n for i, n in zip(coords, c.chunks)]
+        inside = tuple(slice(max(a, s.start), min(a + n, s.stop)) for a, n, s in zip(lo, c.chunks, region))
+        try:
+            data = (Path(c.root) / c.metadata.encode_chunk_key(coords)).read_bytes()
+        except FileNotFoundError:
+            if c.fill_value:  # every string of the chunk is the fill value
+                out[inside[0].start - rows.start:inside[0].stop - rows.start] += inside[1].stop - inside[1].start
+            continue
+        found.append((lo, inside))
+        raws.append(data if c.codec is None else c.codec.decode(data))
+    present = _vlen_present(raws, c.chunks)
+    if present is None:
+        present = [_vlen_present([raw], c.chunks) for raw in raws]
+        present = [p[0] if p is not None else _strings(raw, c.chunks).astype(bool) for p, raw in zip(present, raws)]
+    for (lo, inside), chunk in zip(found, present):
+        part = chunk[tuple(slice(i.start - a, i.stop - a) for i, a in zip(inside, lo))]
+        out[inside[0].start - rows.start:inside[0].stop - rows.start] += part.sum(axis=1, dtype=np.int64)
+    return out
+
+
+def _strings(raw, shape: tuple[int, ...]) -> np.ndarray:
+    """A chunk's strings, numcodecs' VLenUTF8 decoding ``raw``, shaped as the chunk."""
+    import numcodecs
+
+    strings = numcodecs.VLenUTF8().decode(raw)
+    if strings.size != math.prod(shape):
+        raise ValueError(f"a chunk decodes to {strings.size} values, not the {math.prod(shape)} of its shape {shape}")
+    return strings.reshape(shape)
+
+
+def _vlen_present(raws: list, shape: tuple[int, ...]) -> np.ndarray | None:
+    """Which strings of chunks that numcodecs' VLenUTF8 encoded (each: the count of its items,
+    then each item's length and bytes, 32-bit little-endian lengths) are not empty, as an array
+    of the chunks (chunk, then the chunk's shape); None where this cannot prove it, and the
+    strings are to be decoded.
+
+    Where each length is below 32 and the strings' bytes are printable (alleles: bases,
+    ``<DEL>``, ``*``), the bytes below 32 of the chunks' items, end to end, are exactly the
+    lengths, four to an item. That guess is then proved as a decoder reads the items one by one:
+    each item's length, read where the lengths before it put it, is the guessed one, each chunk's
+    first item starts where its items do, and the last item ends where the bytes do. A guess that
+    does not hold (a longer string, another encoding) is refused, never used. 2,500 chunks of
+    3,000 alleles take numcodecs about 0.4 s to decode and this about 0.05 s (2-core machine)."""
+    n = math.prod(shape)
+    bodies = []
+    for raw in raws:
+        b = np.frombuffer(raw, dtype=np.uint8)
+        if b.size < 4 or int(b[:4].view("<u4")[0]) != n:
+            return None
+        bodies.append(b[4:])
+    if not bodies:
+        return np.zeros((0, *shape), dtype=bool)
+    firsts = np.cumsum([0] + [b.size for b in bodies[:-1]])
+    body = np.concatenate(bodies) if len(bodies) > 1 else bodies[0]
+    low = body < 32
+    items = n * len(bodies)
+    if int(np.count_nonzero(low)) != 4 * items:
+        return None
+    lengths = body[low].view("<u4")
+    if int(lengths.max()) >= 32:
+        return None
+    size = lengths.astype(np.int64)
+    starts = np.zeros(items, dtype=np.int64)
+    np.cumsum(4 + size[:-1], out=starts[1:])
+    if int(starts[-1] + 4 + size[-1]) != body.size or not np.array_equal(starts[::n], firsts):
+        return None
+    if not np.array_equal(body[starts], size) or (body[starts + 1] | body[starts + 2] | body[starts + 3]).any():
+        return None
+    return (size > 0).reshape(len(bodies), *shape)
 
 
 def read_direct(c: Chunks, region: tuple[slice, ...]) -> np.ndarray:
