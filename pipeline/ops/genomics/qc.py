@@ -81,8 +81,10 @@ def filter_variants(
     the biallelic variants, and the ``alleles`` dimension is cut to 2, as the HWE test needs), and
     whose call rate, minor allele frequency and Hardy-Weinberg exact-test p-value are each at least
     the given bound (a bound of None is no filter). Alleles are counted from ``variant_allele``
-    (its non-empty strings), before the other filters; where the ``alleles`` dimension is no longer
-    than ``max_alleles``, no variant can have more and nothing is counted.
+    (its non-empty strings) in the pass over the genotypes that computes the call rate and allele
+    frequencies, or before it where the HWE test is asked (its genotype counts refuse a call of an
+    allele beyond the dimension); where the ``alleles`` dimension is no longer than
+    ``max_alleles``, no variant can have more and nothing is counted.
 
     The minor allele frequency is PLINK 2's: one minus the frequency of the most common allele
     (for a biallelic variant, the smaller of the two). A variant with no called allele has none,
@@ -92,6 +94,7 @@ def filter_variants(
     from . import stats
 
     name = "filter_variants"
+    named = None
     for key, v, hi in (("min_call_rate", min_call_rate, 1), ("min_maf", min_maf, 0.5), ("min_hwe_p", min_hwe_p, 1)):
         if v is not None and not 0 <= v <= hi:
             raise InputError(f"{name}: {key} must be between 0 and {hi}, got {v}")
@@ -104,8 +107,10 @@ def filter_variants(
         # variant is kept and the strings are not read (2.5 million variants' strings took about
         # a second of the GWAS flow on the GPU machine)
         if ds.sizes["alleles"] > max_alleles:
-            (n_alleles,) = to_numpy_all(_alleles_named(alleles.data))
-            ds = keep_positions(ds, "variants", n_alleles <= max_alleles, filter_variants.op)
+            named = _alleles_named(alleles.data)
+            if min_hwe_p is not None:  # the HWE test refuses a call of an allele beyond the dimension
+                (n_alleles,) = to_numpy_all(named)
+                ds, named = keep_positions(ds, "variants", n_alleles <= max_alleles, filter_variants.op), None
             ds = ds.isel(alleles=slice(0, max_alleles))
     keep = np.ones(ds.sizes.get("variants", 0), dtype=bool)
     if min_call_rate is not None or min_maf is not None:
@@ -120,7 +125,14 @@ def filter_variants(
         wanted["af"] = variable(ds, "variant_allele_frequency", ("variants", "alleles"), "f", op=name)
     if min_hwe_p is not None:
         wanted["p"] = variable(ds, "variant_hwe_p_value", ("variants",), "f", op=name)
-    values = dict(zip(wanted, _computed(*wanted.values())))
+    # the alleles are counted in the pass that computes the call rate and allele frequencies: a
+    # variant's are its own (of the alleles the dimension keeps; the kernels count no allele beyond
+    # it), so those of the variants with more alleles are computed and dropped with them
+    lazy = [x.data for x in wanted.values()] + ([named] if named is not None else [])
+    values = to_numpy_all(*lazy)
+    if named is not None:
+        keep &= values.pop() <= max_alleles
+    values = dict(zip(wanted, map(np.asarray, values)))
     if min_call_rate is not None:
         keep &= values["call_rate"] >= min_call_rate
     if min_maf is not None:
