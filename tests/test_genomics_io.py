@@ -676,8 +676,7 @@ def test_import_vcf_refuses_a_link_at_its_lock_path(tmp_path, capsys):
 def test_gpu_reads_vcf_zarr_as_the_cpu(demo_stores, store):
     """On the GPU, numbers and booleans are CuPy arrays equal to the CPU's, those stored as they
     are read by pipeline's reader (bio2zarr's Blosc zstd with bit shuffle decoded by nvCOMP), in
-    blocks of whole stored chunks along variants, but for 1-D variables in small blocks, decoded
-    on the host; strings stay on the host."""
+    blocks of whole stored chunks along variants; strings stay on the host."""
     import cupy as cp
 
     from pipeline.gpu.nvcomp import nvcomp_available
@@ -700,10 +699,6 @@ def test_gpu_reads_vcf_zarr_as_the_cpu(demo_stores, store):
     assert g.chunks[1] == cpu["call_genotype"].data.chunks[1]  # samples keep their stored chunks
     sources = [s for s in g.dask.values() if isinstance(s, (reader.GpuSource, reader.StagedSource))]
     assert sources and all(isinstance(s, reader.GpuSource) for s in sources) == nvcomp_available()
-    # 1-D variables in small blocks (positions) are decoded on the host, then copied to the device
-    pos = gpu["variant_position"].data
-    assert not [s for s in dict(pos.dask).values() if isinstance(s, (reader.GpuSource, reader.StagedSource))]
-    assert _store_array(gpu["variant_position"]) is not None
 
 
 @requires_gpu

@@ -178,8 +178,7 @@ def open_dataset(
             on_device, read_direct = cf.is_numeric(var.dtype), unpack
         data = var.data
         if var_name in ds.data_vars and on_device:
-            if direct and read_direct and not _small_blocks(data):
-                # compressed chunks go to the GPU and decode there (pipeline.gpu.reader)
+            if direct and read_direct:  # compressed chunks go to the GPU and decode there (pipeline.gpu.reader)
                 data = fmt.device_array(path, str(var_name), data.chunks)
             else:
                 data = B.to_backend(data, target)
@@ -192,19 +191,6 @@ def open_dataset(
             data, attrs, encoding = _as_stored(data, attrs, encoding, str(var_name))
         ds[var_name] = xr.Variable(var.dims, data, attrs, encoding)
     return ds
-
-
-SMALL_BLOCK = 16 << 20  # bytes: a 1-D variable whose blocks are all within it is read on the host
-
-
-def _small_blocks(data) -> bool:
-    """Whether ``data`` is 1-D in blocks of at most :data:`SMALL_BLOCK` bytes: such a variable (a
-    VCF Zarr store's positions and contigs) is decoded on the host and copied to the device, not
-    read by the GPU reader, whose pinned buffers, nvCOMP batch and stream cost a block 5-170 ms
-    beside a pass over the genotypes: a GWAS of 2.5 million variants read its 40 blocks of
-    positions and contigs after the genotypes, 0.5-0.7 s of the run on one GPU of the H200
-    machines. The host decodes such a block (125 chunks of 1,000 values) in about a millisecond."""
-    return data.ndim == 1 and max(data.chunks[0], default=0) * data.dtype.itemsize <= SMALL_BLOCK
 
 
 def open_metadata(path: str | os.PathLike, *, decode_cf: bool = True) -> xr.Dataset:
