@@ -142,31 +142,6 @@ def _slow_copy(block):
     return block.copy()
 
 
-def _doubled(block):
-    return block * 2
-
-
-def test_small_inputs_of_the_blocks_work_run_first(client):
-    """A small input that the placed blocks' tasks take (a regression's covariate terms), and what
-    it is made from, is annotated to run first; the blocks and what they make are not. The
-    placed graph computes on the cluster to the same values."""
-    x = da.arange(16 * 4, dtype=float, chunks=4).reshape(16, 4).rechunk((1, 4))
-    terms = da.from_array(np.arange(4.0), chunks=-1).map_blocks(_doubled, dtype=float)
-    y = (x * terms).sum(axis=1) + terms.sum()  # terms: a task of its own, which two steps take
-    placed, pinned = locality.place(y, client.nthreads())
-    assert pinned
-    graph = placed.__dask_graph__()
-    (layer,) = {id(v): v for v in graph.layers.values()}.values()
-    first = {k for k in graph if layer.annotations["priority"](k) == 1}
-    assert {k[0].split("-")[0] for k in first} == {"_doubled", "sum"}, first  # the terms and their sum
-    assert not [k for k in graph if layer.annotations["priority"](k) not in (1, None)]
-    owner = locality.owners(dict(graph), client.nthreads())
-    assert len(owner) >= 16 and not first & owner.keys()
-    client.register_plugin(locality.ReleasePins())
-    want = (np.asarray(x) * np.arange(4.0) * 2).sum(axis=1) + 12
-    np.testing.assert_array_equal(client.compute(placed, optimize_graph=False).result(), want)
-
-
 @pytest.mark.filterwarnings("ignore:Port .* is already in use")  # the restarted worker's dashboard
 def test_the_blocks_of_a_worker_that_leaves_run_elsewhere():
     """Pins are strict; without ReleasePins the tasks pinned to a worker that died (and came back

@@ -115,34 +115,6 @@ def owners(graph: Mapping, nthreads: Mapping[str, int]) -> dict:
 PIN = "pipeline-slab"  # annotation naming the worker a task is pinned to
 
 
-def side_inputs(graph: Mapping, owner: Mapping) -> set:
-    """The keys of ``graph`` that take no placed block, directly or not, and that a task taking
-    one needs, with all they take: a small input of the blocks' work (a regression's covariate
-    terms, a filter's mask, a weight of each latitude), which the scheduler is to run first.
-
-    Without this, dask's order may put it after a worker's other ready tasks: on two GPUs, the
-    covariates' projection that every regression task takes ran after the positions' 20 small
-    reads, 0.9 s after the genotypes' first read, and the regression waited for all the reads."""
-    from dask.core import get_dependencies, toposort
-
-    deps = {key: get_dependencies(graph, key) for key in graph}
-    placed: dict = {}
-    for key in toposort(graph, dependencies=deps):
-        placed[key] = key in owner or any(placed[d] for d in deps[key])
-    side = {d for key in graph if placed[key] for d in deps[key] if not placed[d]}
-    stack = list(side)
-    while stack:
-        for d in deps[stack.pop()]:
-            if d not in side:
-                side.add(d)
-                stack.append(d)
-    return side
-
-
-def _first(side: set, key):
-    return 1 if key in side else None
-
-
 def _pinned(owner: Mapping, key):
     worker = owner.get(key)
     return None if worker is None else [worker]
@@ -277,8 +249,7 @@ def place(obj, nthreads: Mapping[str, int]):
     if not owner:
         return obj, False
     # per key, through callables: the scheduler skips the keys for which they answer None
-    annotations = {"workers": functools.partial(_pinned, owner), PIN: owner.get,
-                   "priority": functools.partial(_first, side_inputs(graph, owner))}
+    annotations = {"workers": functools.partial(_pinned, owner), PIN: owner.get}
     placed = []
     for c in collections:
         if isinstance(c, Delayed) and not isinstance(c.dask, HighLevelGraph):
