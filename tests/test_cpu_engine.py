@@ -200,3 +200,19 @@ def test_layouts_the_engine_does_not_plan_are_read_as_before(tmp_path, monkeypat
     monkeypatch.setattr(engine, "read_block_host", lambda *a: pytest.fail("the engine read a block"))
     got = pipeline.open_dataset(path, backend="cpu", decode_cf=False)["v"].values
     same_bits(got, zarr.open_array(str(path / "v"), mode="r")[...])
+
+
+def test_chunk_files_are_mapped_or_read_by_their_size(tmp_path):
+    """``map_file``: a file below ``SMALL_FILE`` is read, a larger one mapped; both give its
+    bytes; an empty file gives no bytes and a missing one None (a chunk never written)."""
+    rng = np.random.default_rng(0)
+    for size in (1, engine.SMALL_FILE - 1, engine.SMALL_FILE, engine.SMALL_FILE + 4097):
+        path = tmp_path / f"c{size}"
+        data = rng.integers(0, 256, size, dtype=np.uint8)
+        path.write_bytes(data.tobytes())
+        got = engine.map_file(str(path))
+        assert got.dtype == np.uint8 and not got.flags.writeable
+        np.testing.assert_array_equal(got, data)
+    (tmp_path / "empty").write_bytes(b"")
+    assert engine.map_file(str(tmp_path / "empty")).size == 0
+    assert engine.map_file(str(tmp_path / "missing")) is None
