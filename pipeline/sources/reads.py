@@ -90,8 +90,9 @@ class StoreArray:
 
     def nonempty(self, start: int, stop: int) -> np.ndarray:
         """For each row ``start`` to ``stop`` of a 2-D variable of strings, how many of its
-        strings are not empty (:func:`pipeline.kernels.genotypes.strings_named`), counted from the chunk files' encoded
-        lengths where they can be (:func:`nonempty_direct`), without making the strings."""
+        strings are not empty (:func:`pipeline.kernels.genotypes.strings_named`), counted from
+        the chunk files' encoded lengths where they can be (:func:`nonempty_direct`), without
+        making the strings."""
         region = (slice(start, stop), slice(0, self.shape[1]))
         if self._direct is not None and self._direct.strings and self.ndim == 2:
             try:
@@ -413,8 +414,9 @@ def _vlen_present(raws: list, shape: tuple[int, ...]) -> np.ndarray | None:
     lengths, four to an item. That guess is then proved as a decoder reads the items one by one:
     each item's length, read where the lengths before it put it, is the guessed one, each chunk's
     first item starts where its items do, and the last item ends where the bytes do. A guess that
-    does not hold (a longer string, another encoding) is refused, never used. 2,500 chunks of
-    3,000 alleles take numcodecs about 0.4 s to decode and this about 0.05 s (2-core machine)."""
+    does not hold (a longer string, another encoding) is refused, never used. On the 2-core
+    machine, 600 chunks of 3,000 alleles: numcodecs decodes them in 0.10 s (0.14 s with the count
+    from the strings), this takes 0.04 s."""
     n = math.prod(shape)
     bodies = []
     for raw in raws:

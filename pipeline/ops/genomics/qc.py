@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from ... import state
 from ...backend import meta, to_numpy, to_numpy_all
 from ...deferred import module as _deferred
-from ... import state
 from ...errors import InputError
 from ...kernels import genotypes
 from ..registry import register
@@ -54,6 +54,7 @@ def _alleles_named(alleles):
 
 
 def _rows_named(source, block_info=None) -> np.ndarray:
+    """The alleles of the block's variants, counted by ``source`` (a ``StoreArray``)."""
     start, stop = block_info[None]["array-location"][0]
     return source.nonempty(start, stop)
 
