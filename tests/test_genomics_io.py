@@ -170,13 +170,18 @@ def test_strings_of_a_store_xarray_wrote_read_from_their_chunk_files(tmp_path):
 
 
 def _no_strings(monkeypatch):
-    """Decoding a chunk's strings fails the test: the alleles are to be counted from their lengths."""
+    """A chunk whose lengths are not proved fails the test: the alleles are to be counted from
+    their lengths, not from strings."""
     from pipeline.sources import reads
 
-    def refused(raw, shape):
-        raise AssertionError("a chunk's strings were decoded")
+    proved = reads._vlen_present
 
-    monkeypatch.setattr(reads, "_strings", refused)
+    def proving(raws, shape):
+        present = proved(raws, shape)
+        assert present is not None, "a chunk's strings would be decoded"
+        return present
+
+    monkeypatch.setattr(reads, "_vlen_present", proving)
 
 
 @pytest.mark.parametrize("fmt", [2, 3])

@@ -343,10 +343,8 @@ def _decode_chunk(c: Chunks, data: bytes, dest: np.ndarray | None) -> np.ndarray
 
     nbytes = math.prod(c.chunks) * c.dtype.itemsize
     if c.strings:
-        import numcodecs
-
-        out = numcodecs.VLenUTF8().decode(data if c.codec is None else c.codec.decode(data))
-    elif c.codec is None:
+        return _strings(data if c.codec is None else c.codec.decode(data), c.chunks)
+    if c.codec is None:
         out = np.frombuffer(data, dtype=c.dtype)
     elif dest is not None and declared_size(_numcodecs_name(c.codec), data) == nbytes:
         c.codec.decode(data, out=dest.reshape(-1).view(np.uint8))
@@ -356,6 +354,20 @@ def _decode_chunk(c: Chunks, data: bytes, dest: np.ndarray | None) -> np.ndarray
     if out.size != math.prod(c.chunks):
         raise ValueError(f"a chunk decodes to {out.size} values, not the {math.prod(c.chunks)} of its shape {c.chunks}")
     return out.reshape(c.chunks)
+
+
+def _chunk_files(c: Chunks, region: tuple[slice, ...]):
+    """Each chunk that ``region`` spans: its first index along each axis, the part of ``region``
+    that lies in it (slices), and its file's bytes, or None where no file was written."""
+    ranges = [range(s.start // n, -(-s.stop // n)) for s, n in zip(region, c.chunks)]
+    for coords in itertools.product(*ranges):
+        lo = [i * n for i, n in zip(coords, c.chunks)]
+        inside = tuple(slice(max(a, s.start), min(a + n, s.stop)) for a, n, s in zip(lo, c.chunks, region))
+        try:
+            data = (Path(c.root) / c.metadata.encode_chunk_key(coords)).read_bytes()
+        except FileNotFoundError:
+            data = None
+        yield lo, inside, data
 
 
 def nonempty_direct(c: Chunks, region: tuple[slice, slice]) -> np.ndarray:
@@ -369,15 +381,10 @@ def nonempty_direct(c: Chunks, region: tuple[slice, slice]) -> np.ndarray:
     million strings, which held ``filter_variants(max_alleles=...)`` about 1.4 s on a GPU cluster's
     worker (the GIL's, whatever the threads) before the genotypes' first read."""
     rows = region[0]
-    ranges = [range(s.start // n, -(-s.stop // n)) for s, n in zip(region, c.chunks)]
     found, raws = [], []
     out = np.zeros(rows.stop - rows.start, dtype=np.int64)
-    for coords in itertools.product(*ranges):
-        lo = [i * n for i, n in zip(coords, c.chunks)]
-        inside = tuple(slice(max(a, s.start), min(a + n, s.stop)) for a, n, s in zip(lo, c.chunks, region))
-        try:
-            data = (Path(c.root) / c.metadata.encode_chunk_key(coords)).read_bytes()
-        except FileNotFoundError:
+    for lo, inside, data in _chunk_files(c, region):
+        if data is None:
             if c.fill_value:  # every string of the chunk is the fill value
                 out[inside[0].start - rows.start:inside[0].stop - rows.start] += inside[1].stop - inside[1].start
             continue
@@ -451,14 +458,9 @@ def read_direct(c: Chunks, region: tuple[slice, ...]) -> np.ndarray:
     missing chunk file holds the fill value, as zarr reads it."""
     starts = [s.start for s in region]
     out = np.empty(tuple(s.stop - s.start for s in region), dtype=c.dtype)
-    ranges = [range(s.start // n, -(-s.stop // n)) for s, n in zip(region, c.chunks)]
-    for coords in itertools.product(*ranges):
-        lo = [i * n for i, n in zip(coords, c.chunks)]
-        inside = tuple(slice(max(a, s.start), min(a + n, s.stop)) for a, n, s in zip(lo, c.chunks, region))
+    for lo, inside, data in _chunk_files(c, region):
         dest = out[tuple(slice(i.start - s0, i.stop - s0) for i, s0 in zip(inside, starts))]
-        try:
-            data = (Path(c.root) / c.metadata.encode_chunk_key(coords)).read_bytes()
-        except FileNotFoundError:
+        if data is None:
             dest[...] = c.fill_value if c.fill_value is not None else 0
             continue
         whole = dest.shape == c.chunks and dest.flags.c_contiguous
