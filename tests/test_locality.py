@@ -167,6 +167,39 @@ def test_the_blocks_of_a_worker_that_leaves_run_elsewhere():
         np.testing.assert_array_equal(future.result(timeout=60), np.asarray(x).sum(axis=1))
 
 
+def _scaled(block, weights):
+    return block * weights.sum()
+
+
+def _slow_read(block):
+    time.sleep(0.05)
+    return block.copy()
+
+
+def test_small_inputs_of_the_blocks_are_not_queued_behind_the_pinned_blocks(client):
+    """Tasks that are not placed but that the scheduler takes for roots: a group of more tasks
+    than twice the cluster's threads, with few inputs (here), or a task that reads data, fused or
+    not (dask marks it a data producer: a regression's traits read from the store and projected
+    once the covariates are). Once ready, the scheduler queues them until a worker runs fewer tasks
+    than it has threads, and the pinned reads, all sent at once, put that off until the end of
+    the reads. Every task of a placed graph is restricted to workers (its slab's, else all of
+    them), and none waits in the queue (without the restriction, the eight did)."""
+    from distributed import get_task_stream
+
+    covariates = da.from_array(np.arange(8.0), chunks=-1).map_blocks(_slow_copy, dtype=float)
+    weights = covariates.rechunk(1) * 0.5 + 1.0  # eight tasks, each waiting on the slow one
+    x = da.arange(24 * 4, dtype=float, chunks=4).reshape(24, 4).rechunk((1, 4)).map_blocks(_slow_read, dtype=float)
+    y = da.blockwise(_scaled, "ij", x, "ij", weights, "k", concatenate=True, dtype=float)
+    with client.as_current():
+        with get_task_stream() as stream:
+            got = pipeline.compute(y)
+        log = client.run_on_scheduler(lambda dask_scheduler: [(str(t[0]), t[2]) for t in dask_scheduler.transition_log])
+    np.testing.assert_array_equal(got, np.arange(24 * 4, dtype=float).reshape(24, 4) * 22.0)  # the sum of 0.5 i + 1, i < 8
+    keys = {str(r["key"]) for r in stream.data}
+    queued = [k for k, finish in log if finish == "queued" and k in keys]
+    assert keys and not queued, f"queued behind the pinned blocks: {queued}"
+
+
 def test_a_store_written_through_the_cluster_equals_one_written_here(client, store, tmp_path):
     import xarray as xr
 

@@ -36,6 +36,18 @@ queued reads of a busy worker to an idle one at the end of a pass, and in core s
 crossed back for its second pass (1 or 2 blocks in one run of 3 per flow, same cluster). So that
 a worker that leaves (or is restarted, under a new address) does not hold its blocks back for
 ever, :class:`ReleasePins` on the scheduler lets them run anywhere once it is gone.
+
+Every other task of a placed graph may run on any of the workers, and says so: a restriction to
+all of them (:data:`ANYWHERE`). Without one, the scheduler queues a task that it takes for a root
+(distributed's ``worker-saturation``): a task that reads data, fused or not (dask marks it a data
+producer), or one of a large group with few inputs. A queued task is sent to a worker only when
+that worker runs fewer tasks than it has threads (times 1.1), and pinned tasks are never queued:
+each worker is sent all of its ready blocks at once, so the queue waited for the end of the
+reads. A regression's covariate terms (the traits read from the store, projected, in one fused
+task that every regression task takes) ran 0.6 s after their input on two GPUs, after the last
+genotype read, and the regression with them (on one worker nothing is placed, and nothing waits).
+A restricted task is never queued; restricted to every worker, it goes where the scheduler would
+send it.
 """
 
 from __future__ import annotations
@@ -113,16 +125,23 @@ def owners(graph: Mapping, nthreads: Mapping[str, int]) -> dict:
 
 
 PIN = "pipeline-slab"  # annotation naming the worker a task is pinned to
+ANYWHERE = "*"  # its value for a task that may run on any of the workers of its graph
 
 
-def _pinned(owner: Mapping, key):
+def _pinned(owner: Mapping, workers: list[str], key):
+    """The workers ``key`` may run on: its slab's, else all of them (see the module's docstring)."""
     worker = owner.get(key)
-    return None if worker is None else [worker]
+    return list(workers) if worker is None else [worker]
+
+
+def _pin(owner: Mapping, key):
+    return owner.get(key, ANYWHERE)
 
 
 class ReleasePins(SchedulerPlugin):
-    """On the scheduler: when a worker leaves, the tasks pinned to it may run on any worker
-    (without this they would wait for it for ever). Register it before computing a placed graph."""
+    """On the scheduler: when a worker leaves, the tasks pinned to it, and those restricted to all
+    the workers of their graph (:data:`ANYWHERE`), may run on any worker (without this they would
+    wait for it, or for all of them, for ever). Register it before computing a placed graph."""
 
     name = "pipeline-release-pins"
     idempotent = True
@@ -130,7 +149,8 @@ class ReleasePins(SchedulerPlugin):
     def remove_worker(self, scheduler, worker, *, stimulus_id, **kwargs):
         stranded = {}
         for ts in scheduler.tasks.values():
-            if ts.annotations and ts.annotations.get(PIN) == worker:
+            pin = ts.annotations.get(PIN) if ts.annotations else None
+            if pin == worker or (pin == ANYWHERE and worker in (ts.worker_restrictions or ())):
                 ts.worker_restrictions = None
                 if ts.state == "no-worker":
                     stranded[ts.key] = "processing"
@@ -248,8 +268,8 @@ def place(obj, nthreads: Mapping[str, int]):
     owner = owners(graph, nthreads)
     if not owner:
         return obj, False
-    # per key, through callables: the scheduler skips the keys for which they answer None
-    annotations = {"workers": functools.partial(_pinned, owner), PIN: owner.get}
+    # per key, through callables
+    annotations = {"workers": functools.partial(_pinned, owner, sorted(nthreads)), PIN: functools.partial(_pin, owner)}
     placed = []
     for c in collections:
         if isinstance(c, Delayed) and not isinstance(c.dask, HighLevelGraph):
