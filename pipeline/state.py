@@ -30,6 +30,9 @@ process holds between computations, each under its own lock:
 - ``opened``: arrays of strings as the source opened them, by their Dask name, and what reads
   their blocks (:mod:`pipeline.sources.reads`), so that a filter counts alleles from their chunk
   files (:mod:`pipeline.ops.genomics.qc`); held weakly, for as long as their graphs hold them.
+- ``moved``: Dask arrays moved between the host and the device, by the Dask name of the move,
+  each with the array it moved (:func:`pipeline.backend.to_backend`), so that an array moved back
+  is the one it came from; held for as long as the move's array lives.
 - ``cluster``: per distributed client, the workers' answers to the memory check
   (:mod:`pipeline.exec.memory`) and the schedulers that hold pipeline's plugin
   (:mod:`pipeline.exec.compute`), so that a second computation asks neither again.
@@ -124,6 +127,13 @@ class OpenedState:
 
 
 @dataclass
+class MovedState:
+    # Dask name of a move (to the device or to the host) -> the Dask array it moved
+    sources: dict = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
 class ClusterState:
     answers: OrderedDict = field(default_factory=OrderedDict)  # (client, workers, plan) -> answers
     plugins: set = field(default_factory=set)  # (client id, scheduler id) holding the plugin
@@ -141,4 +151,5 @@ nvcomp = NvcompState()
 decode = DecodeState()
 encode = EncodeState()
 opened = OpenedState()
+moved = MovedState()
 cluster = ClusterState()

@@ -143,6 +143,53 @@ def test_gpu_equals_cpu():
             assert_sgkits(got, case)
 
 
+@pytest.mark.gpu
+def test_gpu_statistics_go_back_to_the_host_without_a_copy_each_way(tmp_path):
+    """The statistics are made on the host and handed out on the device; taken back to the host
+    (as a flow's sink does), they are the host's blocks again: no task copies them to the device
+    and back. A step on them in between gives a new array, copied as any."""
+    import dask.array as da
+
+    from pipeline.sinks.zarr import to_host_dataset
+
+    got = sg.gwas_linear_regression(gwas_dataset({"variants": 37}, backend="gpu"), merge=False, **CASES["split"])
+    host = to_host_dataset(got)
+    for v in got.data_vars:
+        device, back = got[v].data, host[v].data
+        assert B.backend_of(device) == "gpu" and B.backend_of(back) == "cpu"
+        # the device's array is a move of the host's, and the host's graph holds no move of it
+        assert device.__dask_graph__().dependencies[device.name] == {back.name}, v
+        assert device.name not in back.__dask_graph__().layers, v
+        np.testing.assert_array_equal(back.compute(), B.to_numpy(device.compute()))
+        moved = B.to_backend(device * 2, "cpu")  # not a move of a host array: copied
+        assert moved.name.startswith("to_numpy") and device.name in moved.__dask_graph__().layers
+        np.testing.assert_array_equal(moved.compute(), back.compute() * 2)
+    assert_sgkits(B.to_numpy(host.compute()), "split")
+    assert isinstance(host["variant_linreg_beta"].data, da.Array)
+
+
+def test_an_array_moved_back_is_the_one_it_came_from_while_the_move_lives():
+    """``to_backend``'s note of a move (here between two host arrays, as on a machine without a
+    GPU): found by the move's Dask name, with the same blocks, and forgotten with the move."""
+    import gc
+
+    import dask.array as da
+
+    from pipeline import state
+
+    source = da.arange(10.0, chunks=4)
+    out = source.map_blocks(np.asarray, dtype=source.dtype)
+    B._remember_move(out, source)
+    assert B._moved_from(out) is source
+    assert B._moved_from(out.rechunk(5)) is None  # other blocks, another name
+    same = source.map_blocks(np.asarray, dtype=source.dtype)  # the same move made again
+    assert same.name == out.name and B._moved_from(same) is source
+    name = out.name
+    del out, same
+    gc.collect()
+    assert name not in state.moved.sources
+
+
 def test_the_whole_block_formula_equals_the_cpus_slabs():
     """The formula on a block whole (the GPU's order of work), the CPU's kernel slab by slab: on a
     block of several slabs (int8 dosages, slabs of 2 MB of float64)."""
