@@ -146,6 +146,32 @@ def test_filter_variants_max_alleles_reads_no_string_where_the_dimension_is_with
     np.testing.assert_array_equal(out.call_genotype.values, ds.call_genotype.values[::3])
 
 
+def test_a_filter_that_empties_a_block_reads_nothing_while_it_selects():
+    """Where a block keeps no variant, the selection is ``isel`` then blocks of the input's size:
+    made without computing anything (xarray's ``chunk`` read the first element of each array of
+    objects, the alleles and IDs, to look for dates), and equal to the selection made in NumPy."""
+    from pipeline.ops.genomics._dataset import keep_positions
+
+    from .conftest import raise_if_dask_computes
+
+    import dask.array as da
+
+    ds = dataset("bi", {"variants": 37})
+    alleles = ds["variant_allele"]  # objects, lazy as a store's (and a variable's IDs)
+    ds = ds.assign(variant_allele=(alleles.dims, da.from_array(alleles.values, chunks=(37, -1))),
+                   variant_id=(("variants",), da.from_array(np.array([f"v{i}" for i in range(ds.sizes["variants"])], dtype=object), chunks=37)))
+    keep = np.ones(ds.sizes["variants"], dtype=bool)
+    keep[37:74] = False  # the second block, whole
+    keep[::5] = False
+    with raise_if_dask_computes():
+        out = keep_positions(ds, "variants", keep, sg.filter_variants.op)
+    assert out.sizes["variants"] == keep.sum() and set(out.data_vars) == set(ds.data_vars)
+    for name, v in ds.variables.items():
+        if "variants" in v.dims:
+            assert max(out[name].chunksizes["variants"]) == 37, name
+            np.testing.assert_array_equal(np.asarray(out[name].values), np.asarray(v.values)[keep], err_msg=name)
+
+
 def test_filter_samples_and_bad_bounds():
     a = inputs()
     g = a["bi_call_genotype"]

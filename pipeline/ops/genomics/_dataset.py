@@ -104,11 +104,24 @@ def keep_positions(ds: xr.Dataset, dim: str, keep: np.ndarray, op) -> xr.Dataset
     if blocks is not None:  # each block keeps its own: no task gathers from two blocks
         return blocks
     out = ds.isel({dim: np.flatnonzero(keep)})
-    chunks = {}
-    for v in ds.data_vars.values():
-        if dim in v.dims and v.chunks is not None:
-            chunks[dim] = max(v.chunksizes[dim])
-    return out.chunk(chunks) if chunks else out
+    sizes = [max(v.chunksizes[dim]) for v in ds.data_vars.values() if dim in v.dims and v.chunks is not None]
+    return _chunked_along(out, dim, max(sizes)) if sizes else out
+
+
+def _chunked_along(ds: xr.Dataset, dim: str, size: int) -> xr.Dataset:
+    """``ds.chunk({dim: size})`` without computing anything: xarray's ``chunk`` reads the first
+    element of each array of objects to look for cftime dates (a block of a VCF's alleles and IDs
+    read from the store while the graph is built)."""
+    new = {}
+    for name, v in ds.variables.items():
+        if dim not in v.dims or name in ds.xindexes:
+            continue
+        if isinstance(v.data, da.Array):
+            new[name] = v.copy(data=v.data.rechunk({v.get_axis_num(dim): size}))
+        else:  # held in memory: nothing to read
+            new[name] = v.chunk({dim: size})
+    coords = {k: v for k, v in new.items() if k in ds.coords}
+    return ds.assign_coords(coords).assign({k: v for k, v in new.items() if k not in coords})
 
 
 def even_chunks(n: int, most: int) -> tuple[int, ...]:
