@@ -197,10 +197,11 @@ def _skip_rechunk_client_lookup() -> None:
     rechunk._choose_rechunk_method = choose_rechunk_method
 
 
-def compute(obj, progress: bool = False, threads: int | None = None):
+def compute(obj, progress: bool = False, threads: int | None = None, blocks: dict | None = None):
     """Compute on the current distributed client if there is one, else on dask's threads
     (``threads`` of them; by default ``pipeline.gpu.threads`` for data on the GPU, else dask's
-    ``num_workers`` or one per core).
+    ``num_workers`` or one per core). ``blocks``: the sizes of the blocks as the graph was built
+    (:func:`pipeline.exec.order.block_bytes`), for a graph that was optimized before it came here.
 
     When the computation fails or is interrupted, this returns only once no task of it is still
     running, so that the caller can remove what the tasks wrote without a late write
@@ -235,7 +236,7 @@ def compute(obj, progress: bool = False, threads: int | None = None):
         with bar, dask.config.set(pool=pool, scheduler="threads"), _reading_ahead():
             # the scheduler as a function: named by a string, dask imports distributed to look
             # for a client first (0.3 s of a first run)
-            return _compute_here(obj, functools.partial(threaded_get, pool=pool))
+            return _compute_here(obj, functools.partial(threaded_get, pool=pool), blocks)
     finally:
         # dask's own pool would leave running tasks behind after an error; this one is joined
         pool.shutdown(wait=True, cancel_futures=True)
@@ -254,17 +255,23 @@ def _reading_ahead():
     return ahead.reading_ahead()
 
 
-def _compute_here(obj, schedule):
+def _compute_here(obj, schedule, blocks: dict | None = None):
     """``dask.compute(obj, scheduler=schedule)[0]``, each Dask array's blocks assembled by
     :func:`_finalize_array`: the graph optimized as ``dask.compute`` would, its output blocks
-    computed, and every other collection finished by its own finalizer."""
+    computed, and every other collection finished by its own finalizer. The small reads that
+    dask's order leaves to the end start among the large ones (:mod:`pipeline.exec.order`)."""
     from dask.base import collections_to_expr, unpack_collections
+    from dask.callbacks import Callback
+
+    from .order import block_bytes, start_state
 
     collections, repack = unpack_collections(obj)
     if not collections:
         return obj
+    sizes = block_bytes(collections) if blocks is None else blocks  # as built: optimizing fuses layers
     expr = collections_to_expr(list(collections), optimize_graph=True).optimize()
-    blocks = schedule(expr, [c.__dask_keys__() for c in collections])
+    with Callback(start_state=start_state(sizes)):
+        blocks = schedule(expr, [c.__dask_keys__() for c in collections])
     return repack([_postcompute(c, b) for c, b in zip(collections, blocks)])[0]
 
 

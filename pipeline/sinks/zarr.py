@@ -49,6 +49,7 @@ from ..deferred import module as _deferred
 from ..errors import InputError, chunk_error
 from ..exec.compute import compute, compute_threads, distributed_not_imported
 from ..exec.optimize import optimized
+from ..exec.order import block_bytes
 from ..exec.report import versions  # recorded in every manifest: a partial store is resumed under the same ones
 from ..sources import is_url
 
@@ -810,13 +811,14 @@ def _write(ds, partial: Path, encoding, zarr_format, fingerprint, kind, progress
     # (a filter's two selections, a dosage's imputation: gt, where, truediv, ...) is one task with
     # its write, not a task a step; a step that several outputs share (a regression's beta, t and
     # p) stays one task.
+    sizes = block_bytes(writes)  # before optimizing fuses the steps (pipeline.exec.order)
     for (k, *_), shas in zip(todo, optimized(writes)):
         blocks = shas.to_delayed(optimize_graph=False).ravel()
         for i, b in enumerate(blocks):
             if i not in kept.get(k, {}):
                 tasks.append(b)
                 where.append((k, i))
-    new = compute(tasks, progress=progress, threads=threads) if tasks else []
+    new = compute(tasks, progress=progress, threads=threads, blocks=sizes) if tasks else []
     per_var: dict = {k: dict(kept.get(k, {})) for k, *_ in todo}
     for (k, i), sha in zip(where, new):
         per_var[k][i] = str(np.asarray(sha).ravel()[0])
