@@ -11,7 +11,7 @@ import numpy as np
 import pipeline
 from pipeline.exec import order
 
-SIZES = {"big": (((100,) * 4, (10,)), 8), "small": (((100,) * 8,), 1), "mid": (((100,) * 4,), 8)}
+SIZES = {"big": 8000, "small": 100, "mid": 800}  # the largest block each task makes or takes
 BIG = [("big", i, 0) for i in range(4)]
 SMALL = [("small", i) for i in range(8)]
 
@@ -37,14 +37,22 @@ def test_roots_that_dasks_order_put_earlier_and_roots_of_unknown_size_stay():
 def test_block_bytes_come_from_the_arrays_as_built():
     x = da.ones((30, 4), chunks=(7, 4), dtype=np.float32)
     sizes = order.block_bytes([x])
-    assert order.key_bytes((x.name, 0, 0), sizes) == 7 * 4 * 4
+    assert order.key_bytes((x.name, 0, 0), sizes) == 7 * 4 * 4 == order.key_bytes((x.name, 4, 0), sizes)
     # a chain that dask's blockwise optimization fused: named after its steps, ending in the token
     # of the last
     assert order.key_bytes(("ones-mul-" + x.name.rsplit("-", 1)[1], 0, 0), sizes) == 7 * 4 * 4
-    assert order.key_bytes((x.name, 4, 0), sizes) == 2 * 4 * 4
-    assert order.key_bytes((x.name, 5, 0), sizes) is None and order.key_bytes((x.name, 0), sizes) is None
+    # what a task takes counts: a small partial of large blocks is large
+    s = x.sum(axis=1)
+    assert order.key_bytes((s.name, 0), order.block_bytes([s])) == 7 * 4 * 4
     y = x[x[:, 0] > 0]  # unknown chunk sizes: the array's own, not its layer's note of them
     assert order.key_bytes((y.name, 0, 0), order.block_bytes([y])) is None
+    # a layer with no note of its blocks (a graph's copy, a hand-over): unknown
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+    layers = {"raw": MaterializedLayer({("raw", 0): (np.ones, 4)}),
+              "wrap": MaterializedLayer({("wrap", 0): (np.add, ("raw", 0), 1)})}
+    wrap = da.Array(HighLevelGraph(layers, {"raw": set(), "wrap": {"raw"}}), "wrap", ((4,),), dtype=float)
+    assert order.key_bytes(("wrap", 0), order.block_bytes([wrap])) is None
 
 
 def _noted(block, log=None, lock=None, tag=""):

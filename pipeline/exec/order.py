@@ -9,11 +9,12 @@ H200 (the GWAS flow over 2.5 million variants x 10,000 samples), while the genot
 wait on the disk and the device, had left the threads free for them.
 
 :func:`interleaved` moves such roots, and only those, among the large ones: after each large root,
-as many of them as spread them over all. A root is small where its block is at most 1/64 of the
-largest root's (the sizes come from the arrays' chunks as the graph was built, see
-:func:`block_bytes`), and moved only where dask's order put it after every large root: a small
-input that a large block's chain takes comes earlier in that order, and stays. The large roots keep
-their order, and so the blocks that each thread holds at once.
+as many of them as spread them over all. A root is small where the largest block it makes or takes
+is at most 1/64 of the largest root's (the sizes come from the arrays' chunks as the graph was
+built, see :func:`block_bytes`; a root of unknown size is neither), and moved only where dask's
+order put it after every large root: a small input that a large block's chain takes comes earlier
+in that order, and stays. The large roots keep their order, and so the blocks that each thread
+holds at once.
 """
 
 from __future__ import annotations
@@ -25,30 +26,64 @@ SMALL = 64  # a root is small where its block is at most the largest root's bloc
 
 
 def block_bytes(collections) -> dict:
-    """``{layer name: (chunks, itemsize)}`` of the Dask arrays in ``collections``' graphs, as they
-    were built: a fused task keeps the key of its chain's last step, one of these layers."""
-    import numpy as np
-
-    out = {}
+    """``{layer name, and its token: the largest block in bytes of that layer and of every layer
+    it takes}`` of the Dask arrays in ``collections``' graphs, as they were built (a fused task
+    keeps the key, or the token, of its chain's last step, one of these layers). Counting what a
+    layer takes makes a task that reads large blocks into a small result (a partial of a
+    reduction) a large one. None where a layer it takes has blocks of unknown size: a layer of
+    tasks with no note of its blocks (a copy of a graph for a second pass, a spill's hand-over),
+    other than the one key that holds a source's array (``original-``)."""
+    own: dict = {}
+    deps: dict = {}
     for c in collections:
-        for name, layer in getattr(c.__dask_graph__(), "layers", {}).items():
+        graph = c.__dask_graph__()
+        layers = getattr(graph, "layers", None)
+        if layers is None:
+            continue
+        for name, layer in layers.items():
+            deps[name] = set(graph.dependencies.get(name, ()))
             info = getattr(layer, "collection_annotations", None) or {}
             chunks, dtype = info.get("chunks"), info.get("dtype")
+            size = None
             if chunks is not None and dtype is not None:
-                try:
-                    out[name] = (chunks, np.dtype(dtype).itemsize)
-                except TypeError:
-                    continue
+                size = _largest(chunks, dtype)
+            elif name.startswith("original-") and len(layer) == 1:
+                size = 0  # the handle of a source's array, not a block
+            own[name] = size
     for c in collections:  # an array's own chunks over its layer's note of them (unknown after a mask)
-        if isinstance(getattr(c, "chunks", None), tuple) and hasattr(c, "dtype") and hasattr(c, "name"):
-            out[c.name] = (c.chunks, np.dtype(c.dtype).itemsize)
-    # a chain fused by dask's blockwise optimization is named after all its steps and the token of
-    # its last ("random-sum-sum-aggregate-<token of sum-aggregate>"): found by that token
+        if isinstance(getattr(c, "chunks", None), tuple) and getattr(c, "name", None) in own:
+            own[c.name] = _largest(c.chunks, c.dtype)
+    out: dict = {}
+
+    def chain(name):
+        if name in out:
+            return out[name]
+        out[name] = None  # a cycle (none in a graph) or an unknown layer answers None
+        sizes = [own.get(name)] + [chain(d) for d in deps.get(name, ())]
+        out[name] = None if any(v is None for v in sizes) else max(sizes)
+        return out[name]
+
+    for name in list(own):
+        chain(name)
     for name, value in list(out.items()):
         token = _token(name)
         if token is not None:
             out.setdefault(token, value)
     return out
+
+
+def _largest(chunks, dtype) -> int | None:
+    import numpy as np
+
+    n = np.dtype(dtype).itemsize
+    for c in chunks:
+        if not c:
+            return 0
+        top = max(c)
+        if isinstance(top, float) and math.isnan(top):
+            return None
+        n *= int(top)
+    return n
 
 
 def _token(name) -> str | None:
@@ -61,23 +96,12 @@ def _token(name) -> str | None:
 
 
 def key_bytes(key, sizes: dict) -> int | None:
-    """The bytes of the block ``key`` (``(name, i, j, ...)``), from ``sizes`` (:func:`block_bytes`),
-    else None."""
+    """The largest block that the task ``key`` (``(name, i, ...)``) makes or takes, from ``sizes``
+    (:func:`block_bytes`), else None."""
     if not isinstance(key, tuple) or not key:
         return None
-    found = sizes.get(key[0]) or sizes.get(_token(key[0]))
-    if found is None:
-        return None
-    chunks, itemsize = found
-    index = key[1:]
-    if len(index) != len(chunks):
-        return None
-    n = itemsize
-    for c, i in zip(chunks, index):
-        if not isinstance(i, int) or not 0 <= i < len(c) or math.isnan(c[i]):  # unknown chunk sizes
-            return None
-        n *= int(c[i])
-    return n
+    found = sizes.get(key[0])
+    return found if found is not None else sizes.get(_token(key[0]))
 
 
 def interleaved(roots: list, sizes: dict) -> list:
