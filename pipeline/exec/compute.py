@@ -270,8 +270,10 @@ def _compute_here(obj, schedule, blocks: dict | None = None):
         return obj
     sizes = block_bytes(collections) if blocks is None else blocks  # as built: optimizing fuses layers
     expr = collections_to_expr(list(collections), optimize_graph=True).optimize()
-    with Callback(start_state=start_state(sizes)):
-        blocks = schedule(expr, [c.__dask_keys__() for c in collections])
+    # handed to this computation alone, with the callbacks active here (a progress bar): entering
+    # a Callback adds it to dask's global set, which a computation on another thread would see
+    callbacks = [*Callback.active, Callback(start_state=start_state(sizes))._callback]
+    blocks = schedule(expr, [c.__dask_keys__() for c in collections], callbacks=callbacks)
     return repack([_postcompute(c, b) for c, b in zip(collections, blocks)])[0]
 
 
