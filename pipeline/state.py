@@ -33,6 +33,9 @@ process holds between computations, each under its own lock:
 - ``moved``: Dask arrays moved between the host and the device, by the Dask name of the move,
   each with the array it moved (:func:`pipeline.backend.to_backend`), so that an array moved back
   is the one it came from; held for as long as the move's array lives.
+- ``computed``: the seconds this process has spent in :func:`pipeline.exec.compute.compute`, so
+  that a run's report tells the computations made while its graph was built (a filter's
+  statistics) from the building.
 - ``cluster``: per distributed client, the workers' answers to the memory check
   (:mod:`pipeline.exec.memory`) and the schedulers that hold pipeline's plugin
   (:mod:`pipeline.exec.compute`), so that a second computation asks neither again.
@@ -134,6 +137,12 @@ class MovedState:
 
 
 @dataclass
+class ComputedState:
+    seconds: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
 class ClusterState:
     answers: OrderedDict = field(default_factory=OrderedDict)  # (client, workers, plan) -> answers
     plugins: set = field(default_factory=set)  # (client id, scheduler id) holding the plugin
@@ -152,4 +161,5 @@ decode = DecodeState()
 encode = EncodeState()
 opened = OpenedState()
 moved = MovedState()
+computed = ComputedState()
 cluster = ClusterState()

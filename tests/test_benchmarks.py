@@ -410,6 +410,9 @@ def test_scaling_table_of_the_users_stores_smoke(tmp_path):
         assert [r["config"] for r in rows] == ["no cluster", "--cluster local-cpu"]
         assert all(r["same_output"] and r["run_seconds"] > 0 for r in rows)
     assert out["processes"]["vcf-zarr"]["flow_file"].endswith("gwas.yaml")
+    # the GWAS filter's statistics pass, computed while the graph is built, counted apart
+    assert all(r["before_run"]["statistics"] > 0 for r in out["processes"]["vcf-zarr"]["rows"])
+    assert all(r["before_run"]["statistics"] == 0 for r in out["processes"]["zlib"]["rows"])
     assert json.loads((tmp_path / "s.json").read_text())["shape"] == "20,9,12"
 
 

@@ -387,9 +387,11 @@ def test_report_has_the_startup_costs(demo, tmp_path):
     wall = time.perf_counter() - t
     assert r.returncode == 0, r.stderr
     startup = json.loads(report.read_text())["startup"]
-    keys = ("import_seconds", "open_source_seconds", "build_graph_seconds", "backend_init_seconds", "compute_seconds")
+    keys = ("import_seconds", "open_source_seconds", "build_graph_seconds", "statistics_seconds",
+            "backend_init_seconds", "compute_seconds")
     assert set(startup) == {*keys, "compile_seconds"}
     assert all(isinstance(startup[k], float) and startup[k] >= 0 for k in startup), startup
     assert startup["import_seconds"] > 0 and startup["compute_seconds"] > 0
+    assert startup["statistics_seconds"] == 0  # nothing computed while this flow's graph is built
     assert startup["compile_seconds"] <= startup["compute_seconds"] + startup["build_graph_seconds"]
     assert sum(startup[k] for k in keys) <= wall, (startup, wall)

@@ -198,6 +198,29 @@ def _skip_rechunk_client_lookup() -> None:
 
 
 def compute(obj, progress: bool = False, threads: int | None = None, blocks: dict | None = None):
+    """:func:`_compute`, its seconds added to ``state.computed`` (:func:`seconds_computed`)."""
+    import time
+
+    from .. import state
+
+    t = time.perf_counter()
+    try:
+        return _compute(obj, progress, threads, blocks)
+    finally:
+        with state.computed.lock:
+            state.computed.seconds += time.perf_counter() - t
+
+
+def seconds_computed() -> float:
+    """The seconds this process has spent in :func:`compute` (computations on other threads at
+    the same time add up)."""
+    from .. import state
+
+    with state.computed.lock:
+        return state.computed.seconds
+
+
+def _compute(obj, progress: bool = False, threads: int | None = None, blocks: dict | None = None):
     """Compute on the current distributed client if there is one, else on dask's threads
     (``threads`` of them; by default ``pipeline.gpu.threads`` for data on the GPU, else dask's
     ``num_workers`` or one per core). ``blocks``: the sizes of the blocks as the graph was built
