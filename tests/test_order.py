@@ -55,6 +55,13 @@ def test_block_bytes_come_from_the_arrays_as_built():
     assert order.key_bytes(("wrap", 0), order.block_bytes([wrap])) is None
 
 
+def test_block_bytes_of_a_graph_deeper_than_pythons_recursion():
+    x = da.ones(10, chunks=5)
+    for _ in range(1500):  # a chain of 1,500 layers
+        x = x + 1
+    assert order.key_bytes((x.name, 0), order.block_bytes([x])) == 5 * 8
+
+
 def _noted(block, log=None, lock=None, tag=""):
     with lock:
         log.append(tag)

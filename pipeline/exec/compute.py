@@ -291,7 +291,10 @@ def _compute_here(obj, schedule, blocks: dict | None = None):
     collections, repack = unpack_collections(obj)
     if not collections:
         return obj
-    sizes = block_bytes(collections) if blocks is None else blocks  # as built: optimizing fuses layers
+    try:  # as built: optimizing fuses layers; a hint on the order, never a reason to fail
+        sizes = block_bytes(collections) if blocks is None else blocks
+    except Exception:
+        sizes = {}
     expr = collections_to_expr(list(collections), optimize_graph=True).optimize()
     # handed to this computation alone, with the callbacks active here (a progress bar): entering
     # a Callback adds it to dask's global set, which a computation on another thread would see

@@ -19,6 +19,7 @@ holds at once.
 
 from __future__ import annotations
 
+import graphlib
 import itertools
 import math
 
@@ -54,17 +55,13 @@ def block_bytes(collections) -> dict:
         if isinstance(getattr(c, "chunks", None), tuple) and getattr(c, "name", None) in own:
             own[c.name] = _largest(c.chunks, c.dtype)
     out: dict = {}
-
-    def chain(name):
-        if name in out:
-            return out[name]
-        out[name] = None  # a cycle (none in a graph) or an unknown layer answers None
-        sizes = [own.get(name)] + [chain(d) for d in deps.get(name, ())]
+    try:  # layers before the layers that take them (a graph of any depth: no recursion)
+        ordered = list(graphlib.TopologicalSorter({n: deps.get(n, ()) for n in own}).static_order())
+    except graphlib.CycleError:  # none in a graph of dask's
+        return {}
+    for name in ordered:
+        sizes = [own.get(name)] + [out.get(d) for d in deps.get(name, ())]  # a layer not seen: unknown
         out[name] = None if any(v is None for v in sizes) else max(sizes)
-        return out[name]
-
-    for name in list(own):
-        chain(name)
     for name, value in list(out.items()):
         token = _token(name)
         if token is not None:
