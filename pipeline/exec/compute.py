@@ -225,6 +225,8 @@ def _compute(obj, progress: bool = False, threads: int | None = None, blocks: di
     (``threads`` of them; by default ``pipeline.gpu.threads`` for data on the GPU, else dask's
     ``num_workers`` or one per core). ``blocks``: the sizes of the blocks as the graph was built
     (:func:`pipeline.exec.order.block_bytes`), for a graph that was optimized before it came here.
+    On dask's threads, BLAS runs on one thread meanwhile, as on a cluster's workers
+    (:func:`pipeline.kernels.launch.one_blas_thread`).
 
     When the computation fails or is interrupted, this returns only once no task of it is still
     running, so that the caller can remove what the tasks wrote without a late write
@@ -243,6 +245,8 @@ def _compute(obj, progress: bool = False, threads: int | None = None, blocks: di
     from dask.system import CPU_COUNT
     from dask.threaded import get as threaded_get
 
+    from ..kernels import launch
+
     if "cupy" in sys.modules:  # CuPy's own kernels compiled once however many of the threads ask
         from ..kernels.copies import prepare_cupy
 
@@ -256,7 +260,7 @@ def _compute(obj, progress: bool = False, threads: int | None = None, blocks: di
             from dask.diagnostics import ProgressBar
 
             bar = ProgressBar(out=sys.stderr)
-        with bar, dask.config.set(pool=pool, scheduler="threads"), _reading_ahead():
+        with bar, dask.config.set(pool=pool, scheduler="threads"), _reading_ahead(), launch.one_blas_thread():
             # the scheduler as a function: named by a string, dask imports distributed to look
             # for a client first (0.3 s of a first run)
             return _compute_here(obj, functools.partial(threaded_get, pool=pool), blocks)

@@ -5,6 +5,9 @@ pipeline.exec.worker``), before it joins the scheduler.
   from the process that started it (:func:`pipeline.log.configure`).
 - On a GPU worker, CuPy arrays go to and from the other workers without importing Numba, and on
   every worker NumPy arrays arrive aligned to their type (:mod:`pipeline.exec.serialize`).
+- BLAS runs on one thread (:func:`pipeline.kernels.launch.one_blas_thread`), as distributed's
+  nanny asks through the environment (``OMP_NUM_THREADS=1`` and the like), which a worker started
+  without a nanny, or with an environment of its own, does not see.
 - It imports what its first tasks would otherwise import one after another while the run waits:
   xarray, zarr, pandas and numcodecs, pipeline's sources, sinks, kernels and computation, and on a
   GPU worker CuPy, with the CUDA context made meanwhile (:mod:`pipeline.gpu.context`). A worker of
@@ -47,6 +50,9 @@ def dask_setup(worker) -> None:
         context.start()  # the driver's work, outside the GIL, beside the imports below
         serialize.register()
     serialize.register_aligned()
+    from ..kernels import launch
+
+    launch.one_blas_thread().__enter__()  # for the worker's life
     for name in WARM + (("cupy",) if gpu else ()):
         try:
             importlib.import_module(name)

@@ -10,6 +10,8 @@
 - streaming kernels (:class:`Spec`, :func:`stream`): one C expression per element, in two
   templates (``streaming_flat.cu``, ``streaming_column.cu``) that keep four loads in flight per
   thread;
+- BLAS on the host: one thread while Dask's threads compute (:func:`one_blas_thread`), every
+  core for a step that runs alone (:func:`blas_on_every_core`);
 - Numba: :func:`cpu_jit` compiles a loop for the CPU (``numba.njit(nogil=True)``, so Dask's
   threads run it in parallel), :func:`cpu_loop` a top-level one, cached on disk; :func:`numba_cuda` imports ``numba.cuda``,
   :func:`cuda_kernel` makes a Numba CUDA kernel, cached on disk, and :func:`launch_numba`
@@ -27,6 +29,7 @@ Nothing here imports CuPy or Numba at module level.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -384,6 +387,77 @@ def stream(spec: Spec, x, out, *args):
         grid = (max(1, (cols + THREADS - 1) // THREADS), max(1, (rows + TILE_ROWS - 1) // TILE_ROWS))
         kernel(grid, (THREADS,), (x, out, np.int64(rows), np.int64(cols), np.int64(TILE_ROWS), *args))
     return out
+
+
+# --- BLAS on the host: one thread while Dask's threads compute ------------------------------------
+
+# NumPy's matrix products run in a BLAS library (OpenBLAS, MKL, BLIS) with a pool of threads of
+# its own, one per core unless told. Dask's threads already run one block each: left alone,
+# every block's product would start a thread per core (cores squared in all), and a product's sums
+# would be split by the pool, which cuts them where its thread count says. So while pipeline
+# computes, BLAS runs on one thread, as on distributed's workers, whose nanny sets
+# OMP_NUM_THREADS, MKL_NUM_THREADS and OPENBLAS_NUM_THREADS to 1: the same bits with a cluster and
+# without. On 2 cores, the CPU backend's GWAS of 400,000 variants x 2,000 samples took 7.8 s with
+# OpenBLAS's default of two threads, and 4.8 s on one; its statistics differed from a cluster's run
+# in their last bits.
+#
+# The limits are threadpoolctl's (what scikit-learn and joblib use), on the libraries loaded when
+# they are set. Since 3.7, threadpoolctl lets only one thread (the first to set a limit) change
+# OpenBLAS's pool, which is the process's: here limits are set from whichever thread computes, one
+# at a time under a lock, each change taking and giving back that control.
+_blas = threading.Lock()
+_blas_users: list = []  # the limit set, once per computation running
+
+
+def _blas_limit(limits: int | None = None, *, restore=None):
+    """Under ``_blas``: BLAS's pools limited to ``limits`` threads (the limiter returned), or
+    ``restore``'s limits set back."""
+    from threadpoolctl import threadpool_limits
+
+    try:
+        from threadpoolctl import OpenBLASController
+
+        release = functools.partial(OpenBLASController.clear_controlling_thread, force=True)
+    except (ImportError, AttributeError):  # before 3.7: any thread sets the limits
+        release = lambda: None  # noqa: E731
+    release()
+    try:
+        if restore is not None:
+            return restore.restore_original_limits()
+        return threadpool_limits(limits=limits, user_api="blas")
+    finally:
+        release()
+
+
+@contextlib.contextmanager
+def one_blas_thread():
+    """Within it, BLAS runs on one thread (the comment above); computations on several threads
+    share the limit, which the last one to end takes back."""
+    with _blas:
+        _blas_users.append(_blas_users[0] if _blas_users else _blas_limit(1))
+    try:
+        yield
+    finally:
+        with _blas:
+            limit = _blas_users.pop()
+            if not _blas_users:
+                _blas_limit(restore=limit)
+
+
+@contextlib.contextmanager
+def blas_on_every_core():
+    """Within it, BLAS runs on a thread per core of this process (its CPU affinity): for a step
+    that runs alone, once every block before it is done, such as the eigendecomposition of an
+    exact PCA's Gram matrix (LAPACK's syevd: 10 s on one thread for 4,000 samples on 2 cores, 6 s on
+    both). Tasks that run beside it (none in pipeline's flows) would see the wider pool too."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    with _blas:
+        limit = _blas_limit(cores)
+    try:
+        yield
+    finally:
+        with _blas:
+            _blas_limit(restore=limit)
 
 
 # --- Numba: loops compiled for the CPU, and for the GPU ---------------------------------------------

@@ -226,8 +226,13 @@ def top_eigenpairs(gram, k: int):
     eigenvalues (clamped at 0), as one (n + 1, k) float64 array: the vectors in its first n rows,
     in order of decreasing eigenvalue, the roots in its last row. LAPACK's syevd computes every
     pair in O(n^3); exact where an iterative method's accuracy would depend on the gaps between
-    eigenvalues."""
-    w, v = np.linalg.eigh(gram)
+    eigenvalues. It runs alone, once every block of the Gram matrix is summed: on every core
+    (:func:`pipeline.kernels.launch.blas_on_every_core`), where the blocks' products had one BLAS
+    thread each."""
+    from . import launch
+
+    with launch.blas_on_every_core():
+        w, v = np.linalg.eigh(gram)
     n = w.shape[0]
     return _leading(w[n - k :], v[:, n - k :])
 
