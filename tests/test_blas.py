@@ -97,10 +97,11 @@ def _gwas_data(n_samples=1000, n_variants=2000, chunk=1000) -> xr.Dataset:
 
 
 @needs_blas
-def test_the_regression_has_the_same_bits_with_a_cluster_as_without():
+@pytest.mark.parametrize("processes", [True, False], ids=["worker-processes", "workers-in-this-process"])
+def test_the_regression_has_the_same_bits_with_a_cluster_as_without(processes):
     """Without a cluster, BLAS would split each block's product over the threads it was allowed
-    (four here); on a cluster's worker it runs on one (distributed's nanny). The statistics are
-    the same bits either way."""
+    (four here); on a cluster's worker process it runs on one (distributed's nanny), and workers in
+    this process share its BLAS. The statistics are the same bits either way."""
     from distributed import Client, LocalCluster
 
     import pipeline.genomics as sg
@@ -112,7 +113,7 @@ def test_the_regression_has_the_same_bits_with_a_cluster_as_without():
 
     with threadpoolctl.threadpool_limits(limits=4, user_api="blas"):
         here = statistics()
-        with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
+        with LocalCluster(n_workers=1, threads_per_worker=2, processes=processes, dashboard_address=None) as cluster, \
                 Client(cluster):
             there = statistics()
     for a, b in zip(here, there):

@@ -225,8 +225,9 @@ def _compute(obj, progress: bool = False, threads: int | None = None, blocks: di
     (``threads`` of them; by default ``pipeline.gpu.threads`` for data on the GPU, else dask's
     ``num_workers`` or one per core). ``blocks``: the sizes of the blocks as the graph was built
     (:func:`pipeline.exec.order.block_bytes`), for a graph that was optimized before it came here.
-    On dask's threads, BLAS runs on one thread meanwhile, as on a cluster's workers
-    (:func:`pipeline.kernels.launch.one_blas_thread`).
+    BLAS runs on one thread meanwhile, as on a cluster's workers
+    (:func:`pipeline.kernels.launch.one_blas_thread`): dask's threads, and the workers of a
+    cluster in this process (``processes=False``), share this process's BLAS.
 
     When the computation fails or is interrupted, this returns only once no task of it is still
     running, so that the caller can remove what the tasks wrote without a late write
@@ -234,9 +235,12 @@ def _compute(obj, progress: bool = False, threads: int | None = None, blocks: di
     """
     import dask
 
+    from ..kernels import launch
+
     client = active_client()
     if client is not None:
-        return _compute_on_cluster(client, obj, progress)
+        with launch.one_blas_thread():  # for the workers of a cluster in this process
+            return _compute_on_cluster(client, obj, progress)
     if dask.config.get("scheduler", None) not in (None, "threads", "threading"):
         return dask.compute(obj)[0]  # a scheduler the user chose: leave it alone
     import functools
@@ -244,8 +248,6 @@ def _compute(obj, progress: bool = False, threads: int | None = None, blocks: di
 
     from dask.system import CPU_COUNT
     from dask.threaded import get as threaded_get
-
-    from ..kernels import launch
 
     if "cupy" in sys.modules:  # CuPy's own kernels compiled once however many of the threads ask
         from ..kernels.copies import prepare_cupy
