@@ -118,3 +118,24 @@ def test_the_regression_has_the_same_bits_with_a_cluster_as_without(processes):
             there = statistics()
     for a, b in zip(here, there):
         assert np.isfinite(a).all() and a.tobytes() == b.tobytes()
+
+
+def test_a_worker_of_pipelines_clusters_keeps_one_blas_thread_for_its_life():
+    """The worker preload (``pipeline.exec.worker.dask_setup``) limits BLAS for the worker's
+    life, for a worker that no nanny's environment reached: in a process of its own, without
+    OPENBLAS_NUM_THREADS and the like, with BLAS's default of two threads or more."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, numpy, threadpoolctl\n"
+        "threadpoolctl.threadpool_limits(2, 'blas')\n"
+        "from pipeline.exec import worker\n"
+        "worker.dask_setup(None)\n"
+        "gc.collect()\n"
+        "print(sorted({i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas'}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[1]", out.stdout

@@ -26,11 +26,13 @@ imported already, and only makes its CUDA context here.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 import time
 
+_FOR_LIFE = contextlib.ExitStack()  # what the worker holds until it exits
 GPU_WORKER = "PIPELINE_WORKER_GPU"  # set for the workers that compute on a GPU: their start makes the device ready
 WARM = ("numpy", "pandas", "xarray", "zarr", "numcodecs", "dask.array", "pipeline.sources", "pipeline.sinks.zarr",
         "pipeline.exec.compute", "pipeline.kernels", "pipeline.kernels.launch")
@@ -50,14 +52,15 @@ def dask_setup(worker) -> None:
         context.start()  # the driver's work, outside the GIL, beside the imports below
         serialize.register()
     serialize.register_aligned()
-    from ..kernels import launch
-
-    launch.one_blas_thread().__enter__()  # for the worker's life
     for name in WARM + (("cupy",) if gpu else ()):
         try:
             importlib.import_module(name)
         except Exception:  # a library this worker lacks: its first task reports what is wrong
             logging.getLogger(__name__).debug("worker warm-up: %s not imported", name, exc_info=True)
+    from ..kernels import launch
+
+    # after the imports, which load the BLAS libraries to limit; held: a dropped context ends at once
+    _FOR_LIFE.enter_context(launch.one_blas_thread())
     logging.getLogger(__name__).debug("worker warm-up took %.2f s", time.perf_counter() - t)
 
 
