@@ -5,9 +5,9 @@ pipeline.exec.worker``), before it joins the scheduler.
   from the process that started it (:func:`pipeline.log.configure`).
 - On a GPU worker, CuPy arrays go to and from the other workers without importing Numba, and on
   every worker NumPy arrays arrive aligned to their type (:mod:`pipeline.exec.serialize`).
-- BLAS runs on one thread (:func:`pipeline.kernels.launch.one_blas_thread`), as distributed's
-  nanny asks through the environment (``OMP_NUM_THREADS=1`` and the like), which a worker started
-  without a nanny, or with an environment of its own, does not see.
+- BLAS runs on one thread (:func:`pipeline.kernels.launch.one_blas_thread_from_now`), as
+  distributed's nanny asks through the environment (``OMP_NUM_THREADS=1`` and the like), which a
+  worker started without a nanny, or with an environment of its own, does not see.
 - It imports what its first tasks would otherwise import one after another while the run waits:
   xarray, zarr, pandas and numcodecs, pipeline's sources, sinks, kernels and computation, and on a
   GPU worker CuPy, with the CUDA context made meanwhile (:mod:`pipeline.gpu.context`). A worker of
@@ -26,13 +26,11 @@ imported already, and only makes its CUDA context here.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import os
 import time
 
-_FOR_LIFE = contextlib.ExitStack()  # what the worker holds until it exits
 GPU_WORKER = "PIPELINE_WORKER_GPU"  # set for the workers that compute on a GPU: their start makes the device ready
 WARM = ("numpy", "pandas", "xarray", "zarr", "numcodecs", "dask.array", "pipeline.sources", "pipeline.sinks.zarr",
         "pipeline.exec.compute", "pipeline.kernels", "pipeline.kernels.launch")
@@ -59,8 +57,7 @@ def dask_setup(worker) -> None:
             logging.getLogger(__name__).debug("worker warm-up: %s not imported", name, exc_info=True)
     from ..kernels import launch
 
-    # after the imports, which load the BLAS libraries to limit; held: a dropped context ends at once
-    _FOR_LIFE.enter_context(launch.one_blas_thread())
+    launch.one_blas_thread_from_now()  # after the imports, which load the BLAS libraries to limit
     logging.getLogger(__name__).debug("worker warm-up took %.2f s", time.perf_counter() - t)
 
 

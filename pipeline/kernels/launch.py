@@ -10,8 +10,9 @@
 - streaming kernels (:class:`Spec`, :func:`stream`): one C expression per element, in two
   templates (``streaming_flat.cu``, ``streaming_column.cu``) that keep four loads in flight per
   thread;
-- BLAS on the host: one thread while Dask's threads compute (:func:`one_blas_thread`), every
-  core for a step that runs alone (:func:`blas_on_every_core`);
+- BLAS on the host: one thread while Dask's threads compute (:func:`one_blas_thread`; a worker's
+  whole life, :func:`one_blas_thread_from_now`), every core for a step that runs alone
+  (:func:`blas_on_every_core`);
 - Numba: :func:`cpu_jit` compiles a loop for the CPU (``numba.njit(nogil=True)``, so Dask's
   threads run it in parallel), :func:`cpu_loop` a top-level one, cached on disk; :func:`numba_cuda` imports ``numba.cuda``,
   :func:`cuda_kernel` makes a Numba CUDA kernel, cached on disk, and :func:`launch_numba`
@@ -442,6 +443,13 @@ def one_blas_thread():
             limit = _blas_users.pop()
             if not _blas_users:
                 _blas_limit(restore=limit)
+
+
+def one_blas_thread_from_now() -> None:
+    """BLAS on one thread for the rest of this process's life (a cluster's worker): nothing to
+    give back, so nothing left to do as the interpreter exits."""
+    with _blas:
+        _blas_limit(1)
 
 
 @contextlib.contextmanager
