@@ -307,10 +307,14 @@ def test_an_early_cluster_forks_its_workers_with_their_environment():
     import os
 
     import dask
+    import distributed  # noqa: F401  (its defaults in dask's config before the set below, see there)
 
     from pipeline.exec.cluster import start_early
 
     profile = ClusterProfile(kind="local", n_workers=2, threads_per_worker=1, dashboard_address=None)
+    # Had distributed first been imported inside it (by start_early), the set's exit would have
+    # removed the whole "distributed" section it found missing, defaults and all, and every
+    # cluster made after it in this process failed (KeyError: 'distributed', under pytest -n)
     with dask.config.set({"distributed.nanny.environ": {"PIPELINE_TEST_NANNY": "given"}}):
         starting = start_early(profile)
         assert starting.forkserver
