@@ -384,14 +384,16 @@ def _module_names():
     return sorted(sys.modules)
 
 
-def test_an_early_clusters_worker_takes_its_first_graph_without_imports(tmp_path):
-    """A worker of an early local cluster runs a flow without importing anything but kernel
-    modules: the op registry that the tasks' functions live in (with its parameter models), the
-    memory plan and, on a CPU worker, Numba with its CPU target ready were imported before it
-    joined. Unpickling the first graph had imported them while the run waited (0.42 s on 2 cores),
-    and the first compiled kernel Numba (0.5 s)."""
+def test_a_worker_that_starts_before_the_run_takes_its_first_graph_without_imports(tmp_path):
+    """A worker that starts before the run (here spawned, as a SLURM job's or ``dask cuda worker
+    --preload pipeline.exec.worker``'s are) runs a flow importing nothing but kernel modules: the
+    op registry that the tasks' functions live in (with its parameter models), the memory plan and,
+    on a CPU worker, Numba with its CPU target ready were imported before it joined. Unpickling the
+    first graph had imported them while the run waited (0.42 s on 2 cores), and the first compiled
+    kernel Numba (0.5 s). A worker forked for ``pipeline run`` leaves them to its first graph."""
+    import dask
+
     from pipeline.demo import write_demo
-    from pipeline.exec.cluster import start_early
     from pipeline.flows import load_flow, run_flow, with_source
 
     from .cluster_runs import FLOW
@@ -399,13 +401,13 @@ def test_an_early_clusters_worker_takes_its_first_graph_without_imports(tmp_path
     store = tmp_path / "demo.zarr"
     write_demo(store, "4MB")
     profile = ClusterProfile(kind="local", n_workers=1, threads_per_worker=2, dashboard_address=None)
-    starting = start_early(profile)
-    with open_cluster(profile, starting) as client:
+    with dask.config.set({"pipeline.cluster.fork-workers": False}), open_cluster(profile) as client:
         (before,) = client.run(_module_names).values()
         rep = run_flow(with_source(load_flow(str(FLOW)), str(store)), backend="cpu", output=str(tmp_path / "out.zarr"),
                        client=client, progress=False)
         (after,) = client.run(_module_names).values()
     assert rep["exit_status"] == 0
     assert {"pipeline.ops", "pipeline.exec.memory", "numba"} <= set(before)
+    assert "pipeline.exec.forkserver" not in before
     imported = sorted(set(after) - set(before))
     assert imported and all(m.startswith("pipeline.kernels.") for m in imported), imported

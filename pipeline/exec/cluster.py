@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .. import config
 from ..errors import InputError
-from .worker import GPU_WORKER, WARM, WARM_CPU
+from .worker import GPU_WORKER, WARM
 
 log = logging.getLogger(__name__)
 
@@ -371,8 +371,8 @@ def start_early(profile: ClusterProfile) -> Starting | None:
 
 def _start_forkserver(gpu: bool) -> bool:
     """Start multiprocessing's fork server now, importing what a worker imports
-    (:data:`pipeline.exec.worker.WARM`, dask-cuda and CuPy for GPU workers, Numba for CPU ones),
-    so that the workers' processes, forked from it, start with their libraries imported: those imports run
+    (:data:`pipeline.exec.worker.WARM`, and dask-cuda and CuPy for GPU workers), so that the
+    workers' processes, forked from it, start with their libraries imported: those imports run
     beside this process's own, before the cluster is asked for its first worker. With
     distributed's default (``spawn``) each worker starts a new interpreter and imports them after
     the nanny asks for it. False where the platform has no fork server (then workers are spawned).
@@ -400,7 +400,7 @@ def _start_forkserver(gpu: bool) -> bool:
     # once the server runs: it is in this one
     multiprocessing.get_context("forkserver").set_forkserver_preload(
         [FORKSERVER, "distributed", "dask", "cloudpickle", "msgpack", "tornado", "toolz", "lz4", *WARM, WORKER_PRELOAD]
-        + (["dask_cuda", "cupy"] if gpu else list(WARM_CPU)))
+        + (["dask_cuda", "cupy"] if gpu else []))
     forkserver.ensure_running()
     return True
 

@@ -9,14 +9,10 @@ pipeline.exec.worker``), before it joins the scheduler.
   distributed's nanny asks through the environment (``OMP_NUM_THREADS=1`` and the like), which a
   worker started without a nanny, or with an environment of its own, does not see.
 - It imports what its first tasks would otherwise import one after another while the run waits:
-  xarray, zarr, pandas and numcodecs, pipeline's sources, sinks, kernels, computation and memory
-  plan, the op registry that the tasks' functions live in (with its parameter models), on a GPU
-  worker CuPy, with the CUDA context made meanwhile (:mod:`pipeline.gpu.context`), and on a CPU
-  worker Numba with its CPU target ready (:mod:`pipeline.exec.warm_cpu`). A worker that lacked the
-  registry imported it while it unpickled the first graph (0.42 s on 2 cores, after the run had
-  sent it), and a CPU worker Numba at its first kernel (0.5 s). A worker of a local cluster
-  starts while the run's own process imports its libraries, so this is done beside them rather
-  than after them. On a one-GPU machine, a tiny flow's first computation on a fresh
+  xarray, zarr, pandas and numcodecs, pipeline's sources, sinks, kernels and computation, and on a
+  GPU worker CuPy, with the CUDA context made meanwhile (:mod:`pipeline.gpu.context`). A worker of
+  a local cluster starts while the run's own process imports its libraries, so this is done beside
+  them rather than after them. On a one-GPU machine, a tiny flow's first computation on a fresh
   ``--cluster local-gpu`` took 2.13 s, where the same process without a cluster computed it in
   0.3 s; a ``local-cpu`` worker here imported 80 modules during its first run (0.95 s of its
   1.09 s; the second run took 0.14 s).
@@ -24,9 +20,17 @@ pipeline.exec.worker``), before it joins the scheduler.
 Imports are done here, before the worker takes any task, rather than on a thread beside its
 tasks: two threads importing modules that import each other can fail one import. A worker forked
 from the fork server that ``pipeline run`` starts for a local cluster
-(:func:`pipeline.exec.cluster._start_forkserver`, which imports :data:`WARM` itself, and
-:data:`WARM_CPU` for a CPU cluster) finds them imported already, and only makes its CUDA context
-here.
+(:func:`pipeline.exec.cluster._start_forkserver`, which imports :data:`WARM` itself) finds them
+imported already, and only makes its CUDA context here.
+
+A worker that starts before the run (a SLURM job's, ``dask cuda worker --preload
+pipeline.exec.worker``, a local cluster's spawned worker) also imports :data:`LATER`: the op
+registry that the tasks' functions live in (with its parameter models), the memory plan and the
+GPU reader, and on a CPU worker Numba with its CPU target ready (:mod:`pipeline.exec.warm_cpu`).
+Its first graph had imported them as it was unpickled, while the run waited (0.42 s on 2 cores),
+and its first compiled kernel Numba (0.5 s). A worker forked for ``pipeline run`` does not: the
+fork server's imports are the longest path of that command's start, and with these among them
+its workers were ready 0.1-1.0 s later on the H200 machines, about what the run gained.
 """
 
 from __future__ import annotations
@@ -34,13 +38,17 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import sys
 import time
 
 GPU_WORKER = "PIPELINE_WORKER_GPU"  # set for the workers that compute on a GPU: their start makes the device ready
 WARM = ("numpy", "pandas", "xarray", "zarr", "numcodecs", "dask.array", "pipeline.sources", "pipeline.sinks.zarr",
-        "pipeline.exec.compute", "pipeline.exec.memory", "pipeline.kernels", "pipeline.kernels.launch", "pipeline.gpu.reader",
-        "pipeline.ops")
-WARM_CPU = ("pipeline.exec.warm_cpu",)  # Numba, ready for the CPU kernels: a GPU worker's tasks do not import it
+        "pipeline.exec.compute", "pipeline.kernels", "pipeline.kernels.launch")
+# what the first graph imports as it is unpickled, and a CPU worker's first kernel: imported before
+# it joins by a worker that starts before the run, not by one forked for it (the module docstring)
+LATER = ("pipeline.exec.memory", "pipeline.gpu.reader", "pipeline.ops")
+LATER_CPU = ("pipeline.exec.warm_cpu",)  # Numba, ready for the CPU kernels: a GPU worker's tasks do not import it
+FORKED = "pipeline.exec.forkserver"  # imported first by the fork server of pipeline run's local clusters
 
 
 def dask_setup(worker) -> None:
@@ -57,15 +65,22 @@ def dask_setup(worker) -> None:
         context.start()  # the driver's work, outside the GIL, beside the imports below
         serialize.register()
     serialize.register_aligned()
-    for name in WARM + (("cupy",) if gpu else WARM_CPU):
-        try:
-            importlib.import_module(name)
-        except Exception:  # a library this worker lacks: its first task reports what is wrong
-            logging.getLogger(__name__).debug("worker warm-up: %s not imported", name, exc_info=True)
+    names = WARM + (("cupy",) if gpu else ())
+    if FORKED not in sys.modules:  # a worker that starts before the run: all it needs, now
+        names += LATER + (() if gpu else LATER_CPU)
+    _import(names)
     from ..kernels import launch
 
     launch.one_blas_thread_from_now()  # after the imports, which load the BLAS libraries to limit
     logging.getLogger(__name__).debug("worker warm-up took %.2f s", time.perf_counter() - t)
+
+
+def _import(names) -> None:
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a library this worker lacks: its first task reports what is wrong
+            logging.getLogger(__name__).debug("worker warm-up: %s not imported", name, exc_info=True)
 
 
 def _has_gpu() -> bool:
