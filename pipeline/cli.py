@@ -60,6 +60,9 @@ def cmd_run(args) -> int:
 
     t = time.perf_counter()
     _pause_collector()  # until its imports are done (_freeze_imports)
+    from .exec import prefork
+
+    prefork.start_for(args.cluster)  # a local cluster's fork server first: its imports are the longest path
     if _may_use_gpu(args, args.flow):
         from .gpu import context
 

@@ -411,3 +411,51 @@ def test_a_worker_that_starts_before_the_run_takes_its_first_graph_without_impor
     assert "pipeline.exec.forkserver" not in before
     imported = sorted(set(after) - set(before))
     assert imported and all(m.startswith("pipeline.kernels.") for m in imported), imported
+
+
+def test_the_fork_server_starts_before_the_cluster_module_is_imported(tmp_path):
+    """``pipeline run --cluster local-cpu`` starts its workers' fork server first, before it imports
+    the cluster module (pydantic's models): the server's imports are the longest path of the
+    command's start. Here the flow's input is missing: the command reports it (exit 2) after."""
+    import subprocess
+    import sys
+
+    from .cluster_runs import FLOW
+
+    probe = (
+        "import sys\n"
+        "import pipeline.exec.prefork as p\n"
+        "from pipeline import cli\n"
+        "start = p.start\n"
+        "def first(gpu):\n"
+        "    print('started, cluster module imported:', 'pipeline.exec.cluster' in sys.modules, 'pydantic' in sys.modules)\n"
+        "    return start(gpu)\n"
+        "p.start = first\n"
+        f"sys.exit(cli.main(['run', {str(FLOW)!r}, '--cluster', 'local-cpu', '--input', {str(tmp_path / 'missing.zarr')!r},"
+        f" '--output', {str(tmp_path / 'out.zarr')!r}, '--no-progress']))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.startswith("started")]
+    assert lines[0] == "started, cluster module imported: False False", r.stdout
+
+
+def test_a_profile_whose_workers_are_not_forked_starts_no_fork_server(tmp_path, monkeypatch):
+    """prefork.start_for reads only a profile's kind and processes: a local cluster whose workers
+    are forked starts the server, anything else (another kind, workers in this process, forking
+    turned off, a profile it cannot read, which is reported later) starts nothing."""
+    import dask
+
+    from pipeline.exec import prefork
+
+    started = []
+    monkeypatch.setattr(prefork, "start", lambda gpu: started.append(gpu) or True)
+    (tmp_path / "threads.yaml").write_text("kind: local\nprocesses: false\n")
+    (tmp_path / "bad.yaml").write_text("kind: [local\n")
+    assert prefork.start_for("local-cpu") and prefork.start_for("local-gpu")
+    assert started == [False, True]
+    for name in ("attach", "slurm-gpu", str(tmp_path / "threads.yaml"), str(tmp_path / "bad.yaml"), "no-such-profile", None):
+        assert not prefork.start_for(name), name
+    with dask.config.set({"pipeline.cluster.fork-workers": False}):
+        assert not prefork.start_for("local-cpu")
+    assert started == [False, True]

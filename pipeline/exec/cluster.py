@@ -33,11 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .. import config
 from ..errors import InputError
-from .worker import GPU_WORKER, WARM
+from . import prefork
+from .prefork import WORKER_PRELOAD, find_profile
+from .worker import GPU_WORKER
 
 log = logging.getLogger(__name__)
 
-PROFILES = Path(__file__).resolve().parent.parent / "profiles"  # the profiles shipped with the package
 LOOPBACK = "127.0.0.1"
 TLS_KEYS = ("tls_ca_file", "tls_client_cert", "tls_client_key")
 SLURM_KEYS = ("jobs", "cores", "memory", "gpus_per_job", "walltime", "queue", "account", "log_directory",
@@ -194,26 +195,6 @@ def _format_errors(source: str, err: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def profile_names() -> list[str]:
-    """The names of the profiles shipped with the package."""
-    return sorted(p.stem for p in PROFILES.glob("*.yaml"))
-
-
-def find_profile(name_or_path: str) -> Path:
-    """The file of a profile: the path of a YAML file (a name ending .yaml or .yml, or holding a
-    ``/``), or else the name of one shipped with the package, wherever the command runs."""
-    path = Path(name_or_path).expanduser()
-    if path.suffix in (".yaml", ".yml") or os.sep in name_or_path:
-        if path.is_file():
-            return path
-        raise InputError(f"{name_or_path}: cluster profile not found (no such file)")
-    shipped = PROFILES / f"{name_or_path}.yaml"
-    if shipped.is_file():
-        return shipped
-    raise InputError(f"cluster profile {name_or_path!r} not found: give one of {', '.join(profile_names())} "
-                     "(the profiles shipped with pipeline), or the path of a YAML file")
-
-
 def load_profile(name_or_path: str) -> ClusterProfile:
     path = find_profile(name_or_path)
     try:
@@ -295,7 +276,7 @@ class Starting:
 
     def __init__(self, profile: ClusterProfile, thread: bool = True, forkserver: bool = False):
         self.profile = profile
-        self.forkserver = forkserver  # workers forked from the started fork server (_start_forkserver)
+        self.forkserver = forkserver  # workers forked from the started fork server (prefork.start)
         self.cluster = None
         self.error: BaseException | None = None
         self._run = None
@@ -358,67 +339,15 @@ def start_early(profile: ClusterProfile) -> Starting | None:
     if profile.kind not in ("local", "local-cuda"):
         return None
     config.check()
-    # first, so that its imports start before this process's
+    # first, so that its imports start before this process's (pipeline run has started it already)
     forked = ((profile.kind == "local-cuda" or profile.processes) and config.get("cluster.fork-workers", True)
-              and _start_forkserver(profile.kind == "local-cuda"))
+              and prefork.start(profile.kind == "local-cuda"))
     import distributed  # noqa: F401  (imported on this thread, above)
 
     if profile.kind == "local-cuda":
         with contextlib.suppress(ImportError):  # reported where the cluster is waited for
             import dask_cuda  # noqa: F401
     return Starting(profile, forkserver=forked)
-
-
-def _start_forkserver(gpu: bool) -> bool:
-    """Start multiprocessing's fork server now, importing what a worker imports
-    (:data:`pipeline.exec.worker.WARM`, and dask-cuda and CuPy for GPU workers), so that the
-    workers' processes, forked from it, start with their libraries imported: those imports run
-    beside this process's own, before the cluster is asked for its first worker. With
-    distributed's default (``spawn``) each worker starts a new interpreter and imports them after
-    the nanny asks for it. False where the platform has no fork server (then workers are spawned).
-
-    - **No CUDA in the server**: it is a fresh interpreter, not a fork of this process, so this
-      process's threads and CUDA context are not in it; importing CuPy and dask-cuda makes no CUDA
-      call, and each worker makes its context after the fork, under the ``CUDA_VISIBLE_DEVICES``
-      its nanny gives it (checked on the H200 machine).
-    - **The environment**: a worker inherits the server's environment, not this process's when
-      the nanny starts it. What must be set before a process starts (distributed's
-      ``distributed.nanny.pre-spawn-environ``: one BLAS thread, glibc's trim threshold), and where
-      Numba and CuPy keep kernels (read as they are imported), are set here first; the nanny's
-      own variables (``distributed.nanny.environ``, dask-cuda's devices) are set by the worker as
-      it starts, as with ``spawn``."""
-    import multiprocessing
-    from multiprocessing import forkserver
-
-    from ..backend import cache_env
-
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return False
-    cache_env()
-    os.environ.update({k: os.environ.get(k, v) for k, v in _pre_spawn_environ().items()})
-    # distributed's own list (utils.get_mp_context) is set when a nanny first starts a process,
-    # once the server runs: it is in this one
-    multiprocessing.get_context("forkserver").set_forkserver_preload(
-        [FORKSERVER, "distributed", "dask", "cloudpickle", "msgpack", "tornado", "toolz", "lz4", *WARM, WORKER_PRELOAD]
-        + (["dask_cuda", "cupy"] if gpu else []))
-    forkserver.ensure_running()
-    return True
-
-
-def _pre_spawn_environ() -> dict[str, str]:
-    """``distributed.nanny.pre-spawn-environ``: from the settings, else from distributed's own
-    defaults file, read without importing distributed (this process imports it meanwhile)."""
-    import importlib.util
-
-    import dask
-    import yaml
-
-    value = dask.config.get("distributed.nanny.pre-spawn-environ", None)
-    if value is None:
-        spec = importlib.util.find_spec("distributed")
-        with open(os.path.join(spec.submodule_search_locations[0], "distributed.yaml")) as f:
-            value = yaml.safe_load(f)["distributed"]["nanny"]["pre-spawn-environ"]
-    return {k: str(v) for k, v in (value or {}).items() if v is not None}
 
 
 # how long a worker of a local cluster has to close and exit: distributed's nannies kill one after
@@ -670,11 +599,6 @@ def _loopback(dashboard_address: str | None) -> str | None:
     if dashboard_address is not None and dashboard_address.startswith(":"):
         return LOOPBACK + dashboard_address
     return dashboard_address
-
-
-# what the workers of the clusters started here run as they start (their logs, their imports)
-WORKER_PRELOAD = "pipeline.exec.worker"
-FORKSERVER = "pipeline.exec.forkserver"  # first in the fork server: its collector (the module says why)
 
 
 def _worker_env(gpu: bool = False) -> dict[str, str]:

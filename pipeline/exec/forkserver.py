@@ -1,5 +1,5 @@
 """Imported first by the fork server that ``pipeline run`` starts for a local cluster's workers
-(:func:`pipeline.exec.cluster._start_forkserver`), and by nothing else.
+(:func:`pipeline.exec.prefork.start`), and by nothing else.
 
 The server imports what a worker needs, then forks a worker for each request of a nanny. Python's
 cyclic garbage collector walks every object it tracks at each full collection, and what a worker

@@ -20,7 +20,7 @@ pipeline.exec.worker``), before it joins the scheduler.
 Imports are done here, before the worker takes any task, rather than on a thread beside its
 tasks: two threads importing modules that import each other can fail one import. A worker forked
 from the fork server that ``pipeline run`` starts for a local cluster
-(:func:`pipeline.exec.cluster._start_forkserver`, which imports :data:`WARM` itself) finds them
+(:func:`pipeline.exec.prefork.start`, which imports :data:`WARM` itself) finds them
 imported already, and only makes its CUDA context here.
 
 A worker that starts before the run (a SLURM job's, ``dask cuda worker --preload
