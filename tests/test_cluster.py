@@ -389,7 +389,7 @@ def test_a_worker_that_starts_before_the_run_takes_its_first_graph_without_impor
     --preload pipeline.exec.worker``'s are) runs a flow importing nothing but kernel modules: the
     op registry that the tasks' functions live in (with its parameter models), the memory plan and,
     on a CPU worker, Numba with its CPU target ready were imported before it joined. Unpickling the
-    first graph had imported them while the run waited (0.42 s on 2 cores), and the first compiled
+    first graph had imported them while the run waited (0.17-0.2 s on one H200), and the first compiled
     kernel Numba (0.5 s). A worker forked for ``pipeline run`` leaves them to its first graph."""
     import dask
 

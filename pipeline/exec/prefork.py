@@ -5,8 +5,8 @@ cluster module (pydantic's models) and its libraries.
 The server's imports are the longest path of such a command's start: its workers were ready
 0.2-1.3 s after the command's own imports had ended, on the H200 machines. Started from here, at
 the top of ``pipeline run`` (:func:`start_for`), it starts about 0.1 s sooner than after the
-cluster module's import and the profile's validation (on the 2-core machine: 0.27-0.39 s after
-the command's start against 0.35-0.53 s). This module imports nothing beyond what ``import
+cluster module's import and the profile's validation (one H200: 0.31-0.42 s after the command
+began importing NumPy, against 0.42-0.61 s). This module imports nothing beyond what ``import
 pipeline`` has: the standard library, dask's config and YAML.
 """
 

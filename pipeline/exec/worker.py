@@ -27,8 +27,9 @@ A worker that starts before the run (a SLURM job's, ``dask cuda worker --preload
 pipeline.exec.worker``, a local cluster's spawned worker) also imports :data:`LATER`: the op
 registry that the tasks' functions live in (with its parameter models), the memory plan and the
 GPU reader, and on a CPU worker Numba with its CPU target ready (:mod:`pipeline.exec.warm_cpu`).
-Its first graph had imported them as it was unpickled, while the run waited (0.42 s on 2 cores),
-and its first compiled kernel Numba (0.5 s). A worker forked for ``pipeline run`` does not: the
+Its first graph had imported them as it was unpickled, while the run waited (on one H200 the
+GWAS flow's first genotype read came 0.32-0.39 s after the run's start, 0.15-0.19 s with them
+imported), and its first compiled kernel Numba (0.5 s). A worker forked for ``pipeline run`` does not: the
 fork server's imports are the longest path of that command's start, and with these among them
 its workers were ready 0.1-1.0 s later on the H200 machines, about what the run gained.
 """
