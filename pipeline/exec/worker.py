@@ -29,9 +29,9 @@ registry that the tasks' functions live in (with its parameter models), the memo
 GPU reader, and on a CPU worker Numba with its CPU target ready (:mod:`pipeline.exec.warm_cpu`).
 Its first graph had imported them as it was unpickled, while the run waited (on one H200 the
 GWAS flow's first genotype read came 0.32-0.39 s after the run's start, 0.15-0.19 s with them
-imported), and its first compiled kernel Numba (0.5 s). A worker forked for ``pipeline run`` does not: the
-fork server's imports are the longest path of that command's start, and with these among them
-its workers were ready 0.1-1.0 s later on the H200 machines, about what the run gained.
+imported), and its first compiled kernel Numba (0.5 s). A worker forked for ``pipeline run``
+does not: the fork server's imports are the longest path of that command's start, and with these
+among them its workers were ready 0.1-1.0 s later on the H200 machines, about what the run gained.
 """
 
 from __future__ import annotations
