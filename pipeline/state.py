@@ -36,6 +36,9 @@ process holds between computations, each under its own lock:
 - ``computed``: the seconds this process has spent in :func:`pipeline.exec.compute.compute`, so
   that a run's report tells the computations made while its graph was built (a filter's
   statistics) from the building.
+- ``threads``: the thread pools of the computations running on dask's threads in this process,
+  oldest first, and the setting of dask's config that names the first (with the threaded
+  scheduler) for as long as any runs (:func:`pipeline.exec.compute._threads_config`).
 - ``cluster``: per distributed client, the workers' answers to the memory check
   (:mod:`pipeline.exec.memory`) and the schedulers that hold pipeline's plugin
   (:mod:`pipeline.exec.compute`), so that a second computation asks neither again.
@@ -143,6 +146,13 @@ class ComputedState:
 
 
 @dataclass
+class ThreadsState:
+    pools: list = field(default_factory=list)
+    setting: object = None  # the dask.config.set of the first pool, exited once none runs
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
 class ClusterState:
     answers: OrderedDict = field(default_factory=OrderedDict)  # (client, workers, plan) -> answers
     plugins: set = field(default_factory=set)  # (client id, scheduler id) holding the plugin
@@ -162,4 +172,5 @@ encode = EncodeState()
 opened = OpenedState()
 moved = MovedState()
 computed = ComputedState()
+threads = ThreadsState()
 cluster = ClusterState()

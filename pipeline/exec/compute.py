@@ -262,7 +262,7 @@ def _compute(obj, progress: bool = False, threads: int | None = None, blocks: di
             from dask.diagnostics import ProgressBar
 
             bar = ProgressBar(out=sys.stderr)
-        with bar, dask.config.set(pool=pool, scheduler="threads"), _reading_ahead(), launch.one_blas_thread():
+        with bar, _threads_config(pool), _reading_ahead(), launch.one_blas_thread():
             # the scheduler as a function: named by a string, dask imports distributed to look
             # for a client first (0.3 s of a first run)
             return _compute_here(obj, functools.partial(threaded_get, pool=pool), blocks)
@@ -272,6 +272,38 @@ def _compute(obj, progress: bool = False, threads: int | None = None, blocks: di
 
 
 B.set_compute(compute)  # pipeline.to_numpy computes through it (pipeline.backend can not import this layer)
+
+
+@contextlib.contextmanager
+def _threads_config(pool):
+    """dask's config names the threaded scheduler and a running computation's ``pool`` while this
+    one runs (what a task's own dask computations run on), shared with the computations running
+    at once on other threads. dask's config is one dictionary for the process, and a
+    ``dask.config.set`` restores what it found when it ends: two computations on two threads,
+    the first ending first, left the scheduler and the first one's pool, shut down, in it, and
+    every dask computation after them failed ("cannot schedule new futures after shutdown").
+    Here the first sets both, the others only the pool, which goes back to one still running as
+    each ends, and the last restores what the first found."""
+    import dask
+
+    from .. import state
+
+    with state.threads.lock:
+        if not state.threads.pools:
+            state.threads.setting = dask.config.set(pool=pool, scheduler="threads")
+        else:
+            dask.config.set(pool=pool)  # undone by the first one's setting, as it ends
+        state.threads.pools.append(pool)
+    try:
+        yield
+    finally:
+        with state.threads.lock:
+            state.threads.pools.remove(pool)
+            if state.threads.pools:
+                dask.config.set(pool=state.threads.pools[-1])
+            else:
+                setting, state.threads.setting = state.threads.setting, None
+                setting.__exit__(None, None, None)
 
 
 def _reading_ahead():
