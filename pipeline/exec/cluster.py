@@ -340,8 +340,7 @@ def start_early(profile: ClusterProfile) -> Starting | None:
         return None
     config.check()
     # first, so that its imports start before this process's (pipeline run has started it already)
-    forked = ((profile.kind == "local-cuda" or profile.processes) and config.get("cluster.fork-workers", True)
-              and prefork.start(profile.kind == "local-cuda"))
+    forked = prefork.forks_workers(profile.kind, profile.processes) and prefork.start(profile.kind == "local-cuda")
     import distributed  # noqa: F401  (imported on this thread, above)
 
     if profile.kind == "local-cuda":

@@ -59,13 +59,15 @@ def start_for(name_or_path: str | None) -> bool:
 
         data = yaml.safe_load(find_profile(name_or_path).read_text())
         kind = data.get("kind")
-        if not (kind == "local-cuda" or (kind == "local" and data.get("processes", True) is True)):
-            return False
-        if config.get("cluster.fork-workers", True) is not True:
-            return False
-        return start(kind == "local-cuda")
+        return forks_workers(kind, data.get("processes", True) is True) and start(kind == "local-cuda")
     except Exception:  # reported where the profile and the settings are checked
         return False
+
+
+def forks_workers(kind: str | None, processes: bool) -> bool:
+    """Whether a cluster of ``kind`` forks its workers from the fork server: a local-cuda one, or
+    a local one with worker processes, unless ``pipeline.cluster.fork-workers`` is false."""
+    return (kind == "local-cuda" or (kind == "local" and processes)) and bool(config.get("cluster.fork-workers", True))
 
 
 def start(gpu: bool) -> bool:
