@@ -182,3 +182,63 @@ def test_gpu_dask_array_of_a_block_source(no_device_limit):
     x = engine.dask_array(source, chunks, np.dtype("int32"), "v")
     assert isinstance(x._meta, cp.ndarray) and x.name.startswith("read-v-")
     np.testing.assert_array_equal(cp.asnumpy(x.compute(scheduler="sync")), VALUES)
+
+
+@pytest.mark.gpu
+def test_gpu_nvcomp_pinned_memory_waits_for_its_stream_and_threads_decode_at_once():
+    """nvCOMP's pinned memory (its batches' tables) comes from pipeline's allocator: freed, it
+    waits in the lent context until that context's stream is synchronized, then goes back to
+    CuPy's pool, where another batch reuses it. Eight threads decoding deflate batches at once,
+    their tables reused, each gets its own chunks back."""
+    import threading
+
+    import cupy as cp
+
+    from pipeline.gpu import nvcomp, streams
+
+    if not nvcomp.nvcomp_available():
+        pytest.skip("nvCOMP is not installed")
+    with streams.context() as ctx:
+        mem = nvcomp.PinnedAllocation(4096)
+        assert mem.ctx is ctx and mem.ptr
+        del mem
+        assert len(ctx.retired) == 1  # not back in the pool while the stream may still read it
+    assert ctx.retired == []
+    outside = nvcomp.PinnedAllocation(64)  # no lent stream: cudaHostAlloc, freed by cudaFreeHost
+    assert outside.ctx is None and outside.mem is None and outside.ptr
+    del outside
+
+    rng = np.random.default_rng(5)
+    n, nbytes, threads, rounds = 12, 1 << 16, 8, 6
+    chunks = [rng.integers(0, 9, nbytes // 4, dtype=np.int32).view(np.uint8) for _ in range(n * threads)]
+    frames = []
+    for c in chunks:
+        z = zlib.compressobj(6, zlib.DEFLATED, -15)
+        frames.append(z.compress(c.tobytes()) + z.flush())
+    room = -(-max(len(f) for f in frames) // 16) * 16
+    host = np.zeros(room * len(frames), dtype=np.uint8)
+    for k, f in enumerate(frames):
+        host[k * room:k * room + len(f)] = np.frombuffer(f, dtype=np.uint8)
+    dev = cp.asarray(host)
+    errors = []
+
+    def work(t):
+        try:
+            mine = range(t * n, (t + 1) * n)
+            for _ in range(rounds):
+                dst = cp.zeros(n * nbytes, dtype=np.uint8)
+                with engine.block_stream():
+                    nvcomp.decode_batch("Deflate", dev, [k * room for k in mine], [len(frames[k]) for k in mine],
+                                        dst, [i * nbytes for i in range(n)], [nbytes] * n)
+                got = cp.asnumpy(dst).reshape(n, nbytes)
+                for i, k in enumerate(mine):
+                    np.testing.assert_array_equal(got[i], chunks[k])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    assert not errors, errors[0]

@@ -21,6 +21,9 @@ class Context:
         self.codecs = {}  # codecs of other algorithms (LZ4, Deflate for Blosc chunks), by name
         self.configs = {}  # decompression configs of the codec, by batch length and frame size
         self.keep = []
+        # pinned memory nvCOMP freed (pipeline.gpu.nvcomp.PinnedAllocation): back to CuPy's pool
+        # once this stream has been synchronized
+        self.retired = []
 
 
 class context:
@@ -44,6 +47,8 @@ class context:
             self.ctx.stream.synchronize()
         finally:
             self.ctx.keep.clear()
+            # what nvCOMP freed, the batches just cleared among it, read by work of this stream only
+            self.ctx.retired.clear()
             state.streams.local.ctx = self.outer
             with state.streams.lock:
                 state.streams.free.setdefault(self.ctx.device, []).append(self.ctx)
@@ -52,6 +57,11 @@ class context:
 def current() -> Context:
     """The context lent to the task running on this thread."""
     return state.streams.local.ctx
+
+
+def lent() -> Context | None:
+    """The context lent to this thread, or None."""
+    return getattr(state.streams.local, "ctx", None)
 
 
 def copy_stream():
