@@ -7,7 +7,10 @@ device once; then, for each batch length ``B`` of ``--batches`` and each count `
 ``--threads``, ``T`` threads each decode batches of ``B`` streams on a stream of their own until
 every chunk has been decoded, and the seconds and GB/s of output are printed (best of
 ``--repeat``). The host's rate for comparison: every chunk inflated by CPython's zlib over as many
-threads as cores.
+threads as cores. ``--hold`` also runs each case with the batches' nvCOMP arrays kept until every
+batch is done; ``--allocator freehost`` gives nvCOMP's pinned memory back with ``cudaFreeHost`` at
+once, as nvCOMP's own allocator does (``benchmarks/nvcomp_allocator.py``), rather than through
+pipeline's (``pipeline.gpu.nvcomp.PinnedAllocation``).
 
     python benchmarks/deflate_batch.py data/bench/zlib.nc tas --batches 9,36,72,144,all --threads 1,3
 """
@@ -26,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def streams(path: str, variable: str):
@@ -141,12 +145,7 @@ def main(argv=None) -> None:
 
     nv = nvcomp._nvcomp()  # installs pipeline's allocator
     if a.allocator == "freehost":
-        class FreeHost:
-            def __init__(self, nbytes, stream=None):
-                self.ptr = cp.cuda.runtime.hostAlloc(max(1, nbytes), 0)
-
-            def __del__(self):
-                cp.cuda.runtime.freeHost(self.ptr)
+        from nvcomp_allocator import FreeHost
 
         nv.set_pinned_allocator(FreeHost)
 

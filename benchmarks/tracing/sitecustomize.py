@@ -65,7 +65,8 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
         "pipeline.gpu.reader": ["read_block", "_decode_file", "_move_and_decode", "_decode_into_place"],
         "pipeline.gpu.blosc": ["decode_frames"],
         "pipeline.gpu.engine": ["read_block_host", "to_device"],
-        "pipeline.gpu.hdf5": ["read_block", "read_block_host", "decode_block_host"],
+        "pipeline.gpu.hdf5": ["read_block", "read_block_host", "decode_block_host", "_move_and_decode", "_decode_on_device"],
+        "pipeline.exec.spill": ["to_host", "to_device"],
         "pipeline.gpu.ahead": ["read", "_decode"],
         "pipeline.gpu.pinned": [],
     }
