@@ -497,3 +497,51 @@ def test_gpu_read_of_zarr_default_zstd_split_between_gpu_and_cpu(tmp_path, monke
         from pipeline.gpu import pinned
 
         assert pinned.free_for(5 * 30 * 40 * 4) >= 1
+
+
+def test_nvcomp_pinned_memory_goes_back_only_once_its_stream_is_synchronized(monkeypatch):
+    """nvCOMP's pinned memory (pipeline.gpu.nvcomp.PinnedAllocation): on a thread with a lent
+    stream, from CuPy's pinned pool, and freed, held by the stream's context until that stream has
+    been synchronized; without one, cudaHostAlloc and cudaFreeHost at once, as nvCOMP's own."""
+    import sys
+    import types
+
+    events = []
+
+    class Stream:
+        def __init__(self, non_blocking=False):
+            self.ptr = id(self)
+
+        def synchronize(self):
+            events.append("sync")
+
+    class Pooled:  # CuPy's PinnedMemoryPointer: back to the pool when collected
+        def __init__(self, n):
+            self.ptr, self.n = 4096 + n, n
+
+        def __del__(self):
+            events.append(f"pool {self.n}")
+
+    runtime = types.SimpleNamespace(hostAlloc=lambda n, flags: 8192 + n, freeHost=lambda p: events.append(f"freeHost {p - 8192}"))
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=lambda: types.SimpleNamespace(id=0), Stream=Stream, alloc_pinned_memory=Pooled, runtime=runtime))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    from pipeline.gpu import nvcomp, streams
+
+    monkeypatch.setattr(state, "streams", state.StreamState())
+    with streams.context() as ctx:
+        a, b = nvcomp.PinnedAllocation(100), nvcomp.PinnedAllocation(0)
+        assert a.ptr == 4196 and a.ctx is ctx and b.ptr == 4097  # never a null pointer
+        del a
+        assert events == [] and len(ctx.retired) == 1  # the stream may still read it
+    assert events == ["sync", "pool 100"] and ctx.retired == []
+    del b  # freed after its context went back: it waits for the next synchronization of that stream
+    assert events == ["sync", "pool 100"] and len(ctx.retired) == 1
+    with streams.context() as again:
+        assert again is ctx
+    assert events[2:] == ["sync", "pool 1"] and ctx.retired == []
+    events.clear()
+    c = nvcomp.PinnedAllocation(64)  # no lent stream here
+    assert c.ctx is None and c.ptr == 8256
+    del c
+    assert events == ["freeHost 64"]
