@@ -36,9 +36,10 @@ class PinnedAllocation:
 
     nvCOMP's own allocator frees with ``cudaFreeHost``, which waits for all the device's work. On
     an H200, 1,460 NetCDF4 chunks inflated in batches of 36 by 3 threads, each on its stream: 3.2
-    GB/s with nvCOMP's allocator, 8.8 GB/s with this one (6 threads: 5.5 and 17.5 GB/s;
-    ``benchmarks/deflate_batch.py``); one thread alone, 2.9 GB/s either way. Each thread's free
-    waited 45 ms, the other threads' decodes.
+    GB/s with nvCOMP's allocator, 8.8 GB/s with this one (6 threads: 5.5 and 17.4 GB/s;
+    ``benchmarks/deflate_batch.py``); one thread alone, 2.9-3.0 GB/s either way. Each thread's
+    free waited 45 ms, the other threads' decodes. Whole flows, where a block's batch holds
+    hundreds of frames, ran no faster measurably (``benchmarks/nvcomp_allocator.py``).
 
     Memory asked for on a thread that holds a lent stream (:class:`pipeline.gpu.streams.Context`,
     whose stream every nvCOMP call of pipeline is bound to) comes from CuPy's pinned pool. Freed,
