@@ -185,7 +185,7 @@ def test_gpu_dask_array_of_a_block_source(no_device_limit):
 
 
 @pytest.mark.gpu
-def test_gpu_nvcomp_pinned_memory_waits_for_its_stream_and_threads_decode_at_once():
+def test_gpu_nvcomp_pinned_memory_waits_for_its_stream_and_threads_decode_at_once(monkeypatch):
     """nvCOMP's pinned memory (its batches' tables) comes from pipeline's allocator: freed, it
     waits in the lent context until that context's stream is synchronized, then goes back to
     CuPy's pool, where another batch reuses it. Eight threads decoding deflate batches at once,
@@ -221,6 +221,14 @@ def test_gpu_nvcomp_pinned_memory_waits_for_its_stream_and_threads_decode_at_onc
         host[k * room:k * room + len(f)] = np.frombuffer(f, dtype=np.uint8)
     dev = cp.asarray(host)
     errors = []
+    asked = []
+    init = nvcomp.PinnedAllocation.__init__
+
+    def counted(self, nbytes, stream=None):
+        asked.append(nbytes)
+        init(self, nbytes, stream)
+
+    monkeypatch.setattr(nvcomp.PinnedAllocation, "__init__", counted)
 
     def work(t):
         try:
@@ -242,3 +250,4 @@ def test_gpu_nvcomp_pinned_memory_waits_for_its_stream_and_threads_decode_at_onc
     for th in ts:
         th.join()
     assert not errors, errors[0]
+    assert asked  # nvCOMP took its pinned memory from pipeline's allocator
