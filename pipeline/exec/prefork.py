@@ -17,12 +17,11 @@ from pathlib import Path
 
 from .. import config
 from ..errors import InputError
-from .worker import WARM
+from .worker import FORKED, WARM
 
 PROFILES = Path(__file__).resolve().parent.parent / "profiles"  # the profiles shipped with the package
 # what the workers of the clusters pipeline starts run as they start (their logs, their imports)
 WORKER_PRELOAD = "pipeline.exec.worker"
-FORKSERVER = "pipeline.exec.forkserver"  # first in the fork server: its collector (the module says why)
 
 
 def profile_names() -> list[str]:
@@ -100,7 +99,8 @@ def start(gpu: bool) -> bool:
     # distributed's own list (utils.get_mp_context) is set when a nanny first starts a process,
     # once the server runs: it is in this one
     multiprocessing.get_context("forkserver").set_forkserver_preload(
-        [FORKSERVER, "distributed", "dask", "cloudpickle", "msgpack", "tornado", "toolz", "lz4", *WARM, WORKER_PRELOAD]
+        # FORKED first: its collector (pipeline.exec.forkserver says why)
+        [FORKED, "distributed", "dask", "cloudpickle", "msgpack", "tornado", "toolz", "lz4", *WARM, WORKER_PRELOAD]
         + (["dask_cuda", "cupy"] if gpu else []))
     forkserver.ensure_running()  # nothing where it runs already
     return True
