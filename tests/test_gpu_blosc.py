@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import warnings
 
+import dask
 import numcodecs
 import numpy as np
 import pytest
@@ -362,3 +363,22 @@ def test_benchmark_smoke(tmp_path):
     assert all(s > 0 for s in out["cpu"].values()) and (tmp_path / "b.json").exists()
     lay = reader.layout(Path(out["store"]) / "t2m")
     assert lay.codec == "blosc" and blosc.parse(open(lay.path((0, 0, 0)), "rb").read()).compressor == "lz4"
+
+
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["v2-era5-lz4-shuffle", "v2-blosclz", "v3-sharded", "v3-blosc-crc"])
+def test_gpu_read_through_few_staging_buffers_equals_zarr(tmp_path, monkeypatch, name):
+    """Files staged through two buffers of one file each, reused block after block: Blosc's
+    headers (and a blosclz chunk's bytes, which the host decodes) are taken before a buffer is read
+    into again."""
+    store, _ = make_store(tmp_path, name)
+    expected = xr.open_zarr(store)["x"].values
+    monkeypatch.setattr(reader, "SEGMENT", 1)
+    monkeypatch.setattr(reader, "DEPTH", 2)
+    lay = reader.layout(store / "x")
+    with dask.config.set({"pipeline.gpu.pinned-files": 0}), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # blosclz: decoded on the CPU, said once
+        for chunks in (None, tuple(4 * c for c in lay.chunk)):
+            got = reader.open_array(store, "x", chunks=chunks, nvcomp=True).compute()
+            np.testing.assert_array_equal(got.get(), expected)

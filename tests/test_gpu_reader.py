@@ -545,3 +545,118 @@ def test_nvcomp_pinned_memory_goes_back_only_once_its_stream_is_synchronized(mon
     assert c.ctx is None and c.ptr == 8256
     del c
     assert events == ["freeHost 64"]
+
+
+def test_stat_files_equals_os_stat_in_one_call(tmp_path, monkeypatch):
+    """A block's files looked up by one compiled call (statx): the fields the reader uses equal
+    os.stat's, a missing file is None (a chunk never written), other errors raise as os.stat
+    does; without the compiled loop, os.stat a file."""
+    import os
+
+    from pipeline.gpu import files, pinned
+
+    paths = []
+    for k in range(40):
+        (tmp_path / f"c{k}").write_bytes(b"x" * (k * 37))
+        paths.append(str(tmp_path / f"c{k}"))
+    os.utime(paths[3], ns=(1, 1_700_000_000_123_456_789))  # nanoseconds survive
+    paths.insert(5, str(tmp_path / "never-written"))
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setattr(files, "_built", [None] * 3)
+        elif files.stat_loop() is None:
+            pytest.skip("no compiled loop here (llvmlite or libc's statx missing)")
+        got = files.stat_files(paths)
+        assert got[5] is None
+        for p, st in zip(paths, got):
+            if st is not None:
+                ref = os.stat(p)
+                assert pinned.file_key(st) == pinned.file_key(ref) and st.st_size == ref.st_size
+        assert isinstance(got[0], files.FileStat) == compiled
+        with pytest.raises(NotADirectoryError):
+            files.stat_files([paths[0], paths[1] + "/inside"])
+        assert files.stat_files([]) == []
+
+
+def test_staged_files_go_through_a_few_buffers_in_turn(tmp_path, monkeypatch):
+    """A block's files read into pinned memory through at most DEPTH buffers of about SEGMENT
+    bytes: each file's bytes are what it holds, and a buffer goes to later files only once the
+    copies out of it are done (its event synchronized)."""
+    from pipeline.gpu import pinned
+
+    sizes = [300, 500, 200, 900, 100, 100, 700, 50, 400]
+    paths = []
+    for k, n in enumerate(sizes):
+        (tmp_path / f"f{k}").write_bytes(bytes((k * 11 + i) % 251 for i in range(n)))
+        paths.append(str(tmp_path / f"f{k}"))
+    assert reader._segments(sizes, 1000) == [(0, 3), (3, 5), (5, 8), (8, 9)]
+    assert reader._segments([2000, 10], 1000) == [(0, 1), (1, 2)] and reader._segments([], 1000) == []
+
+    log, lent = [], set()
+
+    class Buffer:
+        def __init__(self, n):
+            self.bytes = np.zeros(n, dtype=np.uint8)
+
+    def take(n):
+        buf = Buffer(n)
+        lent.add(id(buf))
+        log.append(("take", len(lent)))
+        return buf
+
+    def give(buf):
+        lent.discard(id(buf))
+        log.append(("give", len(lent)))
+
+    class Event:
+        def __init__(self, segment):
+            self.segment, self.done = segment, False
+
+        def synchronize(self):
+            self.done = True
+            log.append(("sync", self.segment))
+
+    class Stream:
+        def record(self):
+            return Event(len([e for e in log if e[0] == "crossed"]))
+
+    monkeypatch.setattr(reader, "SEGMENT", 1000)
+    monkeypatch.setattr(reader, "DEPTH", 2)
+    monkeypatch.setattr(pinned, "take", take)
+    monkeypatch.setattr(pinned, "give", give)
+    staging = reader._Staging(paths, sizes)
+    assert len(lent) == 2  # DEPTH segments read at once
+    stream = Stream()
+    for i, path in enumerate(paths):
+        f = reader._StagedFile(staging, i)
+        assert f().tobytes() == open(path, "rb").read()
+        assert f.buffer[f.start:f.start + f.size].tobytes() == open(path, "rb").read()
+        if staging.last_of_segment(i):
+            log.append(("crossed", i))
+            staging.crossed(i, stream)
+        assert len(lent) <= 2
+    staging.close()
+    assert not lent
+    # every buffer given back for the next segment after the copies out of it were waited for
+    for k, entry in enumerate(log):
+        if entry[0] == "give" and k + 1 < len(log) and log[k + 1][0] == "take":
+            assert log[k - 1][0] == "sync"
+    assert [e for e in log if e[0] == "take"] and sum(e[0] == "take" for e in log) == 4
+
+
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["v3-zstd", "v3-zstd-crc", "v3-sharded-tiles", "v2-zstd"])
+def test_gpu_read_through_few_staging_buffers_equals_zarr(tmp_path, monkeypatch, name):
+    """Files staged through two buffers of one file each, reused within a block: the frames and
+    their checksums are taken from each file before its buffer is read into again."""
+    import cupy as cp
+
+    store, values = make(tmp_path, name, holes=True)
+    monkeypatch.setattr(reader, "SEGMENT", 1)
+    monkeypatch.setattr(reader, "DEPTH", 2)
+    lay = reader.layout(store / "x")
+    with dask.config.set({"pipeline.gpu.pinned-files": 0, "pipeline.gpu.decode-rates": {"cpu-frame": 1}}), _fresh_rates():
+        for chunks in (None, tuple(3 * c for c in lay.chunk)):
+            out = reader.open_array(store, "x", chunks=chunks, nvcomp=True).compute()
+            np.testing.assert_array_equal(cp.asnumpy(out), values)

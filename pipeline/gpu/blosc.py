@@ -28,6 +28,7 @@ decode, tested bit for bit against numcodecs' Blosc on every machine.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import struct
 import warnings
@@ -69,6 +70,7 @@ class BloscChunk:
     compressor: str
     streams: np.ndarray
     blocks: np.ndarray
+    raw: bytes | None = dataclasses.field(default=None, repr=False)  # kept by header() where the host decodes it
 
     @property
     def gpu(self) -> bool:
@@ -123,6 +125,13 @@ def parse(blob) -> BloscChunk:
         rows += _block_streams(view, cbytes, start, j * blocksize, bsize // nsplits, nsplits)
     streams = np.array(rows, dtype=np.int64).reshape(-1, len(STREAM_COLUMNS))
     return BloscChunk(nbytes, typesize, blocksize, mode, False, compressor, streams, blocks)
+
+
+def header(blob) -> BloscChunk:
+    """:func:`parse` of ``blob`` for :func:`decode_frames` later, when its memory may hold other
+    bytes: with a copy of them kept where the host decodes the chunk (a compressor nvCOMP lacks)."""
+    chunk = parse(blob)
+    return chunk if chunk.gpu else dataclasses.replace(chunk, raw=bytes(memoryview(blob).cast("B")))
 
 
 def _block_streams(view, cbytes: int, offset: int, dst: int, neblock: int, nsplits: int) -> list:
@@ -258,22 +267,24 @@ def blosclz_decompress(src: bytes, size: int) -> bytes:
 
 def decode_frames(root: str, hosts, dev, src_offsets, dst, dst_offsets, nbytes: int) -> None:
     """Decode Blosc chunks on this task's stream: chunk ``k`` lies at ``src_offsets[k]`` of the
-    device bytes ``dev`` (and in host memory as ``hosts[k]``, whose headers are read here) and
-    decodes to the ``nbytes`` bytes at byte ``dst_offsets[k]`` of the CuPy array ``dst``.
+    device bytes ``dev`` (and in host memory as ``hosts[k]``, whose headers are read here, or
+    ``hosts[k]`` is its :func:`header`) and decodes to the ``nbytes`` bytes at byte
+    ``dst_offsets[k]`` of the CuPy array ``dst``.
 
     Every stream of every chunk decodes in one nvCOMP batch per algorithm (streams stored raw
     are copied by one kernel launch) straight into ``dst`` for chunks without shuffle, or else
     into a scratch buffer, from which one launch per shuffle mode unshuffles every block into
     ``dst``. Chunks of compressors that nvCOMP does not decode are decoded on the host.
     """
-    chunks = [parse(h) for h in hosts]
+    chunks = [h if isinstance(h, BloscChunk) else parse(h) for h in hosts]
     for c in chunks:
         if c.nbytes != nbytes:
             raise DecodeError(f"{root}: a Blosc chunk holds {c.nbytes} bytes, expected {nbytes}")
     flat = dst.reshape(-1).view(np.uint8)
     on_host = [k for k, c in enumerate(chunks) if not c.gpu]
     if on_host:
-        _decode_on_host(root, [hosts[k] for k in on_host], [chunks[k] for k in on_host], flat,
+        _decode_on_host(root, [chunks[k].raw if chunks[k].raw is not None else hosts[k] for k in on_host],
+                        [chunks[k] for k in on_host], flat,
                         [int(dst_offsets[k]) for k in on_host], nbytes)
     on_gpu = [k for k, c in enumerate(chunks) if c.gpu]
     if on_gpu:

@@ -127,11 +127,19 @@ def block_stream():
         yield ctx.stream
 
 
+def frame_header(codec: str, frame):
+    """What :func:`decode_frames` reads of a frame on the host, taken while its bytes are there
+    (a reader may give their memory to other reads before the block's batch): Blosc's parsed
+    header (:func:`pipeline.gpu.blosc.header`); nothing for the other codecs."""
+    return blosc.header(frame) if codec == "blosc" else None
+
+
 def decode_frames(codec: str, dev, src_off, src_size, dst, dst_off, nbytes: int, hosts=None, root: str = "") -> None:
     """Every frame of a block in one batch on this thread's stream: frame ``k`` (``src_size[k]``
     bytes at ``src_off[k]`` of the device bytes ``dev``) decodes to ``nbytes`` bytes at byte
     ``dst_off[k]`` of ``dst``. ``codec``: "zstd" or "deflate" (raw deflate: nvCOMP), "blosc"
-    (whose headers are read from the frames' host bytes, ``hosts()``) or "none" (copies)."""
+    (whose headers are read from the frames' host bytes or :func:`frame_header`\ s, ``hosts()``)
+    or "none" (copies)."""
     if codec == "blosc":
         blosc.decode_frames(root, hosts(), dev, src_off, dst, dst_off, nbytes)
     elif codec == "zstd":

@@ -10,13 +10,17 @@ reads the layouts that the Zarr v3 (and v2) specifications define, and anything 
 
 One Dask task reads one block of whole chunks (or shards):
 
-1. the chunk files are read into one pinned host buffer (:mod:`pipeline.gpu.pinned`), large files in
-   pieces and small ones several to a job (:mod:`pipeline.gpu.files`, one call that holds no GIL
-   a group), by a pool of I/O threads that serves the earliest read first; or, where
+1. the chunk files are looked up by one call (:func:`pipeline.gpu.files.stat_files`) and read into
+   pinned host buffers (:mod:`pipeline.gpu.pinned`), a few segments of the block at a time
+   (:class:`_Staging`), large files in pieces and small ones several to a job
+   (:mod:`pipeline.gpu.files`, one call that holds no GIL a group), by a pool of I/O threads that
+   serves the earliest read first; or, where
    ``pipeline.gpu.pinned-files`` leaves room, each file is pinned where it lies in the page cache,
    once, and later reads of it skip the copy to a buffer;
 2. each file's compressed bytes cross to the device by an asynchronous copy once the file is read
-   (files next to each other in the buffer together), on the task thread's own CUDA stream;
+   (files next to each other in the buffer together), on the task thread's own CUDA stream, and
+   what the decode needs of its host bytes (its frames and checksums, Blosc's headers) is taken
+   then, before its buffer is read into again;
 3. one nvCOMP batch decodes every zstd frame of the block (a chunk, or every inner chunk of a
    shard) into its place in the output, or into a scratch buffer that one copy rearranges; the
    decode is queued without reading the frames' sizes back. Files of one large frame (zarr's
@@ -36,6 +40,7 @@ the batched decode by codec, the fallback and the Dask array) is in :mod:`pipeli
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import math
@@ -54,8 +59,8 @@ from ..errors import DecodeError, UnsupportedLayout, chunk_error
 from ..kernels.copies import copy_into
 from . import pinned, split
 from .engine import (PIECE, BlockSource, aligned, block_chunks, block_stream, dask_array, decode_frames,
-                     decode_host, map_file, pread_into, read_block_host, staged_read)
-from .files import read_whole_files
+                     decode_host, frame_header, map_file, pread_into, read_block_host, staged_read)
+from .files import read_whole_files, stat_files
 from .iopool import io_pool
 from .nvcomp import nvcomp_available
 from .streams import copy_stream
@@ -63,6 +68,8 @@ from .streams import copy_stream
 MISSING = np.uint64(2**64 - 1)
 GROUP = 1 << 20  # the least bytes of small files that one I/O job reads (submit_reads)
 COPY = 64 << 20  # the most bytes of staged files that cross to the device in one copy
+SEGMENT = 128 << 20  # a block's staged files are read through buffers of about this many bytes, ...
+DEPTH = 3  # ... this many at a time (_Staging)
 
 
 # --- layout -------------------------------------------------------------------------------------
@@ -324,17 +331,24 @@ def submit_pins(paths: list[str], stats: list[os.stat_result]) -> list[Future]:
     return [pool.submit(_pin_or_own, path, st, ticket=ticket) for path, st in zip(paths, stats)]
 
 
-def submit_reads(paths: list[str], sizes: list[int], buffer: np.ndarray) -> list[tuple[int, list[Future]]]:
+def group_bytes(total: int) -> int:
+    """Bytes of small files that one I/O job reads, of ``total`` bytes read: about ``PIECE``, less
+    (down to ``GROUP``) where that would leave I/O threads without a job."""
+    return min(PIECE, max(GROUP, total // (2 * io_pool().threads)))
+
+
+def submit_reads(paths: list[str], sizes: list[int], buffer: np.ndarray,
+                 per_job: int | None = None) -> list[tuple[int, list[Future]]]:
     """Start reading whole files one after another into ``buffer``: (start, jobs) for each file,
     in order. Large files are split into pieces that the I/O pool reads in parallel; consecutive
-    small files are read several to a job (:func:`pipeline.gpu.files.read_whole_files`), about
-    ``PIECE`` bytes a job, less (down to ``GROUP``) where that would leave I/O threads without
-    one. All the jobs share one place in the pool's order."""
+    small files are read several to a job (:func:`pipeline.gpu.files.read_whole_files`), ``per_job``
+    bytes a job (:func:`group_bytes` of these files by default). All the jobs share one place in
+    the pool's order."""
     starts = list(itertools.accumulate([0] + sizes[:-1]))
     mv = memoryview(buffer)
     pool = io_pool()
     ticket = pool.ticket()
-    group_bytes = min(PIECE, max(GROUP, sum(sizes) // (2 * pool.threads)))
+    per_job = per_job or group_bytes(sum(sizes))
     files: list[tuple[int, list[Future]]] = []
     group: list[int] = []  # the small files of the job being gathered (their places in ``files``)
 
@@ -352,7 +366,7 @@ def submit_reads(paths: list[str], sizes: list[int], buffer: np.ndarray) -> list
             files.append((start, []))
             group.append(k)
             gathered += size
-            if gathered >= group_bytes:
+            if gathered >= per_job:
                 submit_group()
                 gathered = 0
         else:
@@ -376,7 +390,7 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
     as a CuPy array, read, moved and decoded as the module docstring describes."""
     block = block_chunks(region, lay.chunk)
     paths = [lay.path(c) for c in block.coords]
-    stats = [_stat(p) for p in paths]
+    stats = stat_files(paths)
     sizes = [st.st_size if st else 0 for st in stats]
 
     with split.reading() as blocks:
@@ -384,7 +398,7 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
         held = [pinned.lookup(p, st) if st and st.st_size else None for p, st in zip(paths, stats)]
         host = _on_host(lay, sizes, held, blocks)
         # The GPU's files first: pinned by the I/O threads where the policy and the room let them,
-        # the rest read into a pinned buffer taken for them only. The CPU's files are decoded by
+        # the rest read into pinned buffers a few at a time (:class:`_Staging`). The CPU's files are decoded by
         # the I/O threads, each into a pinned buffer of one chunk, once the GPU's batch is queued
         # (:class:`_HostDecodes`), or at once in a block the CPU decodes whole. In a first run on
         # zarr's default store, taking the buffers of both first held the GPU's batch back by
@@ -397,12 +411,11 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
         to_pin = [k for k in unread if pinned.will_pin(paths[k], stats[k])]
         pins = dict(zip(to_pin, submit_pins([paths[k] for k in to_pin], [stats[k] for k in to_pin])))
         to_read = [k for k in unread if k not in pins]
-        staging, jobs = None, []
+        staging = None
         try:
             if to_read:
-                staging = pinned.take(sum(sizes[k] for k in to_read))
-                jobs = submit_reads([paths[k] for k in to_read], [sizes[k] for k in to_read], staging.bytes)
-            files, it = [], iter(jobs)
+                staging = _Staging([paths[k] for k in to_read], [sizes[k] for k in to_read])
+            files, it = [], itertools.count()
             for k, size in enumerate(sizes):
                 if host[k]:
                     files.append(_HostDecode(decodes, k))
@@ -411,7 +424,7 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
                 elif k in pins:
                     files.append(functools.partial(_pinned_or_own, pins[k]))
                 elif size:
-                    files.append(_Staged(staging.bytes, *next(it), size))
+                    files.append(_StagedFile(staging, next(it)))
                 else:
                     files.append(None)
             def queued(out, ready):  # the GPU's files are on their way: the CPU's decodes start
@@ -424,10 +437,10 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
             # decode may still be writing into a buffer, nor a copy reading a pinned file, when
             # they go back
             fetching.done()
-            futures_wait([j for _, waits in jobs for j in waits] + list(pins.values()))
-            decodes.close()
+            futures_wait(list(pins.values()))
             if staging is not None:
-                pinned.give(staging)
+                staging.close()
+            decodes.close()
             for f in held + [_pinned_by([job]) for job in pins.values()]:
                 if f is not None:
                     pinned.unpin_file(f)
@@ -596,19 +609,106 @@ def _mapped(path: str, held) -> np.ndarray:
     return blob
 
 
-class _Staged:
-    """A file read into a pinned buffer (:func:`submit_reads`): calling it waits for its jobs and
-    returns its bytes there. Files next to each other in one buffer and in the device buffer cross
-    the bus in one copy (:func:`_move_and_decode`)."""
+class _Staging:
+    """The files of one block read into pinned buffers (neither pinned where they lie nor decoded by
+    the CPU), in the block's order, through at most ``DEPTH`` buffers of about ``SEGMENT`` bytes at
+    a time. A buffer goes back for the next files once its files have crossed to the device and
+    what the decode needs of their host bytes was taken (:func:`_arrived`).
 
-    __slots__ = ("buffer", "start", "waits", "size")
+    One buffer for all of a block's files (1.7 GB of Blosc files for a block of 2.8 GB) made a
+    fresh process pin as many of them as it had threads before their first reads: new pinned
+    memory is faulted in and registered before a read can go into it, 2.1 s of the task threads'
+    time in the user's command on 18.2 GB of Zarr v2 Blosc on one H200, against a 1.36 s run
+    (benchmarks/RESULTS.md, "A block's files looked up and staged"). The segments all serve one
+    another: a process pins at most ``DEPTH`` of them a thread, once."""
 
-    def __init__(self, buffer: np.ndarray, start: int, waits: list[Future], size: int):
-        self.buffer, self.start, self.waits, self.size = buffer, start, waits, size
+    def __init__(self, paths: list[str], sizes: list[int]):
+        self.paths, self.sizes = paths, sizes
+        self.segments = _segments(sizes, SEGMENT)
+        self.segment_of = [s for s, (a, b) in enumerate(self.segments) for _ in range(a, b)]
+        self.group = group_bytes(sum(sizes))  # the block's, not a segment's: as few jobs as before
+        self.files: list[tuple[np.ndarray, int, list[Future]] | None] = [None] * len(paths)
+        self.buffers: dict[int, pinned.Buffer] = {}
+        self.crossing: collections.deque = collections.deque()  # (segment, event once its copies are done)
+        self.jobs: list[Future] = []
+        self.next = 0
+        for _ in range(DEPTH):
+            self._submit()
+
+    def _submit(self) -> None:
+        s = self.next
+        if s == len(self.segments):
+            return
+        self.next += 1
+        a, b = self.segments[s]
+        buf = self.buffers[s] = pinned.take(sum(self.sizes[a:b]))
+        for i, (start, waits) in zip(range(a, b), submit_reads(self.paths[a:b], self.sizes[a:b], buf.bytes, self.group)):
+            self.files[i] = (buf.bytes, start, waits)
+            self.jobs += waits
+
+    def wait(self, i: int) -> tuple[np.ndarray, int]:
+        """File ``i``'s buffer and start there, once it is read."""
+        while self.files[i] is None:  # its segment waits for a buffer (files are taken in order)
+            if self.crossing:
+                self._recycle()
+            else:
+                self._submit()
+        buffer, start, waits = self.files[i]
+        for job in waits:
+            job.result()
+        return buffer, start
+
+    def last_of_segment(self, i: int) -> bool:
+        return i == self.segments[self.segment_of[i]][1] - 1
+
+    def crossed(self, i: int, stream) -> None:
+        """The copies of file ``i``'s segment (``i`` its last file) are queued on ``stream``: its
+        buffer goes to the next segment once they are done."""
+        self.crossing.append((self.segment_of[i], stream.record()))
+        if self.next < len(self.segments):
+            self._recycle()
+
+    def _recycle(self) -> None:
+        s, done = self.crossing.popleft()
+        done.synchronize()
+        pinned.give(self.buffers.pop(s))
+        self._submit()
+
+    def close(self) -> None:
+        """Once no copy reads the buffers (the block's stream synchronized): every read waited for,
+        the buffers given back."""
+        futures_wait(self.jobs)
+        for buf in self.buffers.values():
+            pinned.give(buf)
+        self.buffers.clear()
+
+
+def _segments(sizes: list[int], nbytes: int) -> list[tuple[int, int]]:
+    """Consecutive files in runs of at most ``nbytes`` (a larger file alone): (first, end) each."""
+    out, first, total = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > first and total + size > nbytes:
+            out.append((first, i))
+            first, total = i, 0
+        total += size
+    if sizes:
+        out.append((first, len(sizes)))
+    return out
+
+
+class _StagedFile:
+    """File ``index`` of a block's :class:`_Staging`: calling it waits for it and returns its bytes;
+    ``buffer`` and ``start`` then say where they are. Files next to each other in one buffer and in
+    the device buffer cross the bus in one copy (:func:`_move_and_decode`)."""
+
+    __slots__ = ("staging", "index", "buffer", "start", "size")
+
+    def __init__(self, staging: _Staging, index: int):
+        self.staging, self.index = staging, index
+        self.size = staging.sizes[index]
 
     def __call__(self) -> np.ndarray:
-        for job in self.waits:
-            job.result()
+        self.buffer, self.start = self.staging.wait(self.index)
         return self.buffer[self.start:self.start + self.size]
 
 
@@ -625,13 +725,6 @@ def _pinned_by(waits: list[Future]):
         if isinstance(result, pinned.PinnedFile):
             return result
     return None
-
-
-def _stat(path: str) -> os.stat_result | None:
-    try:
-        return os.stat(path)
-    except FileNotFoundError:  # a missing chunk holds the fill value
-        return None
 
 
 def _move_and_decode(lay: Layout, block, files, sizes, start_host=None):
@@ -660,20 +753,27 @@ def _move_and_decode(lay: Layout, block, files, sizes, start_host=None):
         # read one after another into one buffer cross together, up to COPY bytes a copy (12,410
         # copies of 2.6 MB, one a file, took 3.3 s of a worker's task threads' time on the 2-GPU
         # H200 machine, most of it waiting for the GIL among the I/O threads)
-        blobs = []
+        blobs = []  # each file's frames (_arrived), or what it is if it has no bytes here
         run = None  # staged files not copied yet: [buffer, start there, start in dev, bytes]
         for f, start, size in zip(files, file_starts, sizes):
-            blobs.append(f() if f and size else f)
             if not (f and size):
+                blobs.append(f)
                 continue
-            if (isinstance(f, _Staged) and run is not None and run[0] is f.buffer and run[1] + run[3] == f.start
+            blob = f()
+            staged = isinstance(f, _StagedFile)
+            if (staged and run is not None and run[0] is f.buffer and run[1] + run[3] == f.start
                     and run[2] + run[3] == start and run[3] < COPY):
                 run[3] += size
-                continue
-            _copy_run(run, dev, stream)
-            run = [f.buffer, f.start, start, size] if isinstance(f, _Staged) else None
-            if run is None:
-                dev[start:start + size].set(blobs[-1], stream=stream)
+            else:
+                _copy_run(run, dev, stream)
+                run = [f.buffer, f.start, start, size] if staged else None
+                if run is None:
+                    dev[start:start + size].set(blob, stream=stream)
+            blobs.append(_arrived(lay, blob))  # a staged file's buffer may be read into again below
+            if staged and f.staging.last_of_segment(f.index):
+                _copy_run(run, dev, stream)
+                run = None
+                f.staging.crossed(f.index, stream)
         _copy_run(run, dev, stream)
         # plan: each chunk decodes straight into ``out`` when its place there is one contiguous
         # run and whole; else into a scratch chunk that one copy puts in place. The block's frames
@@ -711,10 +811,28 @@ def _copy_run(run, dev, stream) -> None:
         dev[at:at + nbytes].set(buffer[start:start + nbytes], stream=stream)
 
 
+@dataclass(frozen=True)
+class _Arrived:
+    """What a block's decode needs of a file's host bytes, taken as soon as the file is read: its
+    frames (:func:`frames`, which also checks their checksums) and what the codec reads of each on
+    the host (:func:`pipeline.gpu.engine.frame_header`; Blosc's headers)."""
+
+    offsets: np.ndarray
+    sizes: np.ndarray
+    present: np.ndarray
+    headers: list
+
+
+def _arrived(lay: Layout, blob) -> _Arrived:
+    offsets, sizes, present = frames(lay, blob)
+    headers = [frame_header(lay.codec, blob[o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
+    return _Arrived(offsets, sizes, present, headers)
+
+
 def _frame_lists(lay: Layout, items, base_of):
     src_off, src_size, dst_off, present_all = [], [], [], []
-    for k, (target, start, blob) in enumerate(items):
-        offsets, sizes, present = frames(lay, blob)
+    for k, (target, start, arrived) in enumerate(items):
+        offsets, sizes, present = arrived.offsets, arrived.sizes, arrived.present
         src_off.extend((offsets + start).tolist())
         src_size.extend(sizes.tolist())
         dst_off.extend((base_of(k, target) + present * lay.inner_nbytes).tolist())
@@ -728,12 +846,8 @@ def _run_frames(lay, dev, src_off, src_size, dst, dst_off, items):
 
 
 def _frame_hosts(lay: Layout, items) -> list:
-    """The host bytes of every frame of ``items``, from which Blosc's headers are read."""
-    hosts = []
-    for _, _, blob in items:
-        offsets, sizes, _ = frames(lay, blob)
-        hosts += [blob[o:o + s] for o, s in zip(offsets.tolist(), sizes.tolist())]
-    return hosts
+    """What the codec read of every frame of ``items`` on the host (Blosc's headers)."""
+    return [h for _, _, arrived in items for h in arrived.headers]
 
 
 class _GpuTiming:
