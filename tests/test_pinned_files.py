@@ -186,3 +186,17 @@ def test_will_pin_follows_the_policy_and_counts_the_read(tmp_path, registry):
         assert pinned.will_pin(q, os.stat(q))
         with dask.config.set({"pipeline.gpu.pin-min-file": 2000}):
             assert not pinned.will_pin(q, os.stat(q))
+
+
+def test_will_pin_files_decides_as_will_pin_a_file_at_a_time(tmp_path, registry):
+    """A block's files asked at once: the policy, the floor and the room as for each alone, and
+    each read counted once under "reread"."""
+    paths = [str(write(tmp_path / f"f{k}", bytes([k]) * n)) for k, n in enumerate((1000, 10, 3000, 500))]
+    stats = [os.stat(p) for p in paths]
+    with dask.config.set({"pipeline.gpu.pin-files": "reread", "pipeline.gpu.pin-min-file": 100}):
+        assert pinned.will_pin_files(paths, stats) == [False, False, False, False]  # first reads, counted
+        assert pinned.will_pin_files(paths, stats) == [True, False, True, True]  # under the floor: never
+        assert pinned.will_pin(paths[0], stats[0])
+    with dask.config.set({"pipeline.gpu.pin-files": "first-read", "pipeline.gpu.pinned-files": 2000}):
+        assert pinned.will_pin_files(paths, stats) == [True, True, False, True]  # 3000 bytes do not fit
+    assert pinned.will_pin_files([], []) == []

@@ -138,8 +138,8 @@ def decode_frames(codec: str, dev, src_off, src_size, dst, dst_off, nbytes: int,
     """Every frame of a block in one batch on this thread's stream: frame ``k`` (``src_size[k]``
     bytes at ``src_off[k]`` of the device bytes ``dev``) decodes to ``nbytes`` bytes at byte
     ``dst_off[k]`` of ``dst``. ``codec``: "zstd" or "deflate" (raw deflate: nvCOMP), "blosc"
-    (whose headers are read from the frames' host bytes or :func:`frame_header`\ s, ``hosts()``)
-    or "none" (copies)."""
+    (whose headers are read from the frames' host bytes, or taken before by :func:`frame_header`:
+    ``hosts()``) or "none" (copies)."""
     if codec == "blosc":
         blosc.decode_frames(root, hosts(), dev, src_off, dst, dst_off, nbytes)
     elif codec == "zstd":

@@ -68,8 +68,12 @@ from .streams import copy_stream
 MISSING = np.uint64(2**64 - 1)
 GROUP = 1 << 20  # the least bytes of small files that one I/O job reads (submit_reads)
 COPY = 64 << 20  # the most bytes of staged files that cross to the device in one copy
-SEGMENT = 128 << 20  # a block's staged files are read through buffers of about this many bytes, ...
-DEPTH = 3  # ... this many at a time (_Staging)
+SEGMENT = 64 << 20  # a block's staged files are read through buffers of about this many bytes, ...
+DEPTH = 2  # ... this many at a time (_Staging)
+# Codecs whose frames decode a segment at a time, as it crosses, while the block's next files are
+# read, rather than in one batch a block: Blosc's, a chunk of many small streams (29 LZ4 streams a
+# 4 MB chunk of ERA5-style Blosc), so a segment's batch (hundreds of streams) keeps nvCOMP busy.
+EARLY_DECODE = ("blosc",)
 
 
 # --- layout -------------------------------------------------------------------------------------
@@ -408,7 +412,7 @@ def read_block(lay: Layout, region: tuple[slice, ...]):
         decodes = _HostDecodes(lay, paths, held, host)
         unread = [k for k, size in enumerate(sizes) if size and held[k] is None and not host[k]]
         fetching = _GpuFiles(bool(unread))
-        to_pin = [k for k in unread if pinned.will_pin(paths[k], stats[k])]
+        to_pin = [k for k, pin in zip(unread, pinned.will_pin_files([paths[k] for k in unread], [stats[k] for k in unread])) if pin]
         pins = dict(zip(to_pin, submit_pins([paths[k] for k in to_pin], [stats[k] for k in to_pin])))
         to_read = [k for k in unread if k not in pins]
         staging = None
@@ -759,6 +763,7 @@ def _move_and_decode(lay: Layout, block, files, sizes, start_host=None):
         # H200 machine, most of it waiting for the GIL among the I/O threads)
         blobs = []  # each file's frames (_arrived), or what it is if it has no bytes here
         run = None  # staged files not copied yet: [buffer, start there, start in dev, bytes]
+        decoded, on_host = 0, []  # the files whose decode is queued, and the CPU's among them
         for f, start, size in zip(files, file_starts, sizes):
             if not (f and size):
                 blobs.append(f)
@@ -777,34 +782,46 @@ def _move_and_decode(lay: Layout, block, files, sizes, start_host=None):
             if staged and f.staging.last_of_segment(f.index):
                 _copy_run(run, dev, stream)
                 run = None
+                if lay.codec in EARLY_DECODE:  # the segment's frames decode while the next are read
+                    on_host += _decode(lay, block.places[decoded:], file_starts[decoded:], blobs[decoded:], dev, out)
+                    decoded = len(blobs)
                 f.staging.crossed(f.index, stream)
         _copy_run(run, dev, stream)
-        # plan: each chunk decodes straight into ``out`` when its place there is one contiguous
-        # run and whole; else into a scratch chunk that one copy puts in place. The block's frames
-        # decode in one batch: decoding each file as soon as it is across, while the next is read,
-        # was slower (0.25 s against 0.19-0.21 s for 6.1 GB in blocks of 3-5 shards), since
-        # nvCOMP's speed comes from the frames it decodes at once.
-        direct, scratch, on_host = [], [], []
-        for local, start, blob in zip(block.places, file_starts, blobs):
-            target = out[local]
-            whole = tuple(sl.stop - sl.start for sl in local) == lay.chunk
-            if blob is None:
-                target.fill(lay.fill_value)
-            elif isinstance(blob, _HostDecode):
-                on_host.append((local, blob))
-            elif whole and target.flags.c_contiguous and lay.contiguous_inner:
-                direct.append((target, start, blob))
-            else:
-                scratch.append((local, start, blob))
-        timing = _GpuTiming(lay, len(direct) + len(scratch), stream)
-        _decode_into_place(lay, direct, dev, out)
-        _decode_scratch(lay, scratch, dev, out)
+        # The block's frames (those not decoded already) decode in one batch: decoding each file
+        # as soon as it is across, while the next is read, was slower for zstd shards (0.25 s
+        # against 0.19-0.21 s for 6.1 GB in blocks of 3-5 shards), since nvCOMP's speed comes
+        # from the frames it decodes at once.
+        timing = _GpuTiming(lay, sum(isinstance(b, _Arrived) for b in blobs[decoded:]), stream)
+        on_host += _decode(lay, block.places[decoded:], file_starts[decoded:], blobs[decoded:], dev, out)
         timing.stop(stream)
         if start_host is not None:
             start_host(out, ready)
         _place_host_decoded(lay, on_host, out, stream)
     timing.observe()
     return out
+
+
+def _decode(lay: Layout, places, starts, blobs, dev, out) -> list:
+    """Queue the decode of these files of a block (their places in ``out``, starts in ``dev``, and
+    :func:`_arrived` frames, or None where the chunk has no file, or a :class:`_HostDecode`):
+    each chunk decodes straight into ``out`` when its place there is one contiguous run and whole,
+    else into a scratch chunk that one copy puts in place; absent chunks take the fill value.
+    Returns the CPU's files, (place, decode), for the caller to place."""
+    direct, scratch, on_host = [], [], []
+    for local, start, blob in zip(places, starts, blobs):
+        target = out[local]
+        whole = tuple(sl.stop - sl.start for sl in local) == lay.chunk
+        if blob is None:
+            target.fill(lay.fill_value)
+        elif isinstance(blob, _HostDecode):
+            on_host.append((local, blob))
+        elif whole and target.flags.c_contiguous and lay.contiguous_inner:
+            direct.append((target, start, blob))
+        else:
+            scratch.append((local, start, blob))
+    _decode_into_place(lay, direct, dev, out)
+    _decode_scratch(lay, scratch, dev, out)
+    return on_host
 
 
 def _copy_run(run, dev, stream) -> None:
