@@ -70,10 +70,6 @@ GROUP = 1 << 20  # the least bytes of small files that one I/O job reads (submit
 COPY = 64 << 20  # the most bytes of staged files that cross to the device in one copy
 SEGMENT = 64 << 20  # a block's staged files are read through buffers of about this many bytes, ...
 DEPTH = 2  # ... this many at a time (_Staging)
-# Codecs whose frames decode a segment at a time, as it crosses, while the block's next files are
-# read, rather than in one batch a block: Blosc's, a chunk of many small streams (29 LZ4 streams a
-# 4 MB chunk of ERA5-style Blosc), so a segment's batch (hundreds of streams) keeps nvCOMP busy.
-EARLY_DECODE = ("blosc",)
 
 
 # --- layout -------------------------------------------------------------------------------------
@@ -620,11 +616,13 @@ class _Staging:
     what the decode needs of their host bytes was taken (:func:`_arrived`).
 
     One buffer for all of a block's files (1.7 GB of Blosc files for a block of 2.8 GB) made a
-    fresh process pin as many of them as it had threads before their first reads: new pinned
-    memory is faulted in and registered before a read can go into it, 2.1 s of the task threads'
-    time in the user's command on 18.2 GB of Zarr v2 Blosc on one H200, against a 1.36 s run
-    (benchmarks/RESULTS.md, "A block's files looked up and staged"). The segments all serve one
-    another: a process pins at most ``DEPTH`` of them a thread, once."""
+    fresh process pin one of them a thread before its first reads could start: new pinned memory
+    is faulted in and registered before a read can go into it. Traced, the user's command on 18.2
+    GB of Zarr v2 Blosc on one H200 spent 2.1-2.4 s of its task threads' time making 8 of them
+    (13.6 GB); through segments of 64 MB, two at a time, 0.2 s making 12, and the run took
+    1.34-1.40 s against 1.68-1.76 s (benchmarks/RESULTS.md, "A block's files looked up and
+    staged"). Buffers of one size serve every segment: a process pins at most ``DEPTH`` of them a
+    thread, once."""
 
     def __init__(self, paths: list[str], sizes: list[int]):
         self.paths, self.sizes = paths, sizes
@@ -763,7 +761,6 @@ def _move_and_decode(lay: Layout, block, files, sizes, start_host=None):
         # H200 machine, most of it waiting for the GIL among the I/O threads)
         blobs = []  # each file's frames (_arrived), or what it is if it has no bytes here
         run = None  # staged files not copied yet: [buffer, start there, start in dev, bytes]
-        decoded, on_host = 0, []  # the files whose decode is queued, and the CPU's among them
         for f, start, size in zip(files, file_starts, sizes):
             if not (f and size):
                 blobs.append(f)
@@ -782,17 +779,15 @@ def _move_and_decode(lay: Layout, block, files, sizes, start_host=None):
             if staged and f.staging.last_of_segment(f.index):
                 _copy_run(run, dev, stream)
                 run = None
-                if lay.codec in EARLY_DECODE:  # the segment's frames decode while the next are read
-                    on_host += _decode(lay, block.places[decoded:], file_starts[decoded:], blobs[decoded:], dev, out)
-                    decoded = len(blobs)
                 f.staging.crossed(f.index, stream)
         _copy_run(run, dev, stream)
-        # The block's frames (those not decoded already) decode in one batch: decoding each file
-        # as soon as it is across, while the next is read, was slower for zstd shards (0.25 s
-        # against 0.19-0.21 s for 6.1 GB in blocks of 3-5 shards), since nvCOMP's speed comes
-        # from the frames it decodes at once.
-        timing = _GpuTiming(lay, sum(isinstance(b, _Arrived) for b in blobs[decoded:]), stream)
-        on_host += _decode(lay, block.places[decoded:], file_starts[decoded:], blobs[decoded:], dev, out)
+        # The block's frames decode in one batch, once all are across. Decoding each file as soon
+        # as it is across, while the next is read, was slower for zstd shards (0.25 s against
+        # 0.19-0.21 s for 6.1 GB in blocks of 3-5 shards), and so was decoding each segment of
+        # Blosc files as it crossed (ERA5-style Blosc, one H200: 1.67-1.69 s against 1.34-1.40 s
+        # for 18.2 GB), since nvCOMP's speed comes from the frames it decodes at once.
+        timing = _GpuTiming(lay, sum(isinstance(b, _Arrived) for b in blobs), stream)
+        on_host = _decode(lay, block.places, file_starts, blobs, dev, out)
         timing.stop(stream)
         if start_host is not None:
             start_host(out, ready)
@@ -802,7 +797,7 @@ def _move_and_decode(lay: Layout, block, files, sizes, start_host=None):
 
 
 def _decode(lay: Layout, places, starts, blobs, dev, out) -> list:
-    """Queue the decode of these files of a block (their places in ``out``, starts in ``dev``, and
+    """Queue the decode of a block's files (their places in ``out``, starts in ``dev``, and
     :func:`_arrived` frames, or None where the chunk has no file, or a :class:`_HostDecode`):
     each chunk decodes straight into ``out`` when its place there is one contiguous run and whole,
     else into a scratch chunk that one copy puts in place; absent chunks take the fill value.
