@@ -63,7 +63,9 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
         "pipeline.exec.worker": ["dask_setup"],
         "distributed.worker": ["_run_task"],
         "pipeline.gpu.reader": ["read_block", "_decode_file", "_move_and_decode", "_decode_into_place"],
-        "pipeline.gpu.blosc": ["decode_frames"],
+        "pipeline.gpu.blosc": ["decode_frames", "_decode_on_device", "_stream_table", "_device_table"],
+        "pipeline.gpu.nvcomp": ["decode_batch", "_batch", "_decode_sized"],
+        "pipeline.kernels.shuffle": ["byte_unshuffle_gpu", "bit_unshuffle_gpu"],
         "pipeline.gpu.engine": ["read_block_host", "to_device"],
         "pipeline.gpu.hdf5": ["read_block", "read_block_host", "decode_block_host", "_move_and_decode", "_decode_on_device"],
         "pipeline.exec.spill": ["to_host", "to_device"],
@@ -87,8 +89,8 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
 
         setattr(module, name, traced)
 
-    def _wrap_pinned(module):
-        cls = getattr(module, "Buffer", None)
+    def _wrap_init(module, name, step):
+        cls = getattr(module, name, None)
         if cls is None:
             return
         init = cls.__init__
@@ -96,7 +98,7 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
         def traced(self, *args, **kwargs):
             start = time.time()
             init(self, *args, **kwargs)
-            _emit("pinned.Buffer", start, time.time(), args[0] if args else None)
+            _emit(step, start, time.time(), args[0] if args else None)
 
         cls.__init__ = traced
 
@@ -120,7 +122,9 @@ if os.environ.get("PIPELINE_TRACE_DIR"):
                 for fn in WRAP[name]:
                     _wrap(module, fn)
                 if name == "pipeline.gpu.pinned":
-                    _wrap_pinned(module)
+                    _wrap_init(module, "Buffer", "pinned.Buffer")
+                if name == "pipeline.gpu.nvcomp":  # nvCOMP's pinned memory (pipeline's allocator)
+                    _wrap_init(module, "PinnedAllocation", "nvcomp.PinnedAllocation")
 
             spec.loader.exec_module = exec_module
             return spec
