@@ -272,11 +272,17 @@ def read_before(path: str, st: os.stat_result) -> bool:
     from its second read in this process on (each read is counted here)."""
     if pin_policy() == "first-read":
         return True
-    seen = (path, file_key(st))
     with state.pinned.lock:
-        if seen in _read_once:
-            return True
-        _read_once.add(seen)
+        return _read_again(path, st)
+
+
+def _read_again(path: str, st: os.stat_result) -> bool:
+    """Under the lock: whether this file, with these contents, was read before in this process
+    (this read is counted)."""
+    seen = (path, file_key(st))
+    if seen in _read_once:
+        return True
+    _read_once.add(seen)
     return False
 
 
@@ -300,15 +306,19 @@ def pin_min_file() -> int:
 def may_pin(nbytes: int) -> bool:
     """Whether a file of ``nbytes`` would be pinned now (large enough, room under the limit, no
     failure)."""
-    if nbytes < pin_min_file():
-        return False
+    floor = pin_min_file()
     unused: list[PinnedFile] = []
     limit = pinned_files_limit()  # reads settings and the host's memory: not under the lock
     with state.pinned.lock:
-        room = _room(nbytes, limit, unused)
+        room = _admits(nbytes, floor, limit, unused)
     for f in unused:
         f.close()
     return room
+
+
+def _admits(nbytes: int, floor: int, limit: int, unused: list[PinnedFile]) -> bool:
+    """Under the lock: whether a file of ``nbytes`` is at least ``floor`` and has room (:func:`_room`)."""
+    return nbytes >= floor and _room(nbytes, limit, unused)
 
 
 def will_pin(path: str, st: os.stat_result) -> bool:
@@ -328,12 +338,7 @@ def will_pin_files(paths: list[str], stats: list) -> list[bool]:
     out, unused = [], []
     with state.pinned.lock:
         for path, st in zip(paths, stats):
-            ok = st.st_size >= floor and _room(st.st_size, limit, unused)
-            if ok and not first_read:  # "reread": this read is counted, the next one pins
-                seen = (path, file_key(st))
-                ok = seen in _read_once
-                _read_once.add(seen)
-            out.append(ok)
+            out.append(_admits(st.st_size, floor, limit, unused) and (first_read or _read_again(path, st)))
     for f in unused:
         f.close()
     return out
