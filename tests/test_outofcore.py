@@ -189,6 +189,85 @@ def test_partials_are_sized_from_the_reductions_result_not_their_input():
     assert memory.graph_partial_bytes(means) == 2 * 8 * 12 * 10 * 20  # a float64 sum and count a value
 
 
+def _moments_partials(rng, shape, k):
+    parts = []
+    for _ in range(k):
+        n = rng.integers(0, 5, shape).astype("f8")  # no value at some points
+        parts.append({"n": n, "mean": np.where(n > 0, rng.normal(280, 5, shape), 0.0), "m2": n * rng.random(shape)})
+    return parts
+
+
+@pytest.mark.parametrize("axis, shape, k", [((0,), (1, 37, 53), 2), ((0,), (1, 37, 53), 4), ((0,), (1, 37, 53), 9),
+                                            ((1,), (5, 1, 301), 4), ((0, 1), (1, 1, 123), 3)])
+def test_a_merge_of_partials_on_the_host_goes_slab_by_slab_bit_for_bit(monkeypatch, axis, shape, k):
+    """Partials laid side by side whole make a copy of all of them; merged slab by slab of the
+    axes not reduced, the result is the whole merge's, bit for bit (dask's nested lists: one level
+    a reduced axis)."""
+    from pipeline.kernels.moments import moments_merge_cpu
+    from pipeline.reduce import aggregation
+
+    rng = np.random.default_rng(k)
+    parts = _moments_partials(rng, shape, k)
+    if len(axis) == 2:
+        parts = [parts, _moments_partials(rng, shape, k)]
+    whole = moments_merge_cpu(aggregation._gather(parts, axis), axis)
+    calls = []
+    monkeypatch.setattr(aggregation, "SLAB_BYTES", 4096)
+    got = aggregation._combine_by_slabs(lambda p, a: calls.append(1) or moments_merge_cpu(p, a), parts, axis)
+    assert len(calls) > 3
+    assert set(got) == set(whole)
+    for f in whole:
+        assert got[f].shape == whole[f].shape and got[f].dtype == whole[f].dtype
+        np.testing.assert_array_equal(got[f], whole[f])
+
+
+def test_a_merge_of_large_partials_holds_its_output_and_a_few_slabs():
+    """Four partials of the moments of a 0.25-degree grid (25 MB each): the merge allocates its
+    output (24.9 MB) and slabs of about 2 MB, not a copy of its inputs (100 MB) and temporaries
+    of that size."""
+    import tracemalloc
+
+    from pipeline.kernels.moments import moments_merge_cpu
+    from pipeline.reduce import aggregation
+
+    parts = _moments_partials(np.random.default_rng(0), (1, 721, 1440), 4)
+    out_bytes = 3 * 8 * 721 * 1440
+    tracemalloc.start()
+    try:
+        got = aggregation._combine_by_slabs(moments_merge_cpu, parts, (0,))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got["n"].shape == (1, 721, 1440)
+    assert peak < out_bytes + 8 * aggregation.SLAB_BYTES, peak
+
+
+def test_the_plan_counts_the_partials_of_a_reductions_tree():
+    """A tree merges k partials at a time, level by level. A merge on the host holds its inputs
+    and its output (slab by slab); dask's own (xarray's std, on dask arrays) its inputs, their copy
+    laid side by side and its formulas' temporaries; at each level, up to k - 1 partials wait for
+    their siblings. Group means hold, at each level, the rows of the groups their blocks span."""
+    import dask.array as da
+
+    from pipeline.exec import memory
+    from pipeline.reduce import aggregation
+
+    grid = 10 * 20
+    x = xr.DataArray(da.ones((64, 10, 20), chunks=(2, 10, 20), dtype="f4"), dims=("time", "lat", "lon"))  # 32 blocks
+    with dask.config.set({"split_every": 4}):
+        ours = pipeline.ops.standardized_anomaly(x, dim="time").data
+        theirs = x.std("time").data
+    # 32 partials -> 8 -> 2 -> 1: three levels of merges of up to 4
+    (tree,) = memory.graph_trees(ours)
+    assert tree == memory.Tree(24 * grid, (4 + 1) * 24 * grid, 3 * 3 * 24 * grid)
+    assert memory.graph_partials_per_thread(ours) == 5 and memory.graph_tree_bytes(ours) == 9 * 24 * grid
+    (tree,) = memory.graph_trees(theirs)
+    assert tree == memory.Tree(24 * grid, (3 * 4 + 1) * 24 * grid, 3 * 3 * 24 * grid)
+    # twelve months of two steps, in blocks of two: 12 partials of one row -> 3 of four -> 12 rows
+    merge, waiting = aggregation._group_tree_rows(np.repeat(np.arange(12), 2), np.arange(12), (2,) * 12, 4)
+    assert (merge, waiting) == (3 * 4 + 12 + 4, 3 * 1 + 2 * 4)
+
+
 def test_threads_under_a_budget_match_what_ran_on_the_gpu(monkeypatch):
     """The plan's rules against the runs they were measured on (18.2 GB in blocks of 303 MB, a
     4 GB device limit): monthly means ran with three threads and the standardized anomaly with
@@ -225,11 +304,16 @@ def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit(monke
     assert memory.graph_block_bytes(total) == 400_000
     # the mean's partials, as it declares them: float64 count, mean and M2 for each of its 100 x 100 values
     assert memory.graph_partial_bytes(total) == 3 * 8 * 100 * 100
+    # a merge of its 4 partials, slab by slab on the host, holds them and its output; at most
+    # three wait for their siblings in its one level
+    assert memory.graph_partials_per_thread(total) == 5
+    assert memory.graph_tree_bytes(total) == 3 * memory.graph_partial_bytes(total)
     # its blocks, its kernels' temporaries and its partials
     per_thread = (memory.BLOCKS_PER_THREAD * 400_000 + memory.work_bytes("cpu", 400_000)
-                  + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(total))
+                  + 5 * memory.graph_partial_bytes(total))
     monkeypatch.setattr(memory, "process_baseline", lambda backend, worker=None: 300_000_000)
-    base = 300_000_000 + x.nbytes  # the process itself, and the input that it holds in core
+    # the process itself, the input that it holds in core, and the partials waiting in the tree
+    base = 300_000_000 + x.nbytes + memory.graph_tree_bytes(total)
     with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": base + 8 * per_thread}):
         assert compute_threads(total) == 8
     with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": base + 2 * per_thread + 1}):

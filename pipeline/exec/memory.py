@@ -11,7 +11,10 @@ The plan is deliberately simple, and errs high. It counts, against ``pipeline.<b
   rechunk that gathers a whole axis, as quantiles do, holds every block of its input);
 - for each of the scheduler's threads, the few blocks it holds at a time (its input block, its
   output, one temporary), the temporaries of its kernels (the CPU's array formulas work through a
-  block slab by slab: a few slabs, as the kernels declare, :func:`work_bytes`), and two partials.
+  block slab by slab: a few slabs, as the kernels declare, :func:`work_bytes`), and the partials
+  of a reduction's merge: its inputs, what it lays side by side, its output (:func:`graph_trees`);
+- once for each graph, the partials that wait in a reduction's tree for their siblings: up to
+  one merge's inputs less one at each level (:func:`graph_trees`).
 
 An input larger than half of the budget is never held whole, because two-pass ops hold it in
 pinned host memory or read it again (:func:`pipeline.exec.spill.second_pass`). A plan over budget
@@ -22,7 +25,11 @@ out-of-memory failure an hour in.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 import dask.array as da
 
@@ -43,7 +50,8 @@ BLOCKS_PER_THREAD = 3
 # memory, the anomaly, the weighted mean) over 163 blocks of 37 MB on 8 threads in 0.70 s, and
 # over 20 blocks of 303 MB on one thread (Zarr v3) in 0.24 s.
 MIN_GPU_BLOCK = 128 * 2**20
-# a thread merging partials holds two of them besides its blocks (its result and one input)
+# a thread merging partials holds two of them besides its blocks (its result and one input), where
+# a reduction declares no more (:func:`graph_trees`)
 PARTIALS_PER_THREAD = 2
 # on the CPU, what a process adds to its resident set once the computation starts, besides its
 # blocks: Numba's compiled kernels, zarr's codecs and I/O threads, dask's thread pool (the
@@ -62,14 +70,17 @@ class Plan:
     out_of_core: bool
     partial_bytes: int = 0  # the largest partial of a reduction
     blocks_per_thread: int = BLOCKS_PER_THREAD
+    partials_per_thread: int = PARTIALS_PER_THREAD  # partials of partial_bytes a merging thread holds
     work_bytes: int = 0  # kernels' temporaries a thread (work_bytes)
     baseline_bytes: int = 0  # the process before its first block (CPU: resident set and RUNTIME_BYTES)
-    held_bytes: int = 0  # arrays kept whole while the computation runs
+    held_bytes: int = 0  # arrays kept whole while the computation runs, and partials waiting in trees
+    tree_bytes: int = 0  # of held_bytes: the partials waiting in a reduction's tree
 
     @property
     def thread_bytes(self) -> int:
         """Bytes one thread may hold."""
-        return per_thread_bytes(self.block_bytes, self.partial_bytes, self.blocks_per_thread, self.work_bytes)
+        return per_thread_bytes(self.block_bytes, self.partial_bytes, self.blocks_per_thread, self.work_bytes,
+                                self.partials_per_thread)
 
     @property
     def peak_bytes(self) -> int:
@@ -131,8 +142,6 @@ def largest_block(*arrays: da.Array) -> int:
 def layer_bytes(layer, per_value: int | None = None) -> int | None:
     """Bytes of the largest block of an array's layer (``per_value`` bytes a value, else its
     dtype's), from the annotations dask keeps on it."""
-    import numpy as np
-
     ann = getattr(layer, "collection_annotations", None) or {}
     try:
         return math.prod(ann.get("chunksize")) * (per_value or np.dtype(ann.get("dtype")).itemsize)
@@ -179,8 +188,6 @@ def graph_block_bytes(*arrays: da.Array) -> int:
 
 def graph_array_bytes(*arrays: da.Array) -> int:
     """The largest whole array in the graphs of ``arrays`` (typically their input)."""
-    import numpy as np
-
     sizes = [a.nbytes for a in arrays]
     for layer, _ in _array_layers(arrays):
         ann = getattr(layer, "collection_annotations", None) or {}
@@ -197,9 +204,104 @@ def graph_blocks_per_thread(*arrays: da.Array) -> int:
     return BLOCKS_PER_THREAD + max((d.get("extra_blocks", 0) for _, d in _layers(arrays)), default=0)
 
 
+class Tree(NamedTuple):
+    """A reduction's tree in a graph, as the plan counts it."""
+
+    partial_bytes: int  # its largest partial
+    merge_bytes: int  # what a thread holds while it merges: its inputs, what it lays side by side, its output
+    waiting_bytes: int  # partials that may wait for their siblings at once: a merge's inputs less one, each level
+
+
+# dask's own reductions (``dask.array.reduction``: xarray's mean, std, max, ... on dask arrays) make
+# layers "<combine>-partial-<token>" for each level but the last, "<aggregate>-aggregate-<token>",
+# after one of the chunk function's; pipeline's reductions are built by the same function
+_PARTIAL = re.compile(r"-partial-[0-9a-f]{32}$")
+_AGGREGATE = re.compile(r"-aggregate-[0-9a-f]{32}$")
+# bytes a value of the partials of dask's own reductions that are not the result's dtype, by the
+# chunk function's name: var and std carry a count, a total and the sum of squared deviations,
+# mean a count and a total, the arg- reductions a value and its index; each merge lays its inputs
+# side by side and computes formulas of that size: its inputs, their copy and the temporaries
+_DASK_PARTIALS = (("moment", 24, 3), ("mean", 16, 3), ("arg", 16, 2))
+
+
+def _tree(graph, last: str, declared_: dict) -> Tree | None:
+    """The tree whose last step is the layer ``last`` of ``graph`` (a HighLevelGraph)."""
+    steps = [last]
+    while True:
+        deps = [d for d in graph.dependencies.get(steps[-1], ()) if d in graph.layers]
+        before = [d for d in deps if _PARTIAL.search(str(d))]
+        if len(before) != 1:
+            break
+        steps.append(before[0])
+    deps = [d for d in graph.dependencies.get(steps[-1], ()) if d in graph.layers]
+    if len(deps) != 1:
+        return None
+    chunk = deps[0]
+    counts = [len(graph.layers[n]) for n in (chunk, *reversed(steps))]
+    fan_in = max(-(-a // max(b, 1)) for a, b in zip(counts[:-1], counts[1:]))
+    waiting = min(len(steps) * (fan_in - 1), counts[0])
+    if "partial_bytes" in declared_:  # pipeline's: a merge lays its inputs side by side, unless it says not
+        size = int(declared_["partial_bytes"])
+        merge = declared_.get("merge_bytes", (int(declared_.get("merge_copies", 2)) * fan_in + 1) * size)
+        return Tree(size, int(merge), int(declared_.get("waiting_bytes", waiting * size)))
+    layer = graph.layers[steps[-1]]
+    ann = getattr(layer, "collection_annotations", None) or {}
+    try:
+        values, itemsize = math.prod(ann["chunksize"]), np.dtype(ann["dtype"]).itemsize
+    except (KeyError, TypeError):
+        return None
+    per_value, copies = next(((b, c) for key, b, c in _DASK_PARTIALS if key in chunk), (max(itemsize, 8), 2))
+    size = values * per_value
+    return Tree(size, (copies * fan_in + 1) * size, waiting * size)
+
+
+def graph_trees(*arrays: da.Array) -> list[Tree]:
+    """The reductions' trees in the graphs of ``arrays``: pipeline's, as their builders declare
+    them (:mod:`pipeline.reduce.declare`), and dask's own (xarray's reductions of dask arrays),
+    sized from their layers.
+
+    A tree merges ``k`` partials at a time, level by level. Measured on a 0.25-degree grid in
+    blocks of 3 steps (122 blocks, 2 threads, dask's ``split_every`` of 4: four levels), the most
+    partials alive at once were 14 of the moments' (the merging threads' inputs, and 3 or fewer
+    waiting at each level), and as many of the 4 seasons' standard deviations together: dask's
+    order finishes most of a tree before the next, so the plan counts the waiting partials of the
+    largest tree, once, and each thread's merge (``merge_bytes``) on its own."""
+    trees = {}
+    for a in arrays:
+        graph = a.__dask_graph__()
+        layers = getattr(graph, "layers", None)
+        if layers is None:
+            continue
+        for name, layer in layers.items():
+            if name in trees or not _AGGREGATE.search(str(name)):
+                continue
+            tree = _tree(graph, name, declared(layer))
+            if tree is not None:
+                trees[name] = tree
+    return list(trees.values())
+
+
 def graph_partial_bytes(*arrays: da.Array) -> int:
-    """The largest partial of the reductions in the graphs of ``arrays``, as they declare it."""
-    return max((d.get("partial_bytes", 0) for _, d in _layers(arrays)), default=0)
+    """The largest partial of the reductions in the graphs of ``arrays``, as they declare it, or
+    as dask's own reductions make it (:func:`graph_trees`)."""
+    declared_ = (d.get("partial_bytes", 0) for _, d in _layers(arrays))
+    return max([*declared_, *(t.partial_bytes for t in graph_trees(*arrays))], default=0)
+
+
+def graph_partials_per_thread(*arrays: da.Array) -> int:
+    """Partials of :func:`graph_partial_bytes` that one thread may hold at once: the most that a
+    tree's merge holds (:func:`graph_trees`), at least PARTIALS_PER_THREAD."""
+    largest = graph_partial_bytes(*arrays)
+    if not largest:
+        return PARTIALS_PER_THREAD
+    held = max((t.merge_bytes for t in graph_trees(*arrays)), default=0)
+    return max(PARTIALS_PER_THREAD, -(-held // largest))
+
+
+def graph_tree_bytes(*arrays: da.Array) -> int:
+    """Bytes of the partials that wait in the largest reduction tree of the graphs of ``arrays``
+    for their siblings (:func:`graph_trees`)."""
+    return max((t.waiting_bytes for t in graph_trees(*arrays)), default=0)
 
 
 def graph_held_bytes(*arrays: da.Array) -> int:
@@ -211,10 +313,11 @@ def graph_held_bytes(*arrays: da.Array) -> int:
 
 def graph_held(backend: str, *arrays: da.Array) -> int:
     """Bytes kept whole while ``arrays`` are computed on ``backend``: the arrays their layers
-    declare held, and their largest array (their input) where it is not out of core, as
+    declare held, the partials waiting in their largest reduction tree (:func:`graph_tree_bytes`),
+    and their largest array (their input) where it is not out of core, as
     :func:`pipeline.exec.spill.second_pass` decides: two-pass ops keep it between their passes."""
     largest = graph_array_bytes(*arrays)
-    return graph_held_bytes(*arrays) + (0 if B.out_of_core(largest, backend) else largest)
+    return graph_held_bytes(*arrays) + graph_tree_bytes(*arrays) + (0 if B.out_of_core(largest, backend) else largest)
 
 
 def process_baseline(backend: str, worker=None) -> int:
@@ -246,13 +349,15 @@ def work_bytes(backend: str, block_bytes: int) -> int:
     return math.ceil(kernels.work_slabs(backend) * slab_bytes(block_bytes))
 
 
-def per_thread_bytes(block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD, work: int = 0) -> int:
+def per_thread_bytes(block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD, work: int = 0,
+                     partials: int = PARTIALS_PER_THREAD) -> int:
     """Bytes one thread may hold: ``blocks`` blocks, ``work`` bytes of its kernels' temporaries,
-    and PARTIALS_PER_THREAD partials."""
-    return blocks * block_bytes + work + PARTIALS_PER_THREAD * partial_bytes
+    and ``partials`` partials (:func:`graph_partials_per_thread`)."""
+    return blocks * block_bytes + work + partials * partial_bytes
 
 
-def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0) -> int:
+def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0,
+                partials: int = PARTIALS_PER_THREAD) -> int:
     """Threads for a computation of ``block_bytes`` blocks (``blocks`` of them a thread, and its
     kernels' temporaries) and ``partial_bytes`` partials, besides the process's baseline and
     ``held_bytes``: the configured number (``pipeline.gpu.threads``, or dask's ``num_workers`` /
@@ -265,16 +370,17 @@ def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0, bloc
         threads = int(config.get("gpu.threads", 8))
     else:
         threads = int(dask.config.get("num_workers", None) or CPU_COUNT)
-    fit = threads_that_fit(backend, block_bytes, partial_bytes, blocks, held_bytes)
+    fit = threads_that_fit(backend, block_bytes, partial_bytes, blocks, held_bytes, partials=partials)
     return max(1, threads if fit is None else min(threads, fit))
 
 
-def threads_that_fit(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0, worker=None) -> int | None:
+def threads_that_fit(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0,
+                     worker=None, partials: int = PARTIALS_PER_THREAD) -> int | None:
     """How many threads, each holding ``blocks`` blocks of ``block_bytes``, its kernels'
-    temporaries (:func:`work_bytes`) and PARTIALS_PER_THREAD partials of ``partial_bytes``, fit this
+    temporaries (:func:`work_bytes`) and ``partials`` partials of ``partial_bytes``, fit this
     process's memory budget on ``backend`` once its baseline and ``held_bytes`` are counted
     (None: nothing to hold); ``worker``: the distributed worker it is evaluated on, if any."""
-    per_thread = per_thread_bytes(block_bytes, partial_bytes, blocks, work_bytes(backend, block_bytes))
+    per_thread = per_thread_bytes(block_bytes, partial_bytes, blocks, work_bytes(backend, block_bytes), partials)
     if not per_thread:
         return None
     room = B.memory_budget(backend) - process_baseline(backend, worker) - held_bytes
@@ -282,9 +388,10 @@ def threads_that_fit(backend: str, block_bytes: int = 0, partial_bytes: int = 0,
 
 
 def _fit_and_budget(backend: str, block_bytes: int, partial_bytes: int, blocks: int, held_bytes: int = 0,
-                    dask_worker=None) -> tuple[int | None, int]:
+                    partials: int = PARTIALS_PER_THREAD, dask_worker=None) -> tuple[int | None, int]:
     """Run on each worker by ``client.run``, which passes the worker as ``dask_worker``."""
-    return threads_that_fit(backend, block_bytes, partial_bytes, blocks, held_bytes, dask_worker), int(B.memory_budget(backend))
+    fit = threads_that_fit(backend, block_bytes, partial_bytes, blocks, held_bytes, dask_worker, partials)
+    return fit, int(B.memory_budget(backend))
 
 
 def cluster_key(client, nthreads: dict) -> tuple:
@@ -300,7 +407,7 @@ ANSWERS_KEPT = 32
 
 def worker_answers(client, nthreads: dict, *plan) -> dict:
     """Each worker's :func:`_fit_and_budget` for ``plan`` (backend, block, partial and held bytes,
-    blocks a thread), asked once per cluster (:func:`cluster_key`), plan and ``pipeline``
+    blocks and partials a thread), asked once per cluster (:func:`cluster_key`), plan and ``pipeline``
     settings: a second computation of the same shape does not pay ``client.run``'s round trip.
     An answer counts the worker's memory when it was asked (on the CPU, its resident set outside
     the data it holds for the scheduler, which moves little between computations)."""
@@ -321,7 +428,7 @@ def worker_answers(client, nthreads: dict, *plan) -> dict:
 
 
 def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0,
-                  nthreads: dict | None = None) -> dict[str, tuple[int, int]]:
+                  partials: int = PARTIALS_PER_THREAD, nthreads: dict | None = None) -> dict[str, tuple[int, int]]:
     """On a distributed cluster the workers' threads are the cluster's, not the plan's: raise
     InputError, before anything runs, when a worker has more threads than its own budget holds
     (each worker evaluates :func:`threads_that_fit` with its own device and settings; the answers
@@ -335,7 +442,7 @@ def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, bl
     if nthreads is None:
         nthreads = client.nthreads()
     try:
-        answers = worker_answers(client, nthreads, backend, block_bytes, partial_bytes, blocks, held_bytes)
+        answers = worker_answers(client, nthreads, backend, block_bytes, partial_bytes, blocks, held_bytes, partials)
     except Exception as e:  # e.g. workers that cannot import pipeline: nothing to check with
         import warnings
 
@@ -349,7 +456,7 @@ def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, bl
     raise InputError(
         f"{len(over)} of {len(nthreads)} workers (e.g. {worker}) run {threads} threads, but each thread may hold "
         f"{blocks} blocks of up to {format_bytes(block_bytes)}"
-        + (f" and {PARTIALS_PER_THREAD} partials of up to {format_bytes(partial_bytes)}" if partial_bytes else "")
+        + (f" and {partials} partials of up to {format_bytes(partial_bytes)}" if partial_bytes else "")
         + f", and {setting} allows {format_bytes(answers[worker][1])} a worker, enough for {n}: start the workers with "
         f"at most {max(n, 1)} threads (--nthreads, or threads_per_worker in the cluster profile), raise the limit, "
         "or read smaller blocks (source.chunks; where the stored chunks are larger, `pipeline convert --chunks`)"
@@ -361,14 +468,17 @@ def plan(source: da.Array, *results: da.Array, backend: str | None = None) -> Pl
     budget = B.memory_budget(backend)
     block = max(largest_block(source, *results), graph_block_bytes(*results))
     partial = graph_partial_bytes(*results)
+    partials = graph_partials_per_thread(*results)
     blocks = graph_blocks_per_thread(*results)
     held = graph_held(backend, source, *results)
     return Plan(
         backend=backend,
-        threads=threads_for(backend, block, partial, blocks, held),
+        threads=threads_for(backend, block, partial, blocks, held, partials),
         block_bytes=block,
         partial_bytes=partial,
         blocks_per_thread=blocks,
+        partials_per_thread=partials,
+        tree_bytes=graph_tree_bytes(*results),
         work_bytes=work_bytes(backend, block),
         baseline_bytes=process_baseline(backend),
         held_bytes=held,
@@ -385,13 +495,15 @@ def explain(p: Plan) -> str:
     parts = []
     if p.baseline_bytes:
         parts.append(f"the process itself {format_bytes(p.baseline_bytes)} (interpreter, libraries, compiled kernels)")
-    if p.held_bytes:
-        parts.append(f"{format_bytes(p.held_bytes)} of arrays kept whole (an input in core, a rechunk along a whole axis)")
+    if p.held_bytes > p.tree_bytes:
+        parts.append(f"{format_bytes(p.held_bytes - p.tree_bytes)} of arrays kept whole (an input in core, a rechunk along a whole axis)")
+    if p.tree_bytes:
+        parts.append(f"{format_bytes(p.tree_bytes)} of a reduction's partials waiting for their siblings")
     thread = f"{p.blocks_per_thread} blocks of up to {format_bytes(p.block_bytes)}"
     if p.work_bytes:
         thread += f", {format_bytes(p.work_bytes)} of its kernels' temporaries"
     if p.partial_bytes:
-        thread += f", {PARTIALS_PER_THREAD} partials of up to {format_bytes(p.partial_bytes)}"
+        thread += f", {p.partials_per_thread} partials of up to {format_bytes(p.partial_bytes)}"
     parts.append(f"{p.threads} threads x {format_bytes(p.thread_bytes)} ({thread})")
     return ", ".join(parts)
 

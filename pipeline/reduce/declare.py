@@ -6,7 +6,13 @@ what its blocks hold, under one key of the layer's ``collection_annotations`` (a
 declarations:
 
 - ``partial_bytes``: the layer's blocks are a reduction's partials, each of up to this many bytes;
-  not counted as blocks;
+  not counted as blocks (the plan counts a tree's partials, :func:`pipeline.exec.memory.graph_trees`);
+- ``merge_copies``: a merge of ``k`` partials holds ``merge_copies * k + 1`` of them: its inputs,
+  a copy of them laid side by side and its output (2, where not declared), or its inputs and its
+  output where it merges them slab by slab (1);
+- ``merge_bytes``, ``waiting_bytes``: instead, the bytes a thread holds while it merges, and the
+  bytes of the partials that may wait for their siblings at once, where partials differ in size
+  from level to level of the tree (by groups: a block's partial holds its own groups' rows);
 - ``view``: the layer's blocks are views of a smaller array (broadcast weights); not counted;
 - ``block_bytes``: each block of the layer counts as this many bytes (instead of its shape and dtype);
 - ``extra_blocks``: a thread running the layer's tasks holds this many blocks more than
