@@ -197,49 +197,43 @@ def _moments_partials(rng, shape, k):
     return parts
 
 
-@pytest.mark.parametrize("axis, shape, k", [((0,), (1, 37, 53), 2), ((0,), (1, 37, 53), 4), ((0,), (1, 37, 53), 9),
-                                            ((1,), (5, 1, 301), 4), ((0, 1), (1, 1, 123), 3)])
-def test_a_merge_of_partials_on_the_host_goes_slab_by_slab_bit_for_bit(monkeypatch, axis, shape, k):
-    """Partials laid side by side whole make a copy of all of them; merged slab by slab of the
-    axes not reduced, the result is the whole merge's, bit for bit (dask's nested lists: one level
-    a reduced axis)."""
+@pytest.mark.parametrize("axis, shape, k", [((0,), (1, 37, 53), 1), ((0,), (1, 37, 53), 2), ((0,), (1, 2049, 3), 4),
+                                            ((0,), (1, 37, 53), 9), ((1,), (5, 1, 301), 4), ((2,), (3, 7, 1), 3)])
+def test_a_merge_of_the_moments_on_the_host_takes_its_partials_as_they_are_bit_for_bit(axis, shape, k):
+    """Laid side by side, the partials of a merge make a copy of all of them, and the formula
+    temporaries of that size; the host's merge of a list of partials is the formula's, bit for
+    bit, points with no value included, across the loop's tiles of points."""
+    from pipeline import kernels
     from pipeline.kernels.moments import moments_merge_cpu
-    from pipeline.reduce import aggregation
 
-    rng = np.random.default_rng(k)
-    parts = _moments_partials(rng, shape, k)
-    if len(axis) == 2:
-        parts = [parts, _moments_partials(rng, shape, k)]
-    whole = moments_merge_cpu(aggregation._gather(parts, axis), axis)
-    calls = []
-    monkeypatch.setattr(aggregation, "SLAB_BYTES", 4096)
-    got = aggregation._combine_by_slabs(lambda p, a: calls.append(1) or moments_merge_cpu(p, a), parts, axis)
-    assert len(calls) > 3
+    parts = _moments_partials(np.random.default_rng(k), shape, k)
+    whole = moments_merge_cpu({f: np.concatenate([p[f] for p in parts], axis=axis[0]) for f in ("n", "mean", "m2")}, axis)
+    got = kernels.get("moments_merge_parts", "cpu")(parts, axis)
     assert set(got) == set(whole)
     for f in whole:
         assert got[f].shape == whole[f].shape and got[f].dtype == whole[f].dtype
         np.testing.assert_array_equal(got[f], whole[f])
 
 
-def test_a_merge_of_large_partials_holds_its_output_and_a_few_slabs():
+def test_a_merge_of_large_partials_holds_its_output():
     """Four partials of the moments of a 0.25-degree grid (25 MB each): the merge allocates its
-    output (24.9 MB) and slabs of about 2 MB, not a copy of its inputs (100 MB) and temporaries
-    of that size."""
+    output (24.9 MB) and a tile of points, not a copy of its inputs (100 MB) and temporaries of
+    that size."""
     import tracemalloc
 
-    from pipeline.kernels.moments import moments_merge_cpu
-    from pipeline.reduce import aggregation
+    from pipeline import kernels
 
     parts = _moments_partials(np.random.default_rng(0), (1, 721, 1440), 4)
-    out_bytes = 3 * 8 * 721 * 1440
+    merge = kernels.get("moments_merge_parts", "cpu")
+    merge(parts[:2], (0,))  # compiled or loaded before it is measured
     tracemalloc.start()
     try:
-        got = aggregation._combine_by_slabs(moments_merge_cpu, parts, (0,))
+        got = merge(parts, (0,))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert got["n"].shape == (1, 721, 1440)
-    assert peak < out_bytes + 8 * aggregation.SLAB_BYTES, peak
+    assert peak < 3 * 8 * 721 * 1440 + 2**20, peak
 
 
 def test_the_plan_counts_the_partials_of_a_reductions_tree():
@@ -263,6 +257,10 @@ def test_the_plan_counts_the_partials_of_a_reductions_tree():
     assert memory.graph_partials_per_thread(ours) == 5 and memory.graph_tree_bytes(ours) == 9 * 24 * grid
     (tree,) = memory.graph_trees(theirs)
     assert tree == memory.Tree(24 * grid, (3 * 4 + 1) * 24 * grid, 3 * 3 * 24 * grid)
+    # in two blocks of 32 steps, a thread holds more while it makes a partial: the deviations from
+    # the block's mean and their squares, in float64
+    (tree,) = memory.graph_trees(x.chunk({"time": 32}).std("time").data)
+    assert tree == memory.Tree(24 * grid, 2 * 8 * 32 * grid + 24 * grid, 1 * 24 * grid)
     # twelve months of two steps, in blocks of two: 12 partials of one row -> 3 of four -> 12 rows
     merge, waiting = aggregation._group_tree_rows(np.repeat(np.arange(12), 2), np.arange(12), (2,) * 12, 4)
     assert (merge, waiting) == (3 * 4 + 12 + 4, 3 * 1 + 2 * 4)

@@ -208,7 +208,7 @@ class Tree(NamedTuple):
     """A reduction's tree in a graph, as the plan counts it."""
 
     partial_bytes: int  # its largest partial
-    merge_bytes: int  # what a thread holds while it merges: its inputs, what it lays side by side, its output
+    merge_bytes: int  # what a thread holds while it merges (its inputs, what it lays side by side, its output), or makes a partial
     waiting_bytes: int  # partials that may wait for their siblings at once: a merge's inputs less one, each level
 
 
@@ -220,8 +220,10 @@ _AGGREGATE = re.compile(r"-aggregate-[0-9a-f]{32}$")
 # bytes a value of the partials of dask's own reductions that are not the result's dtype, by the
 # chunk function's name: var and std carry a count, a total and the sum of squared deviations,
 # mean a count and a total, the arg- reductions a value and its index; each merge lays its inputs
-# side by side and computes formulas of that size: its inputs, their copy and the temporaries
-_DASK_PARTIALS = (("moment", 24, 3), ("mean", 16, 3), ("arg", 16, 2))
+# side by side and computes formulas of that size (copies: its inputs, their copy and the
+# temporaries); and the float64 copies of its block that the chunk function makes (var and std:
+# the deviations from the block's mean and their squares; mean: the block in float64)
+_DASK_PARTIALS = (("moment", 24, 3, 2), ("mean", 16, 3, 1), ("arg", 16, 2, 0))
 
 
 def _tree(graph, last: str, declared_: dict) -> Tree | None:
@@ -250,9 +252,12 @@ def _tree(graph, last: str, declared_: dict) -> Tree | None:
         values, itemsize = math.prod(ann["chunksize"]), np.dtype(ann["dtype"]).itemsize
     except (KeyError, TypeError):
         return None
-    per_value, copies = next(((b, c) for key, b, c in _DASK_PARTIALS if key in chunk), (max(itemsize, 8), 2))
+    per_value, copies, block_copies = next((rest for key, *rest in _DASK_PARTIALS if key in chunk), (max(itemsize, 8), 2, 0))
     size = values * per_value
-    return Tree(size, (copies * fan_in + 1) * size, waiting * size)
+    block_values = math.prod((getattr(graph.layers[chunk], "collection_annotations", None) or {}).get("chunksize") or (0,))
+    # a thread runs a merge or a block's chunk function at a time
+    busy = max((copies * fan_in + 1) * size, block_copies * 8 * block_values + size)
+    return Tree(size, busy, waiting * size)
 
 
 def graph_trees(*arrays: da.Array) -> list[Tree]:

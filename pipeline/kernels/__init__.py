@@ -59,6 +59,7 @@ FAMILIES: dict[str, str] = {
     "standardize": "elementwise",
     "moments": "moments",
     "moments_merge": "moments",
+    "moments_merge_parts": "moments",
     "mean_std": "moments",
     "weighted_sums": "weighted",
     "rolling_mean": "rolling",

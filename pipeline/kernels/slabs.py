@@ -93,12 +93,12 @@ def map_slabs(fn: Callable, x, *args, whole=(), out_axis: int | None = None, nby
     for s in slab_slices(x.shape, x.dtype.itemsize, axis, nbytes):
         part = fn(x[(slice(None),) * axis + (s,)], *(_cut(a, axis, x.ndim, n, s) for a in args), **kwargs)
         if out is None:
-            out = allocate(part, x, at, n)
-        write(out, part, at, s)
+            out = _allocate(part, x, at, n)
+        _write(out, part, at, s)
     return out
 
 
-def allocate(part, x, axis: int, n: int):
+def _allocate(part, x, axis: int, n: int):
     """Outputs shaped as ``part`` with ``n`` along ``axis``, on the array module of ``x``."""
     from ..backend import xp_of
 
@@ -107,7 +107,7 @@ def allocate(part, x, axis: int, n: int):
     return {k: new(v) for k, v in part.items()} if isinstance(part, dict) else new(part)
 
 
-def write(out, part, axis: int, s: slice) -> None:
+def _write(out, part, axis: int, s: slice) -> None:
     at = (slice(None),) * axis + (s,)
     if isinstance(out, dict):
         for k, v in part.items():

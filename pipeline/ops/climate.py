@@ -31,7 +31,8 @@ da = _deferred("dask.array")  # imported when the first graph is built
 
 
 @register(
-    kernels=("moments", "moments_merge", "mean_std", "standardize"),
+    kernels={"cpu": ("moments", "moments_merge_parts", "mean_std", "standardize"),
+             "gpu": ("moments", "moments_merge", "mean_std", "standardize")},
     produces=Produces("standardized anomaly of {name} along {dim}", units="1", standard_name=None),
 )
 def standardized_anomaly(x: xr.DataArray, dim: Dim = "time") -> xr.DataArray:

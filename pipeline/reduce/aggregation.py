@@ -45,7 +45,6 @@ from ..backend import backend_of, meta as backend_meta, module as backend_module
 from ..deferred import module as _deferred
 from ..kernels.copies import concatenate
 from ..kernels.launch import from_2d, to_2d
-from ..kernels.slabs import SLAB_BYTES, allocate, slab_axis, slab_slices, write
 from .declare import declare
 
 da = _deferred("dask.array")  # imported when the first graph is built
@@ -106,6 +105,12 @@ class Aggregation:
         Value of each field where a group has no data (by groups).
     params
         Keyword arguments of the chunk kernel.
+    combine_parts
+        A kernel that merges partials given as a list in axis order, along one axis, as ``combine``
+        merges them laid side by side, bit for bit, without that copy: on the host, a merge then
+        holds its inputs and its output (on a 0.25-degree grid in blocks of 3 steps, a partial of
+        the moments is twice its block, and the copy and the formula's temporaries held 8 partials
+        more a thread).
     pairwise
         ``combine`` merges two partials in axis order (by groups) rather than many side by side.
     additive
@@ -122,6 +127,7 @@ class Aggregation:
     fields: Mapping[str, str] = field(default_factory=dict)
     identity: Mapping[str, float] = field(default_factory=dict)
     params: Mapping[str, object] = field(default_factory=dict)
+    combine_parts: str | None = None
     pairwise: bool = False
     additive: bool = False
     scan: Scan | None = None
@@ -217,36 +223,6 @@ def _gather(parts, axis) -> dict:
     return {k: _concat_nested(_field(parts, k), axes) for k in _first_leaf(parts)}
 
 
-def _combine_by_slabs(combine: Callable, parts, axis) -> dict:
-    """``combine(_gather(parts, axis), axis)`` on the host, slab by slab of the axes not reduced.
-
-    Laid side by side whole, ``split_every`` partials make a copy of all of them, and a merge's
-    formula temporaries of that size again: on a 0.25-degree grid in blocks of 3 steps, where a
-    partial of the moments (three float64 grids, 24.9 MB) is twice its block, each merging thread
-    held about 8 partials besides its inputs, and the merges took 1.8 s of the threads (the
-    standardized anomaly over a year, 2 cores). A merge is independent from point to point of the
-    axes it does not reduce, so it runs on slabs along one of them (:mod:`pipeline.kernels.slabs`):
-    each slab's partials are laid side by side and merged, and written into the result; the same
-    values meet in the same order, so the result is bit for bit the whole merge's."""
-    axes = tuple(sorted(axis))
-    leaves = list(_leaves(parts))
-    first = leaves[0] if leaves else {}
-    shapes = {v.shape for leaf in leaves for v in leaf.values()}
-    cut = slab_axis(next(iter(shapes)), axes) if len(shapes) == 1 and len(leaves) > 1 else None
-    if cut is None or sum(v.nbytes for leaf in leaves for v in leaf.values()) <= SLAB_BYTES:
-        return combine(_gather(parts, axis), axis)
-    shape = next(iter(shapes))
-    per_index = len(leaves) * sum(v.dtype.itemsize for v in first.values())
-    out = None
-    for s in slab_slices(shape, per_index, cut, SLAB_BYTES):
-        at = (slice(None),) * cut + (s,)
-        part = combine(_gather(_map_leaves(parts, lambda leaf: {k: v[at] for k, v in leaf.items()}), axis), axis)
-        if out is None:
-            out = allocate(part, first[next(iter(first))], cut, shape[cut])
-        write(out, part, cut, s)
-    return out
-
-
 def broadcast_view(w: da.Array, shape: tuple[int, ...], chunks=None) -> da.Array:
     """``da.broadcast_to(w, shape, chunks)``, declared a view: its blocks are ``w``'s with zero
     strides, not arrays of their own."""
@@ -306,10 +282,9 @@ def reduce(
         where = "cpu" if backend == "cpu" or _small(parts) else backend
         if where != backend:
             parts = _map_leaves(parts, lambda leaf: {k: to_numpy(v) for k, v in leaf.items()})
-        combine = _step(agg.combine, where)
-        if where == "cpu":
-            return _combine_by_slabs(combine, parts, axis), where
-        return combine(_gather(parts, axis), axis), where
+        if backend == "cpu" and agg.combine_parts and len(axis) == 1 and isinstance(parts, list):
+            return _step(agg.combine_parts, where)(parts, axis), where
+        return _step(agg.combine, where)(_gather(parts, axis), axis), where
 
     def combine(parts, axis=None, keepdims=True, computing_meta=False):
         if computing_meta:
@@ -353,8 +328,8 @@ def reduce(
         ann = out.__dask_graph__().layers[out.name].collection_annotations
         if ann is not None:
             ann.update(shape=out.shape, chunks=out.chunks, chunksize=out.chunksize)
-    # on the host a merge goes slab by slab (_combine_by_slabs): its inputs and its output
-    return _declare_partials(out, agg, x, merge_copies=1 if backend == "cpu" else 2)
+    # on the host, a blueprint's combine_parts merges without laying the partials side by side
+    return _declare_partials(out, agg, x, merge_copies=1 if backend == "cpu" and agg.combine_parts else 2)
 
 
 class FieldKernel:
@@ -696,6 +671,7 @@ def mean_std(axis: int) -> Aggregation:
     return Aggregation(
         "pipeline-moments", "moments", "moments_merge", "mean_std",
         fields={"n": F8, "mean": F8, "m2": F8}, identity={"n": 0.0, "mean": 0.0, "m2": 0.0},
+        combine_parts="moments_merge_parts",
     )
 
 
