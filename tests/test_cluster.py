@@ -144,8 +144,8 @@ def test_workers_with_more_threads_than_their_budget_holds_are_refused_before_an
 
     x = da.ones((40, 1000, 100), chunks=(10, 1000, 100))  # blocks of 8 MB
     y = (x - x.mean(axis=0)).sum()
-    per_thread = memory.per_thread_bytes(8_000_000, memory.graph_partial_bytes(y), work=memory.work_bytes("cpu", 8_000_000),
-                                         partials=memory.graph_partials_per_thread(y))
+    per_thread = memory.per_thread_bytes(8_000_000, memory.graph_partial_bytes(y), memory.graph_blocks_per_thread(y),
+                                         memory.work_bytes("cpu", 8_000_000), memory.graph_partials_per_thread(y))
     # under half the budget: the two-pass op keeps its input in core; and the mean's partials that wait in its tree
     held = x.nbytes + memory.graph_tree_bytes(y)
     with LocalCluster(n_workers=2, threads_per_worker=3, processes=False, dashboard_address=None) as cluster, Client(cluster) as client:
@@ -201,8 +201,8 @@ def test_blocks_are_placed_on_workers_only_where_their_budget_leaves_room_to_rea
     monkeypatch.setattr(locality, "place", lambda obj, nthreads: calls.append(1) or real(obj, nthreads))
     x = da.ones((400, 1000, 100), chunks=(50, 1000, 100))  # blocks of 40 MB; 2 workers: slabs of 160 MB
     y = (x - x.mean(axis=0)).sum()
-    per_thread = memory.per_thread_bytes(40_000_000, memory.graph_partial_bytes(y), work=memory.work_bytes("cpu", 40_000_000),
-                                         partials=memory.graph_partials_per_thread(y))
+    per_thread = memory.per_thread_bytes(40_000_000, memory.graph_partial_bytes(y), memory.graph_blocks_per_thread(y),
+                                         memory.work_bytes("cpu", 40_000_000), memory.graph_partials_per_thread(y))
     tree = memory.graph_tree_bytes(y)  # the mean's partials that wait in its tree, held once
     slab = memory.graph_array_bytes(y) // 2
     assert slab == 160_000_000
@@ -213,8 +213,8 @@ def test_blocks_are_placed_on_workers_only_where_their_budget_leaves_room_to_rea
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, Client(cluster):
         for budget, placed in cases:
             with dask.config.set({"pipeline.cpu.memory-limit": budget}):
-                assert memory.threads_that_fit("cpu", 40_000_000, memory.graph_partial_bytes(y), held_bytes=tree,
-                                               partials=memory.graph_partials_per_thread(y)) == (2 if budget == cases[0][0] else 1)
+                assert memory.threads_that_fit("cpu", 40_000_000, memory.graph_partial_bytes(y), memory.graph_blocks_per_thread(y),
+                                               held_bytes=tree, partials=memory.graph_partials_per_thread(y)) == (2 if budget == cases[0][0] else 1)
                 calls.clear()
                 assert float(pipeline.compute(y)) == pytest.approx(0.0, abs=1e-6)
             assert bool(calls) == placed, budget

@@ -7,6 +7,7 @@ import os
 
 import dask
 import numpy as np
+import pandas as pd
 import pytest
 import xarray as xr
 
@@ -253,14 +254,22 @@ def test_the_plan_counts_the_partials_of_a_reductions_tree():
         theirs = x.std("time").data
     # 32 partials -> 8 -> 2 -> 1: three levels of merges of up to 4
     (tree,) = memory.graph_trees(ours)
-    assert tree == memory.Tree(24 * grid, (4 + 1) * 24 * grid, 3 * 3 * 24 * grid)
+    assert tree == memory.Tree(24 * grid, (4 + 1) * 24 * grid, 3 * 3 * 24 * grid, 0, "pipeline-moments")
     assert memory.graph_partials_per_thread(ours) == 5 and memory.graph_tree_bytes(ours) == 9 * 24 * grid
+    # ... and makes float64 copies of its float32 block as it makes a partial (the deviations from
+    # the block's mean, their squares, the squares with NaN replaced): six blocks' worth
     (tree,) = memory.graph_trees(theirs)
-    assert tree == memory.Tree(24 * grid, (3 * 4 + 1) * 24 * grid, 3 * 3 * 24 * grid)
-    # in two blocks of 32 steps, a thread holds more while it makes a partial: the deviations from
-    # the block's mean and their squares, in float64
-    (tree,) = memory.graph_trees(x.chunk({"time": 32}).std("time").data)
-    assert tree == memory.Tree(24 * grid, 2 * 8 * 32 * grid + 24 * grid, 1 * 24 * grid)
+    assert tree == memory.Tree(24 * grid, (3 * 4 + 1) * 24 * grid, 3 * 3 * 24 * grid, 6, "moment_chunk")
+    assert memory.graph_blocks_per_thread(theirs) == memory.BLOCKS_PER_THREAD + 6
+    assert memory.graph_blocks_per_thread(ours) == memory.BLOCKS_PER_THREAD
+    # a tree of each reduction: the seasons' standard deviations over parts of the data progress one
+    # after another, the yearly maximum over the same blocks together with them
+    days = x.assign_coords(time=pd.date_range("2001-01-01", periods=64))
+    seasons = days.groupby("time.season").std().data
+    both = [seasons, days.max("time").data]
+    assert len(memory.graph_trees(seasons)) == 2  # 64 days from January: winter and spring
+    assert memory.graph_tree_bytes(seasons) == max(t.waiting_bytes for t in memory.graph_trees(seasons))
+    assert memory.graph_tree_bytes(*both) == memory.graph_tree_bytes(seasons) + memory.graph_tree_bytes(both[1])
     # twelve months of two steps, in blocks of two: 12 partials of one row -> 3 of four -> 12 rows
     merge, waiting = aggregation._group_tree_rows(np.repeat(np.arange(12), 2), np.arange(12), (2,) * 12, 4)
     assert (merge, waiting) == (3 * 4 + 12 + 4, 3 * 1 + 2 * 4)

@@ -200,16 +200,20 @@ def graph_array_bytes(*arrays: da.Array) -> int:
 
 def graph_blocks_per_thread(*arrays: da.Array) -> int:
     """Blocks a thread may hold at once in the graphs of ``arrays``: BLOCKS_PER_THREAD, and the
-    most ``extra_blocks`` that a layer declares (HALO_BLOCKS where a moving-window op cuts halos)."""
-    return BLOCKS_PER_THREAD + max((d.get("extra_blocks", 0) for _, d in _layers(arrays)), default=0)
+    most ``extra_blocks`` that a layer declares (HALO_BLOCKS where a moving-window op cuts halos),
+    or that the chunk function of one of dask's own reductions makes (:func:`graph_trees`)."""
+    declared_ = (d.get("extra_blocks", 0) for _, d in _layers(arrays))
+    return BLOCKS_PER_THREAD + max([*declared_, *(t.extra_blocks for t in graph_trees(*arrays))], default=0)
 
 
 class Tree(NamedTuple):
     """A reduction's tree in a graph, as the plan counts it."""
 
     partial_bytes: int  # its largest partial
-    merge_bytes: int  # what a thread holds while it merges (its inputs, what it lays side by side, its output), or makes a partial
+    merge_bytes: int  # what a thread holds while it merges: its inputs, what it lays side by side, its output
     waiting_bytes: int  # partials that may wait for their siblings at once: a merge's inputs less one, each level
+    extra_blocks: int = 0  # blocks' worth of temporaries a thread holds besides its blocks as it makes a partial
+    kind: str = ""  # the reduction: its chunk step's name, without its token
 
 
 # dask's own reductions (``dask.array.reduction``: xarray's mean, std, max, ... on dask arrays) make
@@ -217,13 +221,16 @@ class Tree(NamedTuple):
 # after one of the chunk function's; pipeline's reductions are built by the same function
 _PARTIAL = re.compile(r"-partial-[0-9a-f]{32}$")
 _AGGREGATE = re.compile(r"-aggregate-[0-9a-f]{32}$")
+_TOKEN = re.compile(r"-[0-9a-f]{32}$")
 # bytes a value of the partials of dask's own reductions that are not the result's dtype, by the
 # chunk function's name: var and std carry a count, a total and the sum of squared deviations,
 # mean a count and a total, the arg- reductions a value and its index; each merge lays its inputs
 # side by side and computes formulas of that size (copies: its inputs, their copy and the
 # temporaries); and the float64 copies of its block that the chunk function makes (var and std:
-# the deviations from the block's mean and their squares; mean: the block in float64)
-_DASK_PARTIALS = (("moment", 24, 3, 2), ("mean", 16, 3, 1), ("arg", 16, 2, 0))
+# the deviations from the block's mean, their squares, and on CuPy the squares with NaN replaced,
+# where nansum failed for want of 274 MB on one H200 under a 1.5 GB budget; mean: the block in
+# float64)
+_DASK_PARTIALS = (("moment", 24, 3, 3), ("mean", 16, 3, 1), ("arg", 16, 2, 0))
 
 
 def _tree(graph, last: str, declared_: dict) -> Tree | None:
@@ -242,10 +249,11 @@ def _tree(graph, last: str, declared_: dict) -> Tree | None:
     counts = [len(graph.layers[n]) for n in (chunk, *reversed(steps))]
     fan_in = max(-(-a // max(b, 1)) for a, b in zip(counts[:-1], counts[1:]))
     waiting = min(len(steps) * (fan_in - 1), counts[0])
+    kind = _TOKEN.sub("", str(chunk))
     if "partial_bytes" in declared_:  # pipeline's: a merge lays its inputs side by side, unless it says not
         size = int(declared_["partial_bytes"])
         merge = declared_.get("merge_bytes", (int(declared_.get("merge_copies", 2)) * fan_in + 1) * size)
-        return Tree(size, int(merge), int(declared_.get("waiting_bytes", waiting * size)))
+        return Tree(size, int(merge), int(declared_.get("waiting_bytes", waiting * size)), 0, kind)
     layer = graph.layers[steps[-1]]
     ann = getattr(layer, "collection_annotations", None) or {}
     try:
@@ -254,10 +262,8 @@ def _tree(graph, last: str, declared_: dict) -> Tree | None:
         return None
     per_value, copies, block_copies = next((rest for key, *rest in _DASK_PARTIALS if key in chunk), (max(itemsize, 8), 2, 0))
     size = values * per_value
-    block_values = math.prod((getattr(graph.layers[chunk], "collection_annotations", None) or {}).get("chunksize") or (0,))
-    # a thread runs a merge or a block's chunk function at a time
-    busy = max((copies * fan_in + 1) * size, block_copies * 8 * block_values + size)
-    return Tree(size, busy, waiting * size)
+    block_itemsize = np.dtype((getattr(graph.layers[chunk], "collection_annotations", None) or {}).get("dtype") or np.float32).itemsize
+    return Tree(size, (copies * fan_in + 1) * size, waiting * size, -(-block_copies * 8 // block_itemsize), kind)
 
 
 def graph_trees(*arrays: da.Array) -> list[Tree]:
@@ -268,9 +274,12 @@ def graph_trees(*arrays: da.Array) -> list[Tree]:
     A tree merges ``k`` partials at a time, level by level. Measured on a 0.25-degree grid in
     blocks of 3 steps (122 blocks, 2 threads, dask's ``split_every`` of 4: four levels), the most
     partials alive at once were 14 of the moments' (the merging threads' inputs, and 3 or fewer
-    waiting at each level), and as many of the 4 seasons' standard deviations together: dask's
-    order finishes most of a tree before the next, so the plan counts the waiting partials of the
-    largest tree, once, and each thread's merge (``merge_bytes``) on its own."""
+    waiting at each level); with the 4 seasons' standard deviations and the yearly maximum over
+    the same blocks, 14 of the seasons' together and 7 of the maximum's. The trees of one
+    reduction over parts of the data (the seasons) progress one after another with the data, and
+    different reductions of the same blocks together: the plan counts the waiting partials of the
+    largest tree of each reduction, once (:func:`graph_tree_bytes`), and each thread's merge
+    (``merge_bytes``) on its own."""
     trees = {}
     for a in arrays:
         graph = a.__dask_graph__()
@@ -304,9 +313,12 @@ def graph_partials_per_thread(*arrays: da.Array) -> int:
 
 
 def graph_tree_bytes(*arrays: da.Array) -> int:
-    """Bytes of the partials that wait in the largest reduction tree of the graphs of ``arrays``
-    for their siblings (:func:`graph_trees`)."""
-    return max((t.waiting_bytes for t in graph_trees(*arrays)), default=0)
+    """Bytes of the partials that wait for their siblings in the reduction trees of the graphs of
+    ``arrays``: the largest tree of each reduction (:func:`graph_trees`)."""
+    largest: dict = {}
+    for t in graph_trees(*arrays):
+        largest[t.kind] = max(largest.get(t.kind, 0), t.waiting_bytes)
+    return sum(largest.values())
 
 
 def graph_held_bytes(*arrays: da.Array) -> int:
@@ -356,9 +368,14 @@ def work_bytes(backend: str, block_bytes: int) -> int:
 
 def per_thread_bytes(block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD, work: int = 0,
                      partials: int = PARTIALS_PER_THREAD) -> int:
-    """Bytes one thread may hold: ``blocks`` blocks, ``work`` bytes of its kernels' temporaries,
-    and ``partials`` partials (:func:`graph_partials_per_thread`)."""
-    return blocks * block_bytes + work + partials * partial_bytes
+    """Bytes one thread may hold: as it runs a block's task, ``blocks`` blocks, ``work`` bytes of
+    its kernels' temporaries and PARTIALS_PER_THREAD partials; as it merges partials, ``partials``
+    of them (:func:`graph_partials_per_thread`). A thread runs one task at a time: the larger.
+    (On one H200 under a 1.5 GB budget, the standardized anomaly's 3 threads of 141 MB blocks,
+    whose merges take 9 partials of 25 MB, peaked at 0.99 GB of device memory: their sum would
+    have allowed one thread.)"""
+    making = blocks * block_bytes + work + PARTIALS_PER_THREAD * partial_bytes
+    return max(making, partials * partial_bytes)
 
 
 def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0,
