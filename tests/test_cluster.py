@@ -145,16 +145,17 @@ def test_workers_with_more_threads_than_their_budget_holds_are_refused_before_an
     x = da.ones((40, 1000, 100), chunks=(10, 1000, 100))  # blocks of 8 MB
     y = (x - x.mean(axis=0)).sum()
     per_thread = memory.per_thread_bytes(8_000_000, memory.graph_partial_bytes(y), memory.graph_blocks_per_thread(y),
-                                         memory.work_bytes("cpu", 8_000_000), memory.graph_partials_per_thread(y))
+                                         memory.work_bytes("cpu", 8_000_000))
+    threads = lambda n: memory.threads_bytes(n, per_thread, memory.graph_merges(y))  # noqa: E731
     # under half the budget: the two-pass op keeps its input in core; and the mean's partials that wait in its tree
     held = x.nbytes + memory.graph_tree_bytes(y)
     with LocalCluster(n_workers=2, threads_per_worker=3, processes=False, dashboard_address=None) as cluster, Client(cluster) as client:
         before = sum(len(v) for v in client.processing().values())
-        with dask.config.set({"pipeline.cpu.memory-limit": int(held + per_thread * 2.5)}):  # workers in this process read it
+        with dask.config.set({"pipeline.cpu.memory-limit": held + (threads(2) + threads(3)) // 2}):  # workers in this process read it
             with pytest.raises(InputError, match=r"run 3 threads.*enough for 2: start the workers with at most 2 threads"):
                 pipeline.compute(y)
             assert sum(len(v) for v in client.processing().values()) == before == 0
-        with dask.config.set({"pipeline.cpu.memory-limit": held + per_thread * 3}):
+        with dask.config.set({"pipeline.cpu.memory-limit": held + threads(3)}):
             assert float(pipeline.compute(y)) == pytest.approx(0.0, abs=1e-6)
 
 
@@ -202,19 +203,20 @@ def test_blocks_are_placed_on_workers_only_where_their_budget_leaves_room_to_rea
     x = da.ones((400, 1000, 100), chunks=(50, 1000, 100))  # blocks of 40 MB; 2 workers: slabs of 160 MB
     y = (x - x.mean(axis=0)).sum()
     per_thread = memory.per_thread_bytes(40_000_000, memory.graph_partial_bytes(y), memory.graph_blocks_per_thread(y),
-                                         memory.work_bytes("cpu", 40_000_000), memory.graph_partials_per_thread(y))
+                                         memory.work_bytes("cpu", 40_000_000))
+    threads = lambda n: memory.threads_bytes(n, per_thread, memory.graph_merges(y))  # noqa: E731
     tree = memory.graph_tree_bytes(y)  # the mean's partials that wait in its tree, held once
     slab = memory.graph_array_bytes(y) // 2
     assert slab == 160_000_000
     monkeypatch.setattr(memory, "process_baseline", lambda backend, worker=None: 0)  # as for the workers in this process
     # room for twice the thread's blocks; for neither that nor a whole slab; for a slab, in half of
     # the budget, though not for two threads
-    cases = ((2 * per_thread + tree, True), (per_thread + tree + 1_000_000, False), (2 * slab, True))
+    cases = ((threads(2) + tree, True), (threads(1) + tree + 1_000_000, False), (2 * slab, True))
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, Client(cluster):
         for budget, placed in cases:
             with dask.config.set({"pipeline.cpu.memory-limit": budget}):
                 assert memory.threads_that_fit("cpu", 40_000_000, memory.graph_partial_bytes(y), memory.graph_blocks_per_thread(y),
-                                               held_bytes=tree, partials=memory.graph_partials_per_thread(y)) == (2 if budget == cases[0][0] else 1)
+                                               held_bytes=tree, merges=memory.graph_merges(y)) == (2 if budget == cases[0][0] else 1)
                 calls.clear()
                 assert float(pipeline.compute(y)) == pytest.approx(0.0, abs=1e-6)
             assert bool(calls) == placed, budget

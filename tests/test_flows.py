@@ -219,7 +219,7 @@ def test_out_of_core_flow_equals_in_core_and_reports_memory(demo_dir, monkeypatc
     monkeypatch.setattr(memory, "process_baseline", lambda backend, worker=None: 0)
     monkeypatch.setattr(memory, "work_bytes", lambda backend, block_bytes: 0)
 
-    write_demo("data/small.zarr", "2MB", seed=1, time_chunk=2)  # small stored chunks, a small plan
+    write_demo("data/small.zarr", "8MB", seed=1, time_chunk=4)  # small stored chunks, a small plan
     flow = parse_flow(with_changes(source__path="data/small.zarr"), "f.yaml")
     in_core = run_flow(flow, backend="cpu", output="out/in.zarr")
     assert in_core["memory"]["plan"]["out_of_core"] is False

@@ -239,7 +239,7 @@ def test_a_merge_of_large_partials_holds_its_output():
 
 def test_the_plan_counts_the_partials_of_a_reductions_tree():
     """A tree merges k partials at a time, level by level. A merge on the host holds its inputs
-    and its output (slab by slab); dask's own (xarray's std, on dask arrays) its inputs, their copy
+    and its output; dask's own (xarray's std, on dask arrays) its inputs, their copy
     laid side by side and its formulas' temporaries; at each level, up to k - 1 partials wait for
     their siblings. Group means hold, at each level, the rows of the groups their blocks span."""
     import dask.array as da
@@ -253,13 +253,14 @@ def test_the_plan_counts_the_partials_of_a_reductions_tree():
         ours = pipeline.ops.standardized_anomaly(x, dim="time").data
         theirs = x.std("time").data
     # 32 partials -> 8 -> 2 -> 1: three levels of merges of up to 4
+    part = 24 * grid
     (tree,) = memory.graph_trees(ours)
-    assert tree == memory.Tree(24 * grid, (4 + 1) * 24 * grid, 3 * 3 * 24 * grid, 0, "pipeline-moments")
-    assert memory.graph_partials_per_thread(ours) == 5 and memory.graph_tree_bytes(ours) == 9 * 24 * grid
+    assert tree == memory.Tree(part, ((5 * part, 8), (5 * part, 2), (3 * part, 1)), 3 * 3 * part, 0, "pipeline-moments")
+    assert memory.graph_merges(ours) == ((5 * part, 10), (3 * part, 1)) and memory.graph_tree_bytes(ours) == 9 * part
     # ... and makes float64 copies of its float32 block as it makes a partial (the deviations from
     # the block's mean, their squares, the squares with NaN replaced): six blocks' worth
     (tree,) = memory.graph_trees(theirs)
-    assert tree == memory.Tree(24 * grid, (3 * 4 + 1) * 24 * grid, 3 * 3 * 24 * grid, 6, "moment_chunk")
+    assert tree == memory.Tree(part, ((13 * part, 8), (13 * part, 2), (7 * part, 1)), 3 * 3 * part, 6, "moment_chunk")
     assert memory.graph_blocks_per_thread(theirs) == memory.BLOCKS_PER_THREAD + 6
     assert memory.graph_blocks_per_thread(ours) == memory.BLOCKS_PER_THREAD
     # a tree of each reduction: the seasons' standard deviations over parts of the data progress one
@@ -271,8 +272,11 @@ def test_the_plan_counts_the_partials_of_a_reductions_tree():
     assert memory.graph_tree_bytes(seasons) == max(t.waiting_bytes for t in memory.graph_trees(seasons))
     assert memory.graph_tree_bytes(*both) == memory.graph_tree_bytes(seasons) + memory.graph_tree_bytes(both[1])
     # twelve months of two steps, in blocks of two: 12 partials of one row -> 3 of four -> 12 rows
-    merge, waiting = aggregation._group_tree_rows(np.repeat(np.arange(12), 2), np.arange(12), (2,) * 12, 4)
-    assert (merge, waiting) == (3 * 4 + 12 + 4, 3 * 1 + 2 * 4)
+    merges, waiting = aggregation._group_tree_rows(np.repeat(np.arange(12), 2), np.arange(12), (2,) * 12, 4)
+    assert merges == [(4 * 1 + 4 + 1, 3), (3 * 4 + 12 + 4, 1)] and waiting == 3 * 1 + 2 * 4
+    # a few threads may run the few large merges at the top of a tree; the rest hold blocks
+    assert memory.merging_bytes(((100, 1), (60, 2), (10, 50)), 4) == 100 + 2 * 60 + 10
+    assert memory.threads_bytes(4, 50, ((100, 1), (60, 2), (10, 50))) == 100 + 2 * 60 + 50
 
 
 def test_threads_under_a_budget_match_what_ran_on_the_gpu(monkeypatch):
@@ -311,19 +315,21 @@ def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit(monke
     assert memory.graph_block_bytes(total) == 400_000
     # the mean's partials, as it declares them: float64 count, mean and M2 for each of its 100 x 100 values
     assert memory.graph_partial_bytes(total) == 3 * 8 * 100 * 100
-    # a merge of its 4 partials, slab by slab on the host, holds them and its output; at most
-    # three wait for their siblings in its one level
-    assert memory.graph_partials_per_thread(total) == 5
+    # a merge of its 4 partials on the host holds them and its output; at most three wait for
+    # their siblings in its one level
+    assert memory.graph_merges(total)[0] == (5 * memory.graph_partial_bytes(total), 1)
     assert memory.graph_tree_bytes(total) == 3 * memory.graph_partial_bytes(total)
-    # its blocks, its kernels' temporaries and its partials
+    # its blocks, its kernels' temporaries and its partials (more than the merge holds)
     per_thread = (memory.BLOCKS_PER_THREAD * 400_000 + memory.work_bytes("cpu", 400_000)
-                  + 5 * memory.graph_partial_bytes(total))
+                  + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(total))
+    assert per_thread > 5 * memory.graph_partial_bytes(total)
     monkeypatch.setattr(memory, "process_baseline", lambda backend, worker=None: 300_000_000)
     # the process itself, the input that it holds in core, and the partials waiting in the tree
     base = 300_000_000 + x.nbytes + memory.graph_tree_bytes(total)
     with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": base + 8 * per_thread}):
         assert compute_threads(total) == 8
-    with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": base + 2 * per_thread + 1}):
+    # (and a few bytes for the partials of the whole sums below)
+    with dask.config.set({"num_workers": 8, "pipeline.cpu.memory-limit": base + 2 * per_thread + 1000}):
         assert compute_threads(total) == 2
         assert memory.plan(x, total).threads == 2
         # several results at once (as dask.compute takes them): the largest block of any

@@ -35,10 +35,10 @@ def _arrays_of(obj):
         yield obj
 
 
-def _graph_sizes(obj) -> tuple[str, int, int, int, int, int] | None:
+def _graph_sizes(obj) -> tuple[str, int, int, int, int, tuple] | None:
     """The backend of ``obj``'s arrays, their graphs' largest block and largest reduction
-    partial, the blocks a thread may hold, the bytes kept whole and the partials a thread may
-    hold (:mod:`pipeline.exec.memory`), or None without arrays."""
+    partial, the blocks a thread may hold, the bytes kept whole and the reductions' merges
+    (:mod:`pipeline.exec.memory`), or None without arrays."""
     from . import memory
 
     arrays = [a for a in _arrays_of(obj) if isinstance(a, da.Array)]
@@ -48,7 +48,7 @@ def _graph_sizes(obj) -> tuple[str, int, int, int, int, int] | None:
     return (
         backend, memory.graph_block_bytes(*arrays), memory.graph_partial_bytes(*arrays),
         memory.graph_blocks_per_thread(*arrays), memory.graph_held(backend, *arrays),
-        memory.graph_partials_per_thread(*arrays),
+        memory.graph_merges(*arrays),
     )
 
 

@@ -70,7 +70,7 @@ class Plan:
     out_of_core: bool
     partial_bytes: int = 0  # the largest partial of a reduction
     blocks_per_thread: int = BLOCKS_PER_THREAD
-    partials_per_thread: int = PARTIALS_PER_THREAD  # partials of partial_bytes a merging thread holds
+    merges: tuple = ()  # the reductions' merges: (bytes one holds, how many), largest first
     work_bytes: int = 0  # kernels' temporaries a thread (work_bytes)
     baseline_bytes: int = 0  # the process before its first block (CPU: resident set and RUNTIME_BYTES)
     held_bytes: int = 0  # arrays kept whole while the computation runs, and partials waiting in trees
@@ -79,12 +79,11 @@ class Plan:
     @property
     def thread_bytes(self) -> int:
         """Bytes one thread may hold."""
-        return per_thread_bytes(self.block_bytes, self.partial_bytes, self.blocks_per_thread, self.work_bytes,
-                                self.partials_per_thread)
+        return per_thread_bytes(self.block_bytes, self.partial_bytes, self.blocks_per_thread, self.work_bytes)
 
     @property
     def peak_bytes(self) -> int:
-        return self.baseline_bytes + self.held_bytes + self.threads * self.thread_bytes
+        return self.baseline_bytes + self.held_bytes + threads_bytes(self.threads, self.thread_bytes, self.merges)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "thread_bytes": self.thread_bytes, "peak_bytes": self.peak_bytes}
@@ -210,7 +209,7 @@ class Tree(NamedTuple):
     """A reduction's tree in a graph, as the plan counts it."""
 
     partial_bytes: int  # its largest partial
-    merge_bytes: int  # what a thread holds while it merges: its inputs, what it lays side by side, its output
+    merges: tuple  # (bytes a merge holds: its inputs, what it lays side by side, its output; merges) a level
     waiting_bytes: int  # partials that may wait for their siblings at once: a merge's inputs less one, each level
     extra_blocks: int = 0  # blocks' worth of temporaries a thread holds besides its blocks as it makes a partial
     kind: str = ""  # the reduction: its chunk step's name, without its token
@@ -247,13 +246,17 @@ def _tree(graph, last: str, declared_: dict) -> Tree | None:
         return None
     chunk = deps[0]
     counts = [len(graph.layers[n]) for n in (chunk, *reversed(steps))]
-    fan_in = max(-(-a // max(b, 1)) for a, b in zip(counts[:-1], counts[1:]))
-    waiting = min(len(steps) * (fan_in - 1), counts[0])
+    fan_ins = [-(-a // max(b, 1)) for a, b in zip(counts[:-1], counts[1:])]
+    waiting = min(len(steps) * (max(fan_ins) - 1), counts[0])
     kind = _TOKEN.sub("", str(chunk))
+
+    def levels(copies: int, size: int) -> tuple:
+        return tuple(((copies * k + 1) * size, n) for k, n in zip(fan_ins, counts[1:]))
+
     if "partial_bytes" in declared_:  # pipeline's: a merge lays its inputs side by side, unless it says not
         size = int(declared_["partial_bytes"])
-        merge = declared_.get("merge_bytes", (int(declared_.get("merge_copies", 2)) * fan_in + 1) * size)
-        return Tree(size, int(merge), int(declared_.get("waiting_bytes", waiting * size)), 0, kind)
+        merges = tuple(map(tuple, declared_.get("merges", levels(int(declared_.get("merge_copies", 2)), size))))
+        return Tree(size, merges, int(declared_.get("waiting_bytes", waiting * size)), 0, kind)
     layer = graph.layers[steps[-1]]
     ann = getattr(layer, "collection_annotations", None) or {}
     try:
@@ -263,7 +266,7 @@ def _tree(graph, last: str, declared_: dict) -> Tree | None:
     per_value, copies, block_copies = next((rest for key, *rest in _DASK_PARTIALS if key in chunk), (max(itemsize, 8), 2, 0))
     size = values * per_value
     block_itemsize = np.dtype((getattr(graph.layers[chunk], "collection_annotations", None) or {}).get("dtype") or np.float32).itemsize
-    return Tree(size, (copies * fan_in + 1) * size, waiting * size, -(-block_copies * 8 // block_itemsize), kind)
+    return Tree(size, levels(copies, size), waiting * size, -(-block_copies * 8 // block_itemsize), kind)
 
 
 def graph_trees(*arrays: da.Array) -> list[Tree]:
@@ -278,8 +281,8 @@ def graph_trees(*arrays: da.Array) -> list[Tree]:
     the same blocks, 14 of the seasons' together and 7 of the maximum's. The trees of one
     reduction over parts of the data (the seasons) progress one after another with the data, and
     different reductions of the same blocks together: the plan counts the waiting partials of the
-    largest tree of each reduction, once (:func:`graph_tree_bytes`), and each thread's merge
-    (``merge_bytes``) on its own."""
+    largest tree of each reduction, once (:func:`graph_tree_bytes`), and the merges that threads
+    may run at once (:func:`graph_merges`)."""
     trees = {}
     for a in arrays:
         graph = a.__dask_graph__()
@@ -302,14 +305,36 @@ def graph_partial_bytes(*arrays: da.Array) -> int:
     return max([*declared_, *(t.partial_bytes for t in graph_trees(*arrays))], default=0)
 
 
-def graph_partials_per_thread(*arrays: da.Array) -> int:
-    """Partials of :func:`graph_partial_bytes` that one thread may hold at once: the most that a
-    tree's merge holds (:func:`graph_trees`), at least PARTIALS_PER_THREAD."""
-    largest = graph_partial_bytes(*arrays)
-    if not largest:
-        return PARTIALS_PER_THREAD
-    held = max((t.merge_bytes for t in graph_trees(*arrays)), default=0)
-    return max(PARTIALS_PER_THREAD, -(-held // largest))
+def graph_merges(*arrays: da.Array) -> tuple:
+    """The merges of the reduction trees in the graphs of ``arrays``: ((bytes one holds, how many
+    hold that), ...), largest first (:func:`graph_trees`). The few large merges at the top of a
+    tree (a climatology's last, of every month's rows) are not every thread's."""
+    count: dict = {}
+    for t in graph_trees(*arrays):
+        for size, n in t.merges:
+            count[int(size)] = count.get(int(size), 0) + int(n)
+    return tuple(sorted(count.items(), reverse=True))
+
+
+def merging_bytes(merges: tuple, threads: int) -> int:
+    """The most that ``threads`` threads hold merging at once: the largest ``threads`` merges."""
+    total = 0
+    for size, n in merges:
+        take = min(n, threads)
+        total += take * size
+        threads -= take
+        if not threads:
+            break
+    return total
+
+
+def threads_bytes(threads: int, thread_bytes: int, merges: tuple = ()) -> int:
+    """The most that ``threads`` threads hold at once, each running a block's task
+    (``thread_bytes``, :func:`per_thread_bytes`) or a merge (:func:`merging_bytes`): a thread runs
+    one task at a time. (On one H200 under a 1.5 GB budget, the standardized anomaly's 3 threads of
+    141 MB blocks, whose merges take 9 partials of 25 MB, peaked at 0.99 GB of device memory: the
+    two summed for each thread would have allowed one.)"""
+    return max((threads - m) * thread_bytes + merging_bytes(merges, m) for m in range(threads + 1))
 
 
 def graph_tree_bytes(*arrays: da.Array) -> int:
@@ -366,23 +391,17 @@ def work_bytes(backend: str, block_bytes: int) -> int:
     return math.ceil(kernels.work_slabs(backend) * slab_bytes(block_bytes))
 
 
-def per_thread_bytes(block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD, work: int = 0,
-                     partials: int = PARTIALS_PER_THREAD) -> int:
-    """Bytes one thread may hold: as it runs a block's task, ``blocks`` blocks, ``work`` bytes of
-    its kernels' temporaries and PARTIALS_PER_THREAD partials; as it merges partials, ``partials``
-    of them (:func:`graph_partials_per_thread`). A thread runs one task at a time: the larger.
-    (On one H200 under a 1.5 GB budget, the standardized anomaly's 3 threads of 141 MB blocks,
-    whose merges take 9 partials of 25 MB, peaked at 0.99 GB of device memory: their sum would
-    have allowed one thread.)"""
-    making = blocks * block_bytes + work + PARTIALS_PER_THREAD * partial_bytes
-    return max(making, partials * partial_bytes)
+def per_thread_bytes(block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD, work: int = 0) -> int:
+    """Bytes one thread may hold as it runs a block's task: ``blocks`` blocks, ``work`` bytes of
+    its kernels' temporaries, and PARTIALS_PER_THREAD partials (the merges: :func:`threads_bytes`)."""
+    return blocks * block_bytes + work + PARTIALS_PER_THREAD * partial_bytes
 
 
 def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0,
-                partials: int = PARTIALS_PER_THREAD) -> int:
+                merges: tuple = ()) -> int:
     """Threads for a computation of ``block_bytes`` blocks (``blocks`` of them a thread, and its
-    kernels' temporaries) and ``partial_bytes`` partials, besides the process's baseline and
-    ``held_bytes``: the configured number (``pipeline.gpu.threads``, or dask's ``num_workers`` /
+    kernels' temporaries), ``partial_bytes`` partials and ``merges`` (:func:`graph_merges`),
+    besides the process's baseline and ``held_bytes``: the configured number (``pipeline.gpu.threads``, or dask's ``num_workers`` /
     one per core), fewer when that many threads would hold more than the backend's memory
     budget, at least one."""
     import dask
@@ -392,27 +411,31 @@ def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0, bloc
         threads = int(config.get("gpu.threads", 8))
     else:
         threads = int(dask.config.get("num_workers", None) or CPU_COUNT)
-    fit = threads_that_fit(backend, block_bytes, partial_bytes, blocks, held_bytes, partials=partials)
+    fit = threads_that_fit(backend, block_bytes, partial_bytes, blocks, held_bytes, merges=merges, most=threads)
     return max(1, threads if fit is None else min(threads, fit))
 
 
 def threads_that_fit(backend: str, block_bytes: int = 0, partial_bytes: int = 0, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0,
-                     worker=None, partials: int = PARTIALS_PER_THREAD) -> int | None:
-    """How many threads, each holding ``blocks`` blocks of ``block_bytes``, its kernels'
-    temporaries (:func:`work_bytes`) and ``partials`` partials of ``partial_bytes``, fit this
-    process's memory budget on ``backend`` once its baseline and ``held_bytes`` are counted
-    (None: nothing to hold); ``worker``: the distributed worker it is evaluated on, if any."""
-    per_thread = per_thread_bytes(block_bytes, partial_bytes, blocks, work_bytes(backend, block_bytes), partials)
+                     worker=None, merges: tuple = (), most: int = 1024) -> int | None:
+    """How many threads (up to ``most``), each holding ``blocks`` blocks of ``block_bytes``, its
+    kernels' temporaries (:func:`work_bytes`) and PARTIALS_PER_THREAD partials of
+    ``partial_bytes``, or running one of ``merges`` (:func:`threads_bytes`), fit this process's
+    memory budget on ``backend`` once its baseline and ``held_bytes`` are counted (None: nothing
+    to hold); ``worker``: the distributed worker it is evaluated on, if any."""
+    per_thread = per_thread_bytes(block_bytes, partial_bytes, blocks, work_bytes(backend, block_bytes))
     if not per_thread:
         return None
     room = B.memory_budget(backend) - process_baseline(backend, worker) - held_bytes
-    return max(0, int(room // per_thread))
+    fit = 0
+    while fit < most and threads_bytes(fit + 1, per_thread, merges) <= room:
+        fit += 1
+    return fit
 
 
 def _fit_and_budget(backend: str, block_bytes: int, partial_bytes: int, blocks: int, held_bytes: int = 0,
-                    partials: int = PARTIALS_PER_THREAD, dask_worker=None) -> tuple[int | None, int]:
+                    merges: tuple = (), dask_worker=None) -> tuple[int | None, int]:
     """Run on each worker by ``client.run``, which passes the worker as ``dask_worker``."""
-    fit = threads_that_fit(backend, block_bytes, partial_bytes, blocks, held_bytes, dask_worker, partials)
+    fit = threads_that_fit(backend, block_bytes, partial_bytes, blocks, held_bytes, dask_worker, merges)
     return fit, int(B.memory_budget(backend))
 
 
@@ -429,7 +452,7 @@ ANSWERS_KEPT = 32
 
 def worker_answers(client, nthreads: dict, *plan) -> dict:
     """Each worker's :func:`_fit_and_budget` for ``plan`` (backend, block, partial and held bytes,
-    blocks and partials a thread), asked once per cluster (:func:`cluster_key`), plan and ``pipeline``
+    blocks a thread, merges), asked once per cluster (:func:`cluster_key`), plan and ``pipeline``
     settings: a second computation of the same shape does not pay ``client.run``'s round trip.
     An answer counts the worker's memory when it was asked (on the CPU, its resident set outside
     the data it holds for the scheduler, which moves little between computations)."""
@@ -450,7 +473,7 @@ def worker_answers(client, nthreads: dict, *plan) -> dict:
 
 
 def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, blocks: int = BLOCKS_PER_THREAD, held_bytes: int = 0,
-                  partials: int = PARTIALS_PER_THREAD, nthreads: dict | None = None) -> dict[str, tuple[int, int]]:
+                  merges: tuple = (), nthreads: dict | None = None) -> dict[str, tuple[int, int]]:
     """On a distributed cluster the workers' threads are the cluster's, not the plan's: raise
     InputError, before anything runs, when a worker has more threads than its own budget holds
     (each worker evaluates :func:`threads_that_fit` with its own device and settings; the answers
@@ -464,7 +487,7 @@ def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, bl
     if nthreads is None:
         nthreads = client.nthreads()
     try:
-        answers = worker_answers(client, nthreads, backend, block_bytes, partial_bytes, blocks, held_bytes, partials)
+        answers = worker_answers(client, nthreads, backend, block_bytes, partial_bytes, blocks, held_bytes, merges)
     except Exception as e:  # e.g. workers that cannot import pipeline: nothing to check with
         import warnings
 
@@ -478,7 +501,8 @@ def check_workers(client, backend: str, block_bytes: int, partial_bytes: int, bl
     raise InputError(
         f"{len(over)} of {len(nthreads)} workers (e.g. {worker}) run {threads} threads, but each thread may hold "
         f"{blocks} blocks of up to {format_bytes(block_bytes)}"
-        + (f" and {partials} partials of up to {format_bytes(partial_bytes)}" if partial_bytes else "")
+        + (f" and {PARTIALS_PER_THREAD} partials of up to {format_bytes(partial_bytes)}" if partial_bytes else "")
+        + (f", or merge partials ({format_bytes(merges[0][0])} at most)" if merges else "")
         + f", and {setting} allows {format_bytes(answers[worker][1])} a worker, enough for {n}: start the workers with "
         f"at most {max(n, 1)} threads (--nthreads, or threads_per_worker in the cluster profile), raise the limit, "
         "or read smaller blocks (source.chunks; where the stored chunks are larger, `pipeline convert --chunks`)"
@@ -490,16 +514,16 @@ def plan(source: da.Array, *results: da.Array, backend: str | None = None) -> Pl
     budget = B.memory_budget(backend)
     block = max(largest_block(source, *results), graph_block_bytes(*results))
     partial = graph_partial_bytes(*results)
-    partials = graph_partials_per_thread(*results)
+    merges = graph_merges(*results)
     blocks = graph_blocks_per_thread(*results)
     held = graph_held(backend, source, *results)
     return Plan(
         backend=backend,
-        threads=threads_for(backend, block, partial, blocks, held, partials),
+        threads=threads_for(backend, block, partial, blocks, held, merges),
         block_bytes=block,
         partial_bytes=partial,
         blocks_per_thread=blocks,
-        partials_per_thread=partials,
+        merges=merges,
         tree_bytes=graph_tree_bytes(*results),
         work_bytes=work_bytes(backend, block),
         baseline_bytes=process_baseline(backend),
@@ -525,8 +549,11 @@ def explain(p: Plan) -> str:
     if p.work_bytes:
         thread += f", {format_bytes(p.work_bytes)} of its kernels' temporaries"
     if p.partial_bytes:
-        thread += f", {p.partials_per_thread} partials of up to {format_bytes(p.partial_bytes)}"
-    parts.append(f"{p.threads} threads x {format_bytes(p.thread_bytes)} ({thread})")
+        thread += f", {PARTIALS_PER_THREAD} partials of up to {format_bytes(p.partial_bytes)}"
+    merging = ""
+    if p.merges and threads_bytes(p.threads, p.thread_bytes, p.merges) > p.threads * p.thread_bytes:
+        merging = f", or merging partials: {format_bytes(threads_bytes(p.threads, p.thread_bytes, p.merges))} in all"
+    parts.append(f"{p.threads} threads x {format_bytes(p.thread_bytes)} ({thread}){merging}")
     return ", ".join(parts)
 
 

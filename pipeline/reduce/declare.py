@@ -10,9 +10,10 @@ declarations:
 - ``merge_copies``: a merge of ``k`` partials holds ``merge_copies * k + 1`` of them: its inputs,
   a copy of them laid side by side and its output (2, where not declared), or its inputs and its
   output where it merges them slab by slab (1);
-- ``merge_bytes``, ``waiting_bytes``: instead, the bytes a thread holds while it merges, and the
-  bytes of the partials that may wait for their siblings at once, where partials differ in size
-  from level to level of the tree (by groups: a block's partial holds its own groups' rows);
+- ``merges``, ``waiting_bytes``: instead, the merges of each level of the tree ([(bytes one holds,
+  merges), ...]) and the bytes of the partials that may wait for their siblings at once, where
+  partials differ in size from level to level (by groups: a block's partial holds its own groups'
+  rows, the last merge every group's);
 - ``view``: the layer's blocks are views of a smaller array (broadcast weights); not counted;
 - ``block_bytes``: each block of the layer counts as this many bytes (instead of its shape and dtype);
 - ``extra_blocks``: a thread running the layer's tasks holds this many blocks more than
