@@ -323,25 +323,30 @@ def _set_device_memory_limit(setting, device: int) -> None:
 
 def _counting_malloc(pool):
     """``pool.malloc`` that records the most bytes the pool has held (in use and cached for reuse),
-    which is what the GPU gives this process; CuPy keeps no such peak itself."""
+    which is what the GPU gives this process, and the most in use at once, which is what the memory
+    plan counts (the pool returns what it caches when the limit is reached); CuPy keeps no such
+    peaks itself. Both are read as the pool's counters, which cost no more than a load."""
 
     def malloc(size: int):
         mem = pool.malloc(size)
-        held = pool.total_bytes()
+        held, used = pool.total_bytes(), pool.used_bytes()
         if held > state.device.pool_peak:  # threads racing here can under-count a peak by one block
             state.device.pool_peak = held
+        if used > state.device.used_peak:
+            state.device.used_peak = used
         return mem
 
     return malloc
 
 
 
-def device_memory_peak(reset: bool = False) -> int:
-    """The most bytes CuPy's pool has held on the GPU (in use and cached) since the last reset, as
-    seen by pipeline's allocator (0 before :func:`use_device_memory_limit` installed it)."""
-    peak = state.device.pool_peak
+def device_memory_peak(reset: bool = False, used: bool = False) -> int:
+    """The most bytes CuPy's pool has held on the GPU (in use and cached; ``used``: in use at once)
+    since the last reset, as seen by pipeline's allocator (0 before :func:`use_device_memory_limit`
+    installed it). A reset clears both."""
+    peak = state.device.used_peak if used else state.device.pool_peak
     if reset:
-        state.device.pool_peak = 0
+        state.device.pool_peak = state.device.used_peak = 0
     return peak
 
 

@@ -101,6 +101,7 @@ class AheadState:
 @dataclass
 class DeviceState:
     pool_peak: int = 0  # the most bytes CuPy's pool has held (threads racing may miss one block)
+    used_peak: int = 0  # the most bytes of CuPy's pool in use at once, at an allocation
     limits: dict = field(default_factory=dict)  # device -> the pipeline.gpu.memory-limit its pool is capped from
 
 

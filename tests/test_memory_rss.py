@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from .conftest import requires_gpu
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
 
 FLOWS = sorted((Path(__file__).parent.parent / "flows").glob("*.yaml"))
@@ -44,11 +46,12 @@ def _high_water_mark(pid: int) -> int:
     return 0
 
 
-def run(flow: Path, store: Path, out: Path, limit) -> tuple[int, int, str]:
-    """Exit code, peak RSS in bytes and stderr of ``pipeline run`` in a child process."""
-    env = {**os.environ, "DASK_PIPELINE__CPU__MEMORY_LIMIT": str(limit)}
+def run(flow: Path, store: Path, out: Path, limit, backend: str = "cpu") -> tuple[int, int, str]:
+    """Exit code, peak RSS in bytes and stderr of ``pipeline run`` in a child process, under
+    ``pipeline.<backend>.memory-limit``."""
+    env = {**os.environ, f"DASK_PIPELINE__{backend.upper()}__MEMORY_LIMIT": str(limit)}
     cmd = [sys.executable, "-m", "pipeline", "run", str(flow), "--input", str(store), "--output", str(out),
-           "--backend", "cpu", "--no-progress", "--report", str(out) + ".json"]
+           "--backend", backend, "--no-progress", "--report", str(out) + ".json"]
     log = Path(str(out) + ".stderr")
     peak = 0
     with open(log, "wb") as stderr:  # a file: a full pipe would stall the child
@@ -167,6 +170,29 @@ def test_peak_rss_stays_within_the_plan_where_partials_outweigh_blocks(name, fin
     plan = json.loads(Path(str(out) + ".json").read_text())["memory"]["plan"]
     assert plan["out_of_core"] and plan["tree_bytes"] > plan["partial_bytes"] > plan["block_bytes"]
     assert peak < plan["peak_bytes"] <= FINE_LIMIT, (peak, plan)
+    check_output(name, xr.open_zarr(fine_store)["tas"], out)
+
+
+GPU_LIMIT = 1_000_000_000
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("name", ["climate_anomaly", "seasonal_extremes", "monthly_anomaly"])
+def test_device_memory_in_use_stays_within_the_plan(name, fine_store, tmp_path):
+    """On the GPU, under ``pipeline.gpu.memory-limit``, the most bytes of CuPy's pool in use at
+    once stay within the plan, and the results match xarray's (the pool's cache, which it returns
+    when the limit is reached, is not what the plan counts)."""
+    import json
+
+    flow = next(f for f in FLOWS if f.stem == name)
+    out = tmp_path / "out.zarr"
+    rc, _, err = run(flow, fine_store, out, GPU_LIMIT, backend="gpu")
+    assert rc == 0, err
+    memory = json.loads(Path(str(out) + ".json").read_text())["memory"]
+    plan, used = memory["plan"], memory["gpu_pool_used_peak_bytes"]
+    assert plan["backend"] == "gpu" and plan["out_of_core"]
+    assert 0 < used <= plan["peak_bytes"] <= GPU_LIMIT, (used, plan)
     check_output(name, xr.open_zarr(fine_store)["tas"], out)
 
 

@@ -128,19 +128,31 @@ def test_the_device_memory_peak_counts_what_the_pool_held():
     from pipeline import backend
 
     class Pool:  # CuPy's pool as far as the count goes: freed blocks stay held, for reuse
-        held = 0
+        held = used = 0
 
         def malloc(self, size):
             self.held += size
+            self.used += size
             return size
+
+        def free(self, size):
+            self.used -= size
 
         def total_bytes(self):
             return self.held
 
+        def used_bytes(self):
+            return self.used
+
     backend.device_memory_peak(reset=True)
-    malloc = backend._counting_malloc(Pool())
+    pool = Pool()
+    malloc = backend._counting_malloc(pool)
     assert [malloc(n) for n in (30, 50)] == [30, 50]
-    assert backend.device_memory_peak(reset=True) == 80 and backend.device_memory_peak() == 0
+    pool.free(50)
+    assert malloc(20) == 20  # in use: 50 at most; held: 100
+    assert backend.device_memory_peak(used=True) == 80
+    assert backend.device_memory_peak(reset=True) == 100 and backend.device_memory_peak() == 0
+    assert backend.device_memory_peak(used=True) == 0
 
 
 @pytest.mark.gpu
@@ -160,6 +172,7 @@ def test_the_device_memory_limit_caps_the_pool_and_counts_its_peak():
         backend.device_memory_peak(reset=True)
         x = cp.ones(300_000_000 // 4, dtype="f4")
         assert backend.device_memory_peak() >= 300_000_000
+        assert backend.device_memory_peak(used=True) >= 300_000_000
         del x
         with pytest.raises(cp.cuda.memory.OutOfMemoryError):
             cp.empty(1_100_000_000 // 4, dtype="f4")

@@ -577,7 +577,7 @@ def check(p: Plan, where: str = "") -> None:
 
 def usage(backend: str) -> dict:
     """What this process holds now: host peak RSS, and on the GPU the bytes of CuPy's pool (now, and
-    at most since :func:`pipeline.backend.device_memory_peak` was last reset)."""
+    at most since :func:`pipeline.backend.device_memory_peak` was last reset: held, and in use)."""
     import resource
     import sys
 
@@ -588,6 +588,7 @@ def usage(backend: str) -> dict:
         pool = cp.get_default_memory_pool()
         out["gpu_pool_bytes"] = int(pool.total_bytes())
         out["gpu_pool_peak_bytes"] = B.device_memory_peak()
+        out["gpu_pool_used_peak_bytes"] = B.device_memory_peak(used=True)  # what the plan counts
         out["gpu_pool_limit_bytes"] = int(pool.get_limit())
         out["host_held_bytes"] = state.held.bytes  # copied to pinned memory between passes
         out["host_pinned_files_bytes"] = state.pinned.files_bytes  # chunk files pinned in the page cache
