@@ -292,6 +292,49 @@ def test_the_plan_counts_the_partials_of_a_reductions_tree():
     assert memory.threads_bytes(4, 50, ((100, 1), (60, 2), (10, 50))) == 100 + 2 * 60 + 50
 
 
+@pytest.mark.parametrize("threads", [1, 4])
+def test_the_plan_counts_the_pieces_that_wait_in_dasks_takes(threads):
+    """xarray's groupby without flox takes each group's steps (dask's take): each input block is
+    cut into pieces, one for each output block it feeds, and a piece waits for its siblings. The
+    pieces alive at once, measured as dask's threaded scheduler keeps them, grow with the years
+    of data (a block across two seasons is cut for both, and the later season's piece waits),
+    and stay within what the plan counts: the pieces held, and a block a thread."""
+    import dask.array as da
+    from dask.callbacks import Callback
+    from dask.utils import key_split
+
+    from pipeline.exec import memory
+
+    days = 8 * 365
+    x = xr.DataArray(da.random.random((days, 10, 20), chunks=(36, 10, 20)).astype("f4"), dims=("time", "lat", "lon"),
+                     coords={"time": pd.date_range("2001-01-01", periods=days)})
+    with xr.set_options(use_flox=False):
+        seasons = x.groupby("time.season").std().data
+    gathers = memory.graph_gathers(seasons)
+    assert len(gathers.chunks) == 4  # a take for each season
+    block = memory.graph_block_bytes(seasons)
+    assert max(gathers.chunks) <= block
+    assert memory.graph_gather_bytes(seasons) == gathers.shared_bytes + sum(gathers.chunks[1:])
+    assert memory.graph_blocks_per_thread(seasons) == memory.graph_blocks_per_thread(x.std("time").data) + memory.GATHER_BLOCKS
+    # 32 season boundaries in 8 years, most inside a block: the smaller pieces of those blocks
+    assert 20 * 2 * 10 * 20 * 4 < gathers.shared_bytes < 32 * 36 * 10 * 20 * 4
+
+    peak = [0]
+
+    class Live(Callback):
+        def _start_state(self, dsk, state):
+            self.cache = state["cache"]
+
+        def _posttask(self, key, result, dsk, state, id):
+            held = sum(v.nbytes for k, v in list(self.cache.items()) if key_split(k) == "shuffle-split")
+            peak[0] = max(peak[0], held)
+
+    with Live(), dask.config.set(scheduler="threads", num_workers=threads):
+        seasons.compute()
+    bound = memory.graph_gather_bytes(seasons) + threads * memory.GATHER_BLOCKS * block
+    assert sum(gathers.chunks[1:]) < peak[0] <= bound, (peak[0], bound)
+
+
 def test_threads_under_a_budget_match_what_ran_on_the_gpu(monkeypatch):
     """The plan's rules against the runs they were measured on (18.2 GB in blocks of 303 MB, a
     4 GB device limit): monthly means ran with three threads and the standardized anomaly with
