@@ -46,10 +46,12 @@ def _high_water_mark(pid: int) -> int:
     return 0
 
 
-def run(flow: Path, store: Path, out: Path, limit, backend: str = "cpu") -> tuple[int, int, str]:
+def run(flow: Path, store: Path, out: Path, limit, backend: str = "cpu", block_size: str | None = None) -> tuple[int, int, str]:
     """Exit code, peak RSS in bytes and stderr of ``pipeline run`` in a child process, under
-    ``pipeline.<backend>.memory-limit``."""
+    ``pipeline.<backend>.memory-limit`` (and ``pipeline.<backend>.block-size``, where given)."""
     env = {**os.environ, f"DASK_PIPELINE__{backend.upper()}__MEMORY_LIMIT": str(limit)}
+    if block_size:
+        env[f"DASK_PIPELINE__{backend.upper()}__BLOCK_SIZE"] = block_size
     cmd = [sys.executable, "-m", "pipeline", "run", str(flow), "--input", str(store), "--output", str(out),
            "--backend", backend, "--no-progress", "--report", str(out) + ".json"]
     log = Path(str(out) + ".stderr")
@@ -194,6 +196,40 @@ def test_device_memory_in_use_stays_within_the_plan(name, fine_store, tmp_path):
     assert plan["backend"] == "gpu"
     assert 0 < used <= plan["peak_bytes"] <= GPU_LIMIT, (used, plan)
     check_output(name, xr.open_zarr(fine_store)["tas"], out)
+
+
+@pytest.fixture(scope="module")
+def years_store(tmp_path_factory):
+    """tas alone of the demo dataset, 1-degree grid, 8 years of days, one day a chunk."""
+    from pipeline.demo import demo_dataset
+    from pipeline.sinks.zarr import write_zarr
+
+    path = tmp_path_factory.mktemp("rss-years") / "tas.zarr"
+    ds = demo_dataset(int(1e9 * 2920 / 96 / 16), resolution=1.0, time_chunk=1)[["tas"]]
+    assert ds.sizes["time"] > 7 * 365
+    write_zarr(ds, path)
+    return path
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=[pytest.mark.gpu, requires_gpu])])
+def test_memory_stays_within_the_plan_where_groups_are_taken(backend, years_store, tmp_path):
+    """xarray's seasonal standard deviation without flox takes each season's days (dask's take):
+    pieces of blocks wait to be joined, more of them the more years (:func:`graph_gathers`).
+    Over 8 years in blocks of 16 MB, the most held (peak RSS; on the GPU, the pool in use)
+    stays within the plan, which counts them, and the results match xarray's."""
+    import json
+
+    flow = next(f for f in FLOWS if f.stem == "seasonal_extremes")
+    out = tmp_path / "out.zarr"
+    limit = 1_000_000_000
+    rc, peak, err = run(flow, years_store, out, limit, backend=backend, block_size="16MB")
+    assert rc == 0, err
+    memory = json.loads(Path(str(out) + ".json").read_text())["memory"]
+    plan = memory["plan"]
+    assert plan["gather_bytes"] > 0 and plan["peak_bytes"] <= limit
+    used = memory["gpu_pool_used_peak_bytes"] if backend == "gpu" else peak
+    assert 0 < used <= plan["peak_bytes"], (used, plan)
+    check_output("seasonal_extremes", xr.open_zarr(years_store)["tas"], out)
 
 
 def test_a_limit_below_the_process_itself_is_refused_at_planning(store, tmp_path):
