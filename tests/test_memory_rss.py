@@ -175,7 +175,7 @@ def test_peak_rss_stays_within_the_plan_where_partials_outweigh_blocks(name, fin
     check_output(name, xr.open_zarr(fine_store)["tas"], out)
 
 
-GPU_LIMIT = 2_500_000_000
+GPU_LIMIT = 3_000_000_000
 
 
 @pytest.mark.gpu

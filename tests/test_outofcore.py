@@ -200,7 +200,9 @@ def test_partials_are_sized_from_the_reductions_result_not_their_input():
     labels = np.arange(40) % 12
     means = aggregation.group_reduce(x, aggregation.GROUP_MEAN, labels, 0, np.float32, kernel=kernels.get("group_sum", "cpu"))
     assert memory.graph_block_bytes(means) == 12 * 10 * 20 * 4  # the result: one row a group
-    assert memory.graph_partial_bytes(means) == 2 * 8 * 12 * 10 * 20  # a float64 sum and count a value
+    # a block's partial: a float64 sum and count a value, for the 8 months among its 8 steps (the
+    # merges, of more months, are graph_merges')
+    assert memory.graph_partial_bytes(means) == 2 * 8 * 8 * 10 * 20
 
 
 def _moments_partials(rng, shape, k):
@@ -268,12 +270,15 @@ def test_the_plan_counts_the_partials_of_a_reductions_tree():
     # 32 partials -> 8 -> 2 -> 1: three levels of merges of up to 4
     part = 24 * grid
     (tree,) = memory.graph_trees(ours)
-    assert tree == memory.Tree(part, ((5 * part, 8), (5 * part, 2), (3 * part, 1)), 3 * 3 * part, 0, "pipeline-moments")
-    assert memory.graph_merges(ours) == ((5 * part, 10), (3 * part, 1)) and memory.graph_tree_bytes(ours) == 9 * part
+    waits = (3 * part, 3 * part, 1 * part)  # at each level, a merge's inputs less one: of 4, 4 and 2
+    assert tree == memory.Tree(part, ((5 * part, 8), (5 * part, 2), (3 * part, 1)), 3 * 3 * part, 0, "pipeline-moments", waits)
+    assert memory.graph_tree_bytes(ours) == 9 * part
+    # the waiting partials are held: one merge a level adds only its last input and its output
+    assert memory.graph_merges(ours) == ((5 * part, 8), (2 * part, 3))
     # ... and makes float64 copies of its float32 block as it makes a partial (the deviations from
     # the block's mean, their squares, the squares with NaN replaced): six blocks' worth
     (tree,) = memory.graph_trees(theirs)
-    assert tree == memory.Tree(part, ((13 * part, 8), (13 * part, 2), (7 * part, 1)), 3 * 3 * part, 6, "moment_chunk")
+    assert tree == memory.Tree(part, ((13 * part, 8), (13 * part, 2), (7 * part, 1)), 3 * 3 * part, 6, "moment_chunk", waits)
     assert memory.graph_blocks_per_thread(theirs) == memory.BLOCKS_PER_THREAD + 6
     assert memory.graph_blocks_per_thread(ours) == memory.BLOCKS_PER_THREAD
     # a tree of each reduction: the seasons' standard deviations over parts of the data progress one
@@ -285,8 +290,8 @@ def test_the_plan_counts_the_partials_of_a_reductions_tree():
     assert memory.graph_tree_bytes(seasons) == max(t.waiting_bytes for t in memory.graph_trees(seasons))
     assert memory.graph_tree_bytes(*both) == memory.graph_tree_bytes(seasons) + memory.graph_tree_bytes(both[1])
     # twelve months of two steps, in blocks of two: 12 partials of one row -> 3 of four -> 12 rows
-    merges, waiting = aggregation._group_tree_rows(np.repeat(np.arange(12), 2), np.arange(12), (2,) * 12, 4)
-    assert merges == [(4 * 1 + 4 + 1, 3), (3 * 4 + 12 + 4, 1)] and waiting == 3 * 1 + 2 * 4
+    merges, waits, leaf = aggregation._group_tree_rows(np.repeat(np.arange(12), 2), np.arange(12), (2,) * 12, 4)
+    assert merges == [(4 * 1 + 4 + 1, 3), (3 * 4 + 12 + 4, 1)] and waits == [3 * 1, 2 * 4] and leaf == 1
     # a few threads may run the few large merges at the top of a tree; the rest hold blocks
     assert memory.merging_bytes(((100, 1), (60, 2), (10, 50)), 4) == 100 + 2 * 60 + 10
     assert memory.threads_bytes(4, 50, ((100, 1), (60, 2), (10, 50))) == 100 + 2 * 60 + 50
@@ -372,9 +377,9 @@ def test_threads_are_fewer_when_their_blocks_would_exceed_the_memory_limit(monke
     # the mean's partials, as it declares them: float64 count, mean and M2 for each of its 100 x 100 values
     assert memory.graph_partial_bytes(total) == 3 * 8 * 100 * 100
     # a merge of its 4 partials on the host holds them and its output; at most three wait for
-    # their siblings in its one level
-    assert memory.graph_merges(total)[0] == (5 * memory.graph_partial_bytes(total), 1)
+    # their siblings in its one level, held: the merge adds its last input and its output
     assert memory.graph_tree_bytes(total) == 3 * memory.graph_partial_bytes(total)
+    assert memory.graph_merges(total)[0] == (2 * memory.graph_partial_bytes(total), 1)
     # its blocks, its kernels' temporaries and its partials (more than the merge holds)
     per_thread = (memory.BLOCKS_PER_THREAD * 400_000 + memory.work_bytes("cpu", 400_000)
                   + memory.PARTIALS_PER_THREAD * memory.graph_partial_bytes(total))

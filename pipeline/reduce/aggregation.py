@@ -496,8 +496,9 @@ def group_reduce(x: da.Array, agg: Aggregation, labels: np.ndarray, axis: int, o
         ann.update(shape=out.shape, chunks=out.chunks, chunksize=out.chunksize)
     row = int(np.prod([max(c) for i, c in enumerate(x.chunks) if i != axis], dtype=np.int64)) * agg.bytes_per_value
     trees = int(np.prod([n for i, n in enumerate(x.numblocks) if i != axis], dtype=np.int64))  # one an output block
-    merges, waiting = _group_tree_rows(labels, groups, x.chunks[axis], _fan_in(split_every, axis))
-    return _declare_partials(out, agg, x, merges=[(rows * row, n * trees) for rows, n in merges], waiting_bytes=waiting * row)
+    merges, waits, leaf = _group_tree_rows(labels, groups, x.chunks[axis], _fan_in(split_every, axis))
+    return _declare_partials(out, agg, x, merges=[(rows * row, n * trees) for rows, n in merges], waiting_bytes=sum(waits) * row,
+                             level_waits=[w * row for w in waits], leaf_bytes=leaf * row)
 
 
 def _fan_in(split_every, axis: int) -> int:
@@ -511,26 +512,28 @@ def _fan_in(split_every, axis: int) -> int:
     return max(int(split_every), 2)
 
 
-def _group_tree_rows(labels: np.ndarray, groups: np.ndarray, chunks: tuple[int, ...], fan_in: int) -> tuple[list, int]:
-    """([(rows a merge holds, merges) a level], rows that may wait at once) in dask's tree over
-    blocks of ``chunks`` steps, merging ``fan_in`` consecutive partials at a time, where a partial holds a row for each
-    group among its steps' ``labels``, and the last merge one for each of ``groups``. A merge holds
-    its inputs, the rows it aligns them on (its output) and one input's aligned copy; at each
-    level, a merge's inputs less one may wait for their siblings. Over a year of 0.25-degree days
-    in blocks of 3, the monthly means' partials hold 2, 2, 3 and 7 months at the four levels:
-    counted as 12 at every level, the waiting partials came to 2.2 GB, where they hold 0.47."""
+def _group_tree_rows(labels: np.ndarray, groups: np.ndarray, chunks: tuple[int, ...], fan_in: int) -> tuple[list, list, int]:
+    """([(rows a merge holds, merges) a level], [rows that may wait at once, a level], rows of a
+    block's partial) in dask's tree over blocks of ``chunks`` steps, merging ``fan_in``
+    consecutive partials at a time, where a partial holds a row for each group among its steps'
+    ``labels``, and the last merge one for each of ``groups``. A merge holds its inputs, the rows
+    it aligns them on (its output) and one input's aligned copy; at each level, a merge's inputs
+    less one may wait for their siblings. Over a year of 0.25-degree days in blocks of 3, the
+    monthly means' partials hold 2, 2, 3 and 7 months at the four levels: counted as 12 at every
+    level, the waiting partials came to 2.2 GB, where they hold 0.47."""
     edges = np.cumsum((0, *chunks))
     level = [np.intersect1d(labels[a:b], groups) for a, b in zip(edges[:-1], edges[1:])]
-    merges, waiting = [], 0
+    leaf = max((len(s) for s in level), default=0)
+    merges, waits = [], []
     while True:
         rows = max((len(s) for s in level), default=0)
         taken = min(fan_in, len(level))
         level = [np.unique(np.concatenate(level[i:i + fan_in])) for i in range(0, len(level), fan_in)]
         out = len(groups) if len(level) == 1 else max(len(s) for s in level)
         merges.append((taken * rows + out + rows, len(level)))
-        waiting += (taken - 1) * rows
+        waits.append((taken - 1) * rows)
         if len(level) == 1:
-            return merges, waiting
+            return merges, waits, leaf
 
 
 def binned_reduce(x: da.Array, agg: Aggregation, bins: np.ndarray, nbins: int, axis: int, out_dtype, *,

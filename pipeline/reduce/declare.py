@@ -10,8 +10,9 @@ declarations:
 - ``merge_copies``: a merge of ``k`` partials holds ``merge_copies * k + 1`` of them: its inputs,
   a copy of them laid side by side and its output (2, where not declared), or its inputs and its
   output where it merges them slab by slab (1);
-- ``merges``, ``waiting_bytes``: instead, the merges of each level of the tree ([(bytes one holds,
-  merges), ...]) and the bytes of the partials that may wait for their siblings at once, where
+- ``merges``, ``waiting_bytes``, ``level_waits``, ``leaf_bytes``: instead, the merges of each
+  level of the tree ([(bytes one holds, merges), ...]), the bytes of the partials that may wait for
+  their siblings at once (in all, and at each level), and the bytes of a block's partial, where
   partials differ in size from level to level (by groups: a block's partial holds its own groups'
   rows, the last merge every group's);
 - ``view``: the layer's blocks are views of a smaller array (broadcast weights); not counted;
