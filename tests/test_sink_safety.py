@@ -23,7 +23,7 @@ from pipeline.errors import InputError
 from pipeline.flows import check_sink, load_flow, with_source
 from pipeline.sinks.zarr import MANIFEST, check_target, verify, write_zarr
 
-from .conftest import climate_array
+from .conftest import climate_array, requires_gpu
 
 REPO = Path(__file__).resolve().parent.parent
 FLOW = REPO / "flows" / "climate_anomaly.yaml"
@@ -307,3 +307,92 @@ def test_sigterm_on_a_cluster_leaves_nothing_behind(tmp_path):
         for p in reversed(procs):
             p.terminate()
             p.wait(timeout=30)
+
+
+def _dataset(chunk: int = 7) -> xr.Dataset:
+    da = pytest.importorskip("dask.array")
+    values = np.arange(40 * 6 * 5, dtype="f4").reshape(40, 6, 5)
+    values[3, 2, 1] = np.nan
+    return xr.Dataset({"v": (("time", "y", "x"), da.from_array(values, chunks=(chunk, 6, 5)))})
+
+
+def test_host_writes_store_what_the_synchronous_store_does(tmp_path, monkeypatch):
+    """Blocks written on threads of their own (:class:`HostWrites`, as for a graph computed on the
+    GPU) make the same store, digests and manifest as the blocks stored by their tasks."""
+    from pipeline.sinks import zarr as sink
+
+    expected = write_zarr(_dataset(), tmp_path / "sync.zarr")
+    made = []
+
+    def host_writes(ds, store_block, threads=None):
+        made.append(sink.HostWrites(2, pending=2))
+        return made[-1]
+
+    monkeypatch.setattr(sink, "_host_writes", host_writes)
+    written = write_zarr(_dataset(), tmp_path / "host.zarr")
+    assert made and made[0]._futures and all(f.done() and f.exception() is None for f in made[0]._futures)
+    assert written.digests == expected.digests == verify(tmp_path / "host.zarr")
+    np.testing.assert_array_equal(xr.open_zarr(tmp_path / "host.zarr")["v"].values, _dataset()["v"].values)
+
+
+def test_host_writes_hold_a_bounded_number_of_blocks_and_fail_whole(tmp_path, monkeypatch):
+    """A caller waits while ``pending`` blocks wait or are being written; a write's error fails
+    the store, and nothing is left behind."""
+    import threading
+
+    from pipeline.sinks import zarr as sink
+
+    gate, stored = threading.Event(), []
+
+    def slow(block, region, array_dir):
+        gate.wait()
+        stored.append(region)
+
+    writes = sink.HostWrites(1, pending=2, store=slow)
+    digests = [writes(np.full((2, 2), i, "f4"), (slice(i, i + 1),), "dir") for i in range(2)]
+    assert digests == [sink.block_sha(np.full((2, 2), i, "f4")) for i in range(2)]
+    assert not writes._places.acquire(blocking=False)  # both places taken: a third caller waits
+    gate.set()
+    writes.close()
+    assert len(stored) == 2 and writes._places.acquire(blocking=False)
+
+    def broken(block, region, array_dir):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sink, "_host_writes", lambda ds, store_block, threads=None: sink.HostWrites(2, store=broken))
+    with pytest.raises(OSError, match="No space left"):
+        write_zarr(_dataset(), tmp_path / "out.zarr")
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_host_writes_are_for_graphs_computed_on_the_gpu_here():
+    from pipeline.sinks import zarr as sink
+
+    ds = _dataset()
+    assert sink._host_writes(ds, sink.store_with_zarr) is None  # NumPy blocks: their tasks store them
+    assert sink._host_writes(ds, lambda *a: "x") is None
+    assert sink._host_writes(ds, sink.store_with_zarr, threads=1) is None
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_a_graph_on_the_gpu_is_stored_by_host_writes(tmp_path, monkeypatch):
+    import dask
+
+    from pipeline import backend as B
+    from pipeline.sinks import zarr as sink
+
+    calls = []
+
+    class Counting(sink.HostWrites):
+        def __call__(self, *args):
+            calls.append(args[1])
+            return super().__call__(*args)
+
+    monkeypatch.setattr(sink, "HostWrites", Counting)
+    ds = _dataset()
+    on_gpu = xr.Dataset({"v": (ds["v"].dims, B.to_backend(ds["v"].data, "gpu"))})
+    with dask.config.set({"pipeline.gpu.threads": 1}):  # as a small device budget leaves it
+        written = write_zarr(on_gpu, tmp_path / "gpu.zarr")
+    assert len(calls) == 6  # 40 steps in blocks of 7
+    assert written.digests == write_zarr(ds, tmp_path / "cpu.zarr").digests == verify(tmp_path / "gpu.zarr")
