@@ -391,8 +391,9 @@ def test_a_graph_on_the_gpu_is_stored_by_host_writes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sink, "HostWrites", Counting)
     ds = _dataset()
-    on_gpu = xr.Dataset({"v": (ds["v"].dims, B.to_backend(ds["v"].data, "gpu"))})
+    # computed on the device (an array only moved there would be written from where it came)
+    on_gpu = xr.Dataset({"v": (ds["v"].dims, B.to_backend(ds["v"].data, "gpu") * 2)})
     with dask.config.set({"pipeline.gpu.threads": 1}):  # as a small device budget leaves it
         written = write_zarr(on_gpu, tmp_path / "gpu.zarr")
     assert len(calls) == 6  # 40 steps in blocks of 7
-    assert written.digests == write_zarr(ds, tmp_path / "cpu.zarr").digests == verify(tmp_path / "gpu.zarr")
+    assert written.digests == write_zarr(ds * 2, tmp_path / "cpu.zarr").digests == verify(tmp_path / "gpu.zarr")
