@@ -359,10 +359,13 @@ def test_host_writes_hold_a_bounded_number_of_blocks_and_fail_whole(tmp_path, mo
     def broken(block, region, array_dir):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(sink, "_host_writes", lambda ds, store_block, threads=None: sink.HostWrites(2, store=broken))
+    made = []
+    monkeypatch.setattr(sink, "_host_writes", lambda ds, store_block, threads=None: made.append(sink.HostWrites(1, store=broken)) or made[-1])
     with pytest.raises(OSError, match="No space left"):
         write_zarr(_dataset(), tmp_path / "out.zarr")
     assert sorted(os.listdir(tmp_path)) == []
+    # the first error stops the computation: no block is handed to a writer after it is known
+    assert 1 <= len(made[0]._futures) < 6
 
 
 def test_host_writes_are_for_graphs_computed_on_the_gpu_here():

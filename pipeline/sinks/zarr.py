@@ -246,14 +246,15 @@ class HostWrites:
         self._futures: list = []
         self._lock = threading.Lock()
         self._closed = False
+        self._error: BaseException | None = None
 
     def __call__(self, block: np.ndarray, region: tuple[slice, ...], array_dir: str) -> str:
         digest = block_sha(block)
         self._places.acquire()
         with self._lock:
-            if self._closed:  # the computation has failed: write nothing more
+            if self._error is not None or self._closed:  # a write failed (a full disk): fail the computation now
                 self._places.release()
-                raise RuntimeError("the store's writes were closed")
+                raise self._error or RuntimeError("the store's writes were closed")
             future = self._pool.submit(self._write, block, region, array_dir)
             self._futures.append(future)
         return digest
@@ -261,6 +262,10 @@ class HostWrites:
     def _write(self, block, region, array_dir) -> None:
         try:
             self._store(block, region, array_dir)
+        except BaseException as e:
+            with self._lock:
+                self._error = self._error or e
+            raise
         finally:
             self._places.release()
 
@@ -270,9 +275,8 @@ class HostWrites:
         with self._lock:
             self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=failed)
-        if not failed:
-            for f in self._futures:
-                f.result()
+        if not failed and self._error is not None:
+            raise self._error
 
 
 def _host_writes(ds: xr.Dataset, store_block, threads: int | None = None) -> HostWrites | None:
