@@ -395,16 +395,16 @@ def graph_gathers(*arrays: da.Array) -> Gathers:
     """The takes (dask's ``take``, ``_shuffle``) in the graphs of ``arrays``.
 
     A piece waits for the other pieces of its output block. Measured live (the results dask's
-    threaded scheduler keeps, by key) for xarray's ``groupby("time.season").std()`` without flox, four
-    takes over days in blocks of 36: on one thread, the pieces alive at once grew with the years of
-    data (37, 49 and 102 MB of a 1-degree grid for 2, 4 and 8 years), because an input block that
-    straddles two seasons is cut for both, and the piece of the season taken later waits; on one
-    H200, 4 years of a 0.25-degree grid in blocks of 158 MB held 752 MB of pieces, over the plan
-    that counted none. The plan counts, held while the graph runs, the pieces of such shared
-    blocks but the largest of each, and an output block of every take but one (the pieces of the
-    blocks being joined); and a block a thread (GATHER_BLOCKS). Against the live peaks of 2 to 8
-    years, blocks of 9 to 145 MB and 1 to 16 threads, that bound was 1.1 to 2.4 times the most
-    that was held."""
+    threaded scheduler keeps, by key) for xarray's ``groupby("time.season").std()`` without flox,
+    four takes over days in blocks of about 36: on one thread, the pieces alive at once grew with
+    the years of data (37, 49 and 102 MB of a 1-degree grid for 2, 4 and 8 years), because an
+    input block that straddles two seasons is cut for both, and the piece of the season taken
+    later waits; on one H200, 4 years of a 0.25-degree grid in blocks of 158 MB held 0.75-1.06 GB
+    of pieces, where the plan counted none. The plan counts, held while the graph runs, the pieces
+    of such shared blocks but the largest of each, and an output block of every take but one (the
+    pieces of the blocks being joined); and a block a thread (GATHER_BLOCKS). Against the live
+    peaks of 1 to 16 years, blocks of 9 to 158 MB and 1 to 16 threads, that count was 1.3 to 2.8
+    times the most that was held."""
     chunks, pieces, seen = [], {}, set()
     for a in arrays:
         graph = a.__dask_graph__()
@@ -461,8 +461,9 @@ def graph_held_bytes(*arrays: da.Array) -> int:
 def graph_held(backend: str, *arrays: da.Array) -> int:
     """Bytes kept whole while ``arrays`` are computed on ``backend``: the arrays their layers
     declare held, the partials waiting in their largest reduction tree (:func:`graph_tree_bytes`),
-    the pieces waiting in their takes (:func:`graph_gather_bytes`), and their largest array (their input) where it is not out of core, as
-    :func:`pipeline.exec.spill.second_pass` decides: two-pass ops keep it between their passes."""
+    the pieces waiting in their takes (:func:`graph_gather_bytes`), and their largest array (their
+    input) where it is not out of core, as :func:`pipeline.exec.spill.second_pass` decides:
+    two-pass ops keep it between their passes."""
     largest = graph_array_bytes(*arrays)
     in_core = 0 if B.out_of_core(largest, backend) else largest
     return graph_held_bytes(*arrays) + graph_tree_bytes(*arrays) + graph_gather_bytes(*arrays) + in_core

@@ -233,7 +233,8 @@ class HostWrites:
     graph computed on the GPU by this process's threads, whose number the device's budget sets:
     its blocks are encoded on the host, where that budget does not reach. (On one H200, the
     monthly anomaly over 6.06 GB writes 6 GB through zarr's default zstd: under a 2 GB device
-    budget its one thread took 30 s, most of it encoding; three threads took 11 s.)
+    budget its one thread took 26-35 s, most of it encoding each block; with these writers,
+    10-11 s.)
     :meth:`close` waits for every write begun, and raises the first one's error."""
 
     def __init__(self, writers: int, pending: int | None = None, store=_zarr_write):
