@@ -293,8 +293,17 @@ def test_the_plan_counts_the_partials_of_a_reductions_tree():
     merges, waits, leaf = aggregation._group_tree_rows(np.repeat(np.arange(12), 2), np.arange(12), (2,) * 12, 4)
     assert merges == [(4 * 1 + 4 + 1, 3), (3 * 4 + 12 + 4, 1)] and waits == [3 * 1, 2 * 4] and leaf == 1
     # a few threads may run the few large merges at the top of a tree; the rest hold blocks
-    assert memory.merging_bytes(((100, 1), (60, 2), (10, 50)), 4) == 100 + 2 * 60 + 10
-    assert memory.threads_bytes(4, 50, ((100, 1), (60, 2), (10, 50))) == 100 + 2 * 60 + 50
+    merges = ((100, 1), (60, 2), (10, 50))
+    assert memory.threads_bytes(4, 50, merges) == 100 + 2 * 60 + 50
+    assert memory.threads_bytes(4, 5, merges) == 100 + 2 * 60 + 10  # every thread merging
+    assert memory.threads_bytes(2, 80, merges) == 100 + 80
+    for t in range(6):  # the most over how many threads merge at once
+        for per in (0, 5, 50, 80, 200):
+            best = 0
+            for m in range(t + 1):
+                sizes = [size for size, n in merges for _ in range(n)][:m]
+                best = max(best, (t - m) * per + sum(sizes))
+            assert memory.threads_bytes(t, per, merges) == best
 
 
 @pytest.mark.parametrize("threads", [1, 4])

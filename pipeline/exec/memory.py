@@ -69,7 +69,7 @@ class Plan:
     input_bytes: int
     budget_bytes: int
     out_of_core: bool
-    partial_bytes: int = 0  # the largest partial of a reduction
+    partial_bytes: int = 0  # the largest partial a block's task makes (the merges: ``merges``)
     blocks_per_thread: int = BLOCKS_PER_THREAD
     merges: tuple = ()  # the reductions' merges: (bytes one holds, how many), largest first
     work_bytes: int = 0  # kernels' temporaries a thread (work_bytes)
@@ -346,25 +346,21 @@ def graph_merges(*arrays: da.Array) -> tuple:
     return tuple(sorted(count.items(), reverse=True))
 
 
-def merging_bytes(merges: tuple, threads: int) -> int:
-    """The most that ``threads`` threads hold merging at once: the largest ``threads`` merges."""
-    total = 0
-    for size, n in merges:
-        take = min(n, threads)
-        total += take * size
-        threads -= take
-        if not threads:
-            break
-    return total
-
-
 def threads_bytes(threads: int, thread_bytes: int, merges: tuple = ()) -> int:
     """The most that ``threads`` threads hold at once, each running a block's task
-    (``thread_bytes``, :func:`per_thread_bytes`) or a merge (:func:`merging_bytes`): a thread runs
-    one task at a time. (On one H200 under a 1.5 GB budget, the standardized anomaly's 3 threads of
-    141 MB blocks, whose merges take 9 partials of 25 MB, peaked at 0.99 GB of device memory: the
-    two summed for each thread would have allowed one.)"""
-    return max((threads - m) * thread_bytes + merging_bytes(merges, m) for m in range(threads + 1))
+    (``thread_bytes``, :func:`per_thread_bytes`) or one of ``merges`` (largest first): a thread runs
+    one task at a time, so the most is each thread's block task, but for the largest merges that
+    outweigh it, one a thread. (On one H200 under a 1.5 GB budget, the standardized anomaly's 3
+    threads of 141 MB blocks, whose merges take 9 partials of 25 MB, peaked at 0.99 GB of device
+    memory: the two summed for each thread would have allowed one.)"""
+    total = threads * thread_bytes
+    for size, n in merges:
+        if size <= thread_bytes or threads <= 0:
+            break
+        take = min(n, threads)
+        total += take * (size - thread_bytes)
+        threads -= take
+    return total
 
 
 def graph_tree_bytes(*arrays: da.Array) -> int:
@@ -436,13 +432,16 @@ def _piece(graph, mapping: dict, task, itemsize: int) -> tuple:
     ``getitem(block, (1, (index, ...)))``, the index a list along the axis, slices elsewhere."""
     try:
         src = task.args[0].key
+    except (AttributeError, IndexError, TypeError):  # dask's layout changed: not a piece the plan can place
+        return None, None
+    try:
         taker = mapping[task.args[1].key]
         index = (taker.value if hasattr(taker, "value") else taker)[1]
         ann = getattr(graph.layers.get(src[0]), "collection_annotations", None) or {}
         sizes = [c[i] for c, i in zip(ann["chunks"], src[1:])]
         return src, itemsize * math.prod(len(ix) if isinstance(ix, np.ndarray) else n for ix, n in zip(index, sizes))
-    except (AttributeError, IndexError, KeyError, TypeError):  # dask's layout changed: the whole output block
-        return getattr(getattr(task, "args", (None,))[0], "key", None), None
+    except (AttributeError, IndexError, KeyError, TypeError):  # sized as the whole output block
+        return src, None
 
 
 def graph_gather_bytes(*arrays: da.Array) -> int:

@@ -244,7 +244,6 @@ class HostWrites:
         self._pool = ThreadPoolExecutor(max(1, writers), thread_name_prefix="pipeline-write")
         self._places = threading.BoundedSemaphore(max(1, pending or writers))
         self._store = store
-        self._futures: list = []
         self._lock = threading.Lock()
         self._closed = False
         self._error: BaseException | None = None
@@ -256,8 +255,7 @@ class HostWrites:
             if self._error is not None or self._closed:  # a write failed (a full disk): fail the computation now
                 self._places.release()
                 raise self._error or RuntimeError("the store's writes were closed")
-            future = self._pool.submit(self._write, block, region, array_dir)
-            self._futures.append(future)
+            self._pool.submit(self._write, block, region, array_dir)
         return digest
 
     def _write(self, block, region, array_dir) -> None:
