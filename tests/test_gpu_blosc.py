@@ -105,6 +105,88 @@ def test_parse_reads_the_header_as_c_blosc_does():
     assert (bits.compressor, bits.shuffle, bits.typesize) == ("zstd", "bit", 1)
 
 
+def _mixed_chunks():
+    """Chunks of every compressor, shuffle, dtype and several sizes (odd ones, leftover blocks,
+    tiny memcpyed ones), as numcodecs writes them."""
+    encs = []
+    for dtype, size in [("f4", 40001), ("f8", 4099), ("i2", 1000), ("i1", 20000), ("f4", 7)]:
+        x = _values(dtype, size, seed=size)
+        for cname, name, clevel, blocksize in itertools.product(CNAMES, SHUFFLES, [0, 5], [0, 4096]):
+            encs.append(numcodecs.Blosc(cname=cname, clevel=clevel, shuffle=SHUFFLES[name], blocksize=blocksize).encode(x))
+    return encs
+
+
+def _laid_out(encs, gap=3):
+    """The chunks one after another in one buffer, ``gap`` bytes apart: (buffer, offsets, sizes)."""
+    sizes = np.array([len(e) for e in encs])
+    offsets = np.cumsum(np.concatenate([[gap], sizes[:-1] + gap]))
+    buffer = np.zeros(int(offsets[-1] + sizes[-1] + gap), np.uint8)
+    for o, e in zip(offsets, encs):
+        buffer[o:o + len(e)] = np.frombuffer(e, np.uint8)
+    return buffer, offsets, sizes
+
+
+def test_parse_many_equals_parse_chunk_by_chunk():
+    """The batch parse gives :func:`blosc.parse`'s tables for every chunk it takes, and declines
+    (None) a batch holding a chunk it does not take: memcpyed, or of a compressor nvCOMP lacks."""
+    encs = _mixed_chunks()
+    chunks = [blosc.parse(e) for e in encs]
+    plain = [k for k, c in enumerate(chunks) if c.gpu and not c.memcpyed]
+    assert 0 < len(plain) < len(encs)
+    buffer, offsets, sizes = _laid_out([encs[k] for k in plain])
+    got, want = blosc.parse_many(buffer, offsets, sizes), blosc.Batch.of([chunks[k] for k in plain])
+    for field in ("nbytes", "typesize", "shuffle", "compressor", "streams", "blocks"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
+    # rows taken and put back together are the batch's
+    parts = [got.take(0, 7), got.take(7, 8), got.take(8, len(got))]
+    again = blosc.Batch.concat(parts)
+    for field in ("nbytes", "streams", "blocks"):
+        np.testing.assert_array_equal(getattr(again, field), getattr(got, field))
+    for k in [k for k, c in enumerate(chunks) if not (c.gpu and not c.memcpyed)][:5]:
+        assert blosc.parse_many(*_laid_out([encs[plain[0]], encs[k]])) is None
+
+
+def test_parse_many_declines_what_parse_refuses():
+    enc = bytearray(numcodecs.Blosc().encode(_values("f4", 5000)))
+    buffer, offsets, sizes = _laid_out([bytes(enc)])
+    assert blosc.parse_many(buffer, offsets, sizes) is not None
+    for cut in (len(enc) - 1, 20):  # truncated: the header's size, or a stream, past the frame
+        assert blosc.parse_many(buffer, offsets, np.array([cut])) is None
+    bad = bytearray(enc)
+    bad[16 + 4 * 0:16 + 4 * 1] = (len(enc) + 10).to_bytes(4, "little")  # a block starts past the end
+    assert blosc.parse_many(*_laid_out([bytes(bad)])) is None
+    with pytest.raises(DecodeError):
+        blosc.parse(bytes(bad))
+
+
+def test_device_plan_decodes_as_numcodecs():
+    """The device's tables for a batch (:func:`blosc.device_plan`: every stream's place in the
+    compressed bytes and in the output or the scratch buffer, the unshuffle units), followed on the
+    host stream by stream with the CPU twins of nvCOMP and the kernels, give numcodecs' bytes for
+    every chunk, whether parsed at once or one by one, in any order of places."""
+    encs = [e for e in _mixed_chunks() if blosc.parse(e).gpu]
+    by_size: dict = {}
+    for e in encs:
+        by_size.setdefault(blosc.parse(e).nbytes, []).append(e)
+    for nbytes, group in by_size.items():
+        buffer, offsets, sizes = _laid_out(group)
+        batch = blosc.parse_many(buffer, offsets, sizes) or blosc.Batch.of([blosc.parse(e) for e in group])
+        places = np.random.default_rng(nbytes).permutation(len(group))
+        plan = blosc.device_plan(batch, offsets, places * nbytes, nbytes)
+        flat = np.zeros(len(group) * nbytes, np.uint8)
+        scratch = np.zeros(max(1, plan.scratch), np.uint8)
+        for row, into, code in zip(plan.streams, plan.into_scratch, plan.algorithm):
+            src, csize, dst, dsize, raw = row.tolist()
+            piece = buffer[src:src + csize]
+            target = scratch if into else flat
+            target[dst:dst + dsize] = piece if raw else blosc._decompress(blosc.COMPRESSORS[code], piece, dsize)
+        for mode, fn in (("byte", shuffle.byte_unshuffle_cpu), ("bit", shuffle.bit_unshuffle_cpu)):
+            if mode in plan.units:
+                fn(scratch, flat, plan.units[mode])
+        for k, e in enumerate(group):
+            np.testing.assert_array_equal(flat[places[k] * nbytes:(places[k] + 1) * nbytes], _reference(e), err_msg=str(blosc.parse(e)))
+
+
 def test_malformed_chunks_raise_decode_error():
     enc = bytearray(numcodecs.Blosc(cname="lz4").encode(_values("f4", 5000)))
     cases = {
@@ -245,6 +327,30 @@ def test_layout_and_host_decode_match_zarr(tmp_path, name):
         chunk = reader.decode_chunk_host(lay, blob)
         np.testing.assert_array_equal(chunk[tuple(slice(0, r.stop - r.start) for r in region)], arr[region])
     assert missing >= 1 or lay.sharded
+
+
+@pytest.mark.parametrize("name", ["v2-era5-lz4-shuffle", "v3-sharded", "v3-blosc-crc", "v2-blosclz"])
+def test_files_headers_read_at_once_as_one_by_one(tmp_path, name):
+    """The reader's headers of a segment of files read at once (``_arrived_many``), handed to the
+    decode for any choice and order of files (``_frame_hosts``), are each frame's own header."""
+    store, _ = make_store(tmp_path, name)
+    lay = reader.layout(store / "x")
+    paths = sorted(p for p in (store / "x").rglob("*") if p.is_file() and not p.name.startswith((".", "zarr.json")))
+    blobs = [p.read_bytes() for p in paths]
+    buffer, offsets, sizes = _laid_out(blobs, gap=5)
+    arrived = reader._arrived_many(lay, buffer, list(zip(offsets.tolist(), sizes.tolist())))
+    one_by_one = [reader._arrived(lay, np.frombuffer(b, np.uint8)) for b in blobs]
+    rng = np.random.default_rng(0)
+    for order in (np.arange(len(blobs)), rng.permutation(len(blobs)), np.arange(len(blobs))[::3]):
+        got = reader._frame_hosts(lay, [(None, None, arrived[k]) for k in order])
+        want = reader._frame_hosts(lay, [(None, None, one_by_one[k]) for k in order])
+        as_batch = [blosc.Batch.of([h]) if isinstance(h, blosc.BloscChunk) else h for h in got + want]
+        got_b, want_b = blosc.Batch.concat(as_batch[:len(got)]), blosc.Batch.concat(as_batch[len(got):])
+        for field in ("nbytes", "typesize", "shuffle", "compressor", "streams", "blocks"):
+            np.testing.assert_array_equal(getattr(got_b, field), getattr(want_b, field), err_msg=field)
+    for a, b in zip(arrived, one_by_one):
+        np.testing.assert_array_equal(a.offsets, b.offsets)
+        np.testing.assert_array_equal(a.present, b.present)
 
 
 def test_xarray_written_store(tmp_path):

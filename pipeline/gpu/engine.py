@@ -127,19 +127,27 @@ def block_stream():
         yield ctx.stream
 
 
-def frame_header(codec: str, frame):
-    """What :func:`decode_frames` reads of a frame on the host, taken while its bytes are there
-    (a reader may give their memory to other reads before the block's batch): Blosc's parsed
-    header (:func:`pipeline.gpu.blosc.header`); nothing for the other codecs."""
-    return blosc.header(frame) if codec == "blosc" else None
+def frame_headers(codec: str, buffer: np.ndarray, offsets: np.ndarray, sizes: np.ndarray):
+    """What :func:`decode_frames` reads on the host of the frames of ``sizes[k]`` bytes at
+    ``offsets[k]`` of ``buffer``, taken while their bytes are there (a reader may give their
+    memory to other reads before the block's batch): Blosc's headers, parsed at once
+    (:func:`pipeline.gpu.blosc.parse_many`: a :class:`~pipeline.gpu.blosc.Batch`) or one by one
+    where that declines (a list, a :func:`pipeline.gpu.blosc.header` a frame); nothing for the
+    other codecs."""
+    if codec != "blosc":
+        return None
+    batch = blosc.parse_many(buffer, offsets, sizes)
+    if batch is not None:
+        return batch
+    return [blosc.header(buffer[o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
 
 
 def decode_frames(codec: str, dev, src_off, src_size, dst, dst_off, nbytes: int, hosts=None, root: str = "") -> None:
     """Every frame of a block in one batch on this thread's stream: frame ``k`` (``src_size[k]``
     bytes at ``src_off[k]`` of the device bytes ``dev``) decodes to ``nbytes`` bytes at byte
     ``dst_off[k]`` of ``dst``. ``codec``: "zstd" or "deflate" (raw deflate: nvCOMP), "blosc"
-    (whose headers are read from the frames' host bytes, or taken before by :func:`frame_header`:
-    ``hosts()``) or "none" (copies)."""
+    (whose headers are read from the frames' host bytes, or taken before by :func:`frame_headers`:
+    ``hosts()``, as :func:`pipeline.gpu.blosc.decode_frames` takes them) or "none" (copies)."""
     if codec == "blosc":
         blosc.decode_frames(root, hosts(), dev, src_off, dst, dst_off, nbytes)
     elif codec == "zstd":
