@@ -578,6 +578,34 @@ def test_stat_files_equals_os_stat_in_one_call(tmp_path, monkeypatch):
         assert files.stat_files([]) == []
 
 
+def test_file_loops_begun_early_are_built_once(monkeypatch):
+    """The loops' build begun on a thread of its own when a GPU source opens (``build_soon``) is
+    the one the first block gets: no second build, whoever asks while it runs."""
+    import threading
+
+    from pipeline.gpu import files
+
+    monkeypatch.setattr(files, "_built", [])
+    started, go, calls = threading.Event(), threading.Event(), []
+    real = files._build
+
+    def build():
+        calls.append(threading.current_thread().name)
+        started.set()
+        assert go.wait(30)
+        return real()
+
+    monkeypatch.setattr(files, "_build", build)
+    files.build_soon()
+    assert started.wait(30)
+    files.build_soon()  # while it runs: no other thread
+    go.set()
+    loop = files.file_loop()
+    assert calls == ["pipeline-file-loops"] and files.file_loop() is loop
+    files.build_soon()  # once built: nothing
+    assert len(calls) == 1
+
+
 def test_staged_files_go_through_a_few_buffers_in_turn(tmp_path, monkeypatch):
     """A block's files read into pinned memory through at most DEPTH buffers of about SEGMENT
     bytes: each file's bytes are what it holds, and a buffer goes to later files only once the

@@ -60,7 +60,7 @@ from ..kernels.copies import copy_into
 from . import pinned, split
 from .engine import (PIECE, BlockSource, aligned, block_chunks, block_stream, dask_array, decode_frames,
                      decode_host, frame_headers, map_file, pread_into, read_block_host, staged_read)
-from .files import read_whole_files, stat_files
+from .files import build_soon, read_whole_files, stat_files
 from .iopool import io_pool
 from .nvcomp import nvcomp_available
 from .streams import copy_stream
@@ -1085,6 +1085,7 @@ def open_array(store: str | os.PathLike, name: str, chunks=None, *, nvcomp: bool
             lay = layout(root)
             if aligned(chunks, lay.chunk):
                 source = GpuSource(lay, arr.ndim, arr.shape, lay.dtype, chunks)
+                build_soon()
         except UnsupportedLayout:
             pass
     if source is None:
