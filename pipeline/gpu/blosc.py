@@ -303,19 +303,14 @@ def decode_chunk_host(blob) -> np.ndarray:
 
 
 def unshuffle(chunk: BloscChunk, scratch: np.ndarray) -> np.ndarray:
-    """A chunk's decoded streams (``scratch``) unshuffled block by block."""
+    """A chunk's decoded streams (``scratch``) unshuffled block by block, by the units the device
+    uses (:func:`device_plan`)."""
     if chunk.shuffle == "none":
         return scratch
-    units = unshuffle_units(chunk, 0, 0)
+    zero = np.zeros(1, np.int64)
+    units = device_plan(Batch.of([chunk]), zero, zero, chunk.nbytes).units[chunk.shuffle]
     fn = shuffle.byte_unshuffle_cpu if chunk.shuffle == "byte" else shuffle.bit_unshuffle_cpu
     return fn(scratch, np.empty_like(scratch), units)
-
-
-def unshuffle_units(chunk: BloscChunk, src_base: int, dst_base: int) -> np.ndarray:
-    """The chunk's blocks as units of :mod:`pipeline.kernels.shuffle`, its streams decoded at
-    ``src_base`` and its values going to ``dst_base``."""
-    b = chunk.blocks
-    return np.stack([b[:, 0] + src_base, b[:, 0] + dst_base, b[:, 1], np.full(len(b), chunk.typesize, np.int64)], axis=1)
 
 
 def _decompress(compressor: str, piece: np.ndarray, size: int) -> np.ndarray:
