@@ -45,6 +45,7 @@ def cache_env() -> str:
 @functools.cache
 def _cupy():
     cache_env()  # before CuPy is imported: where it keeps the kernels it compiles
+    os.environ.update(config.cuda_env())  # and before any CUDA context: the GPU's work queues
     try:
         import cupy
     except Exception:  # ImportError, or a CUDA library that fails to load

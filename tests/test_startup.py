@@ -152,6 +152,69 @@ def test_the_cuda_context_is_started_early_only_where_the_gpu_may_be_used(tmp_pa
     assert state.context.thread is not None and not state.context.thread.is_alive()
 
 
+def test_the_gpu_work_queues_are_set_before_any_cuda_context(monkeypatch):
+    """``pipeline.gpu.hardware-queues`` becomes CUDA_DEVICE_MAX_CONNECTIONS before a context is
+    made: by the command's early context, before CuPy is imported, and in a local GPU cluster's
+    workers; a value in the environment is the user's and is kept; null leaves CUDA's default."""
+    from pipeline import config
+    from pipeline.exec import cluster
+
+    monkeypatch.delenv(config.CUDA_QUEUES, raising=False)
+    assert config.cuda_env() == {config.CUDA_QUEUES: "32"}
+    with dask.config.set({"pipeline.gpu.hardware-queues": None}):
+        assert config.cuda_env() == {}
+        assert config.CUDA_QUEUES not in cluster._worker_env(gpu=True)
+    with dask.config.set({"pipeline.gpu.hardware-queues": 16}):
+        assert cluster._worker_env(gpu=True)[config.CUDA_QUEUES] == "16"
+        assert config.CUDA_QUEUES not in cluster._worker_env(gpu=False)
+    monkeypatch.setenv(config.CUDA_QUEUES, "4")
+    with dask.config.set({"pipeline.gpu.hardware-queues": 16}):
+        assert config.cuda_env() == {config.CUDA_QUEUES: "4"}
+
+    env = {k: v for k, v in _env().items() if k != config.CUDA_QUEUES}
+    # before CuPy's import (which makes no context), whether or not CuPy is there
+    assert _probe("import os; from pipeline import backend; backend._cupy(); print(os.environ['CUDA_DEVICE_MAX_CONNECTIONS'])",
+                  env=env) == ["32"]
+    # by the early context, whatever pipeline.gpu.early-context says (CuPy may make the context)
+    code = "import os; from pipeline.gpu import context; context.start(); context.wait(); print(os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS'))"
+    assert _probe(code, env={**env, "DASK_PIPELINE__GPU__EARLY_CONTEXT": "false"}) == ["32"]
+    assert _probe(code, env={**env, "DASK_PIPELINE__GPU__HARDWARE_QUEUES": "null"}) == ["None"]
+
+
+# Kernels that each count themselves in, then wait until all have (or a bound of clock cycles
+# has passed): whether the work of ``n`` streams runs at once on the GPU.
+_MEET = r"""
+extern "C" __global__ void meet(int* count, int n, long long limit, int* met, int k) {
+    atomicAdd(count, 1);
+    long long start = clock64();
+    while (atomicAdd(count, 0) < n && clock64() - start < limit) {}
+    met[k] = atomicAdd(count, 0) >= n;
+}
+"""
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_the_work_of_twenty_streams_runs_at_once_under_pipelines_queues():
+    """In a fresh process whose context pipeline's import path makes, one kernel on each of 20
+    streams all run at the same time (each sees all 20 counted in); under CUDA's default of 8
+    queues the streams beyond 8 wait behind the first, which then give up waiting (after about a
+    second of clock cycles) without seeing all."""
+    code = ("import os, sys; from pipeline import backend; backend.gpu_count(); import cupy as cp\n"
+            f"kernel = cp.RawKernel({_MEET!r}, 'meet')\n"
+            "n = 20; count = cp.zeros(1, cp.int32); met = cp.zeros(n, cp.int32)\n"
+            "streams = [cp.cuda.Stream(non_blocking=True) for _ in range(n)]\n"
+            "kernel((1,), (1,), (count, cp.int32(1), cp.int64(0), met, cp.int32(0)))  # compiled and loaded\n"
+            "count[...] = 0; met[...] = 0; cp.cuda.Device().synchronize()\n"
+            "for k, s in enumerate(streams):\n"
+            "    with s: kernel((1,), (1,), (count, cp.int32(n), cp.int64(2 * 10**9), met, cp.int32(k)))\n"
+            "cp.cuda.Device().synchronize(); print(os.environ['CUDA_DEVICE_MAX_CONNECTIONS'], int(met.sum()))\n")
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    assert _probe(code, env=env) == ["32", "20"]
+    queues, met = _probe(code, env={**env, "CUDA_DEVICE_MAX_CONNECTIONS": "8"})
+    assert queues == "8" and int(met) < 20
+
+
 @requires_gpu
 @pytest.mark.gpu
 def test_the_early_context_is_the_one_cupy_uses():

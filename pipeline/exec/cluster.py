@@ -613,7 +613,8 @@ def _worker_env(gpu: bool = False) -> dict[str, str]:
 
     cache_env()
     caches = {var: os.environ[var] for var in ("NUMBA_CACHE_DIR", "CUPY_CACHE_DIR")}
-    return {**dask.config.get("distributed.nanny.environ", {}), **caches, **({GPU_WORKER: "1"} if gpu else {})}
+    gpu_env = {GPU_WORKER: "1", **config.cuda_env()} if gpu else {}
+    return {**dask.config.get("distributed.nanny.environ", {}), **caches, **gpu_env}
 
 
 def _start_cluster(profile: ClusterProfile, local_directory: str | None = None):

@@ -11,6 +11,7 @@ library, so that the thread starts before NumPy is imported.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 
 from .. import config, state
@@ -24,6 +25,7 @@ def start() -> None:
     CuPy on a thread, tried before, needs CuPy imported first and gained nothing.) Without a
     CUDA driver, or where ``pipeline.gpu.early-context`` is false, nothing happens; any failure
     is left for CuPy to report when the GPU is used."""
+    os.environ.update(config.cuda_env())  # before cuInit, here or by CuPy
     if not config.get("gpu.early-context", True):
         return
     with state.context.lock:
