@@ -196,19 +196,22 @@ extern "C" __global__ void meet(int* count, int n, long long limit, int* met, in
 @requires_gpu
 @pytest.mark.gpu
 def test_the_work_of_twenty_streams_runs_at_once_under_pipelines_queues():
-    """In a fresh process whose context pipeline's import path makes, one kernel on each of 20
-    streams all run at the same time (each sees all 20 counted in); under CUDA's default of 8
-    queues the streams beyond 8 wait behind the first, which then give up waiting (after about a
-    second of clock cycles) without seeing all."""
+    """In a fresh process whose context pipeline's import path makes, the work of 20 streams runs
+    at the same time: each stream's first kernel sees all 20 counted in. Each stream then has a
+    second kernel, as a block's decode queues several: under CUDA's default of 8 queues, a stream
+    beyond 8 shares a queue with an earlier one, and its first kernel waits behind that stream's
+    second, which waits for the first to give up (after about a second of clock cycles)."""
     code = ("import os, sys; from pipeline import backend; backend.gpu_count(); import cupy as cp\n"
             f"kernel = cp.RawKernel({_MEET!r}, 'meet')\n"
-            "n = 20; count = cp.zeros(1, cp.int32); met = cp.zeros(n, cp.int32)\n"
+            "n = 20; count = cp.zeros(2, cp.int32); met = cp.zeros((2, n), cp.int32)\n"
             "streams = [cp.cuda.Stream(non_blocking=True) for _ in range(n)]\n"
-            "kernel((1,), (1,), (count, cp.int32(1), cp.int64(0), met, cp.int32(0)))  # compiled and loaded\n"
+            "kernel((1,), (1,), (count[1:], cp.int32(1), cp.int64(0), met[1], cp.int32(0)))  # compiled and loaded\n"
             "count[...] = 0; met[...] = 0; cp.cuda.Device().synchronize()\n"
             "for k, s in enumerate(streams):\n"
-            "    with s: kernel((1,), (1,), (count, cp.int32(n), cp.int64(2 * 10**9), met, cp.int32(k)))\n"
-            "cp.cuda.Device().synchronize(); print(os.environ['CUDA_DEVICE_MAX_CONNECTIONS'], int(met.sum()))\n")
+            "    with s:\n"
+            "        kernel((1,), (1,), (count[:1], cp.int32(n), cp.int64(2 * 10**9), met[0], cp.int32(k)))\n"
+            "        kernel((1,), (1,), (count[1:], cp.int32(1), cp.int64(0), met[1], cp.int32(k)))\n"
+            "cp.cuda.Device().synchronize(); print(os.environ['CUDA_DEVICE_MAX_CONNECTIONS'], int(met[0].sum()))\n")
     env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
     assert _probe(code, env=env) == ["32", "20"]
     queues, met = _probe(code, env={**env, "CUDA_DEVICE_MAX_CONNECTIONS": "8"})
