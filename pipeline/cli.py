@@ -63,6 +63,7 @@ def cmd_run(args) -> int:
     from .exec import prefork
 
     prefork.start_for(args.cluster)  # a local cluster's fork server first: its imports are the longest path
+    _command_queues()  # before the context and the cluster's workers
     if _may_use_gpu(args, args.flow):
         from .gpu import context
 
@@ -122,6 +123,18 @@ def _one_shot_pinning() -> None:
 
     if dask.config.get("pipeline.gpu.pin-files", "auto") == "auto":
         dask.config.set({"pipeline.gpu.pin-files": "reread"})
+
+
+def _command_queues() -> None:
+    """A command's process, and its local cluster's workers, make their CUDA contexts with 32
+    hardware work queues (``pipeline.gpu.hardware-queues: auto`` becomes 32): each has its GPU to
+    itself, and its task and I/O threads' streams then run at once. Before the context and the
+    cluster, whose workers take this process's settings. On the H200 machine, zarr's default store
+    (18.2 GB) took 2.01-2.27 s with these queues and 16 threads, against 2.75-3.63 s with 8 of each."""
+    import dask.config
+
+    if dask.config.get("pipeline.gpu.hardware-queues", "auto") == "auto":
+        dask.config.set({"pipeline.gpu.hardware-queues": 32})
 
 
 def cmd_validate(args) -> int:
@@ -271,6 +284,7 @@ def cmd_import_vcf(args) -> int:
 def cmd_convert(args) -> int:
     import time
 
+    _command_queues()
     if _may_use_gpu(args):
         from .gpu import context
 
@@ -446,6 +460,11 @@ def _hint(e: Exception) -> str:
         return (
             "\n  the GPU ran out of memory: lower pipeline.gpu.threads, read smaller blocks "
             "(pipeline convert --chunks time=N, or source.chunks in the flow), or raise pipeline.gpu.memory-limit"
+        )
+    if type(e).__name__ == "CUDARuntimeError" and "cudaErrorMemoryAllocation" in str(e):
+        return (
+            "\n  the GPU could not make or grow this process's CUDA context: where many processes share it, "
+            "set pipeline.gpu.hardware-queues: null (fewer work queues a context) or run fewer at once"
         )
     if isinstance(e, MemoryError):
         return "\n  the host ran out of memory: lower dask's num_workers or read smaller blocks (source.chunks)"

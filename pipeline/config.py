@@ -95,14 +95,15 @@ CUDA_QUEUES = "CUDA_DEVICE_MAX_CONNECTIONS"
 def cuda_env() -> dict[str, str]:
     """The environment a process's CUDA context is to be made under: the hardware work queues of
     ``pipeline.gpu.hardware-queues`` as the variable the driver reads when it makes the context,
-    or the process's own value where it has one (the user's choice); none where the setting is
-    null. Set by whatever may make the context first: the command's early context
+    or the process's own value where it has one (the user's choice). None for ``null``, nor for
+    ``auto`` outside pipeline's commands (which make it 32 for themselves and their clusters:
+    ``pipeline.cli``). Set by whatever may make the context first: the command's early context
     (:mod:`pipeline.gpu.context`), the import of CuPy (:mod:`pipeline.backend`) and the local GPU
     cluster's workers (:mod:`pipeline.exec.cluster`)."""
     if CUDA_QUEUES in os.environ:
         return {CUDA_QUEUES: os.environ[CUDA_QUEUES]}
-    queues = get("gpu.hardware-queues", 32)
-    return {} if queues is None else {CUDA_QUEUES: str(queues)}
+    queues = get("gpu.hardware-queues", "auto")
+    return {} if queues in (None, "auto") else {CUDA_QUEUES: str(queues)}
 
 
 # --- what each setting takes ----------------------------------------------------------------------
@@ -180,8 +181,8 @@ RULES = {  # each setting of pipeline.yaml: (whether a value is valid, what is e
     "gpu.pin-min-file": ((lambda v: _size(v, zero=True)), "a size in bytes such as 2MiB, or 0"),
     "gpu.io-threads": _or_null(_COUNT),
     "gpu.early-context": _BOOL,
-    "gpu.hardware-queues": _or_null(((lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 32),
-                                     "a whole number from 1 to 32")),
+    "gpu.hardware-queues": _or_null(((lambda v: v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 32)),
+                                     "auto, or a whole number from 1 to 32")),
     "gpu.threads": _COUNT,
     # the names a list may hold are pipeline.patches' (checked there: patches.check_setting)
     "patches": (

@@ -155,30 +155,48 @@ def test_the_cuda_context_is_started_early_only_where_the_gpu_may_be_used(tmp_pa
 def test_the_gpu_work_queues_are_set_before_any_cuda_context(monkeypatch):
     """``pipeline.gpu.hardware-queues`` becomes CUDA_DEVICE_MAX_CONNECTIONS before a context is
     made: by the command's early context, before CuPy is imported, and in a local GPU cluster's
-    workers; a value in the environment is the user's and is kept; null leaves CUDA's default."""
-    from pipeline import config
+    workers. ``auto`` is 32 in pipeline's commands (and so their clusters' workers) and CUDA's
+    default elsewhere; a value in the environment is the user's and is kept; null: CUDA's default."""
+    from pipeline import cli, config
     from pipeline.exec import cluster
 
     monkeypatch.delenv(config.CUDA_QUEUES, raising=False)
-    assert config.cuda_env() == {config.CUDA_QUEUES: "32"}
-    with dask.config.set({"pipeline.gpu.hardware-queues": None}):
+    with dask.config.set({"pipeline.gpu.hardware-queues": "auto"}):
         assert config.cuda_env() == {}
         assert config.CUDA_QUEUES not in cluster._worker_env(gpu=True)
-    with dask.config.set({"pipeline.gpu.hardware-queues": 16}):
-        assert cluster._worker_env(gpu=True)[config.CUDA_QUEUES] == "16"
+        cli._command_queues()  # a command: 32 for itself and its cluster's workers
+        assert config.cuda_env() == {config.CUDA_QUEUES: "32"}
+        assert cluster._worker_env(gpu=True)[config.CUDA_QUEUES] == "32"
         assert config.CUDA_QUEUES not in cluster._worker_env(gpu=False)
-    monkeypatch.setenv(config.CUDA_QUEUES, "4")
+    with dask.config.set({"pipeline.gpu.hardware-queues": None}):
+        cli._command_queues()
+        assert config.cuda_env() == {}
     with dask.config.set({"pipeline.gpu.hardware-queues": 16}):
+        cli._command_queues()
+        assert config.cuda_env() == {config.CUDA_QUEUES: "16"}
+        monkeypatch.setenv(config.CUDA_QUEUES, "4")
         assert config.cuda_env() == {config.CUDA_QUEUES: "4"}
+        assert cluster._worker_env(gpu=True)[config.CUDA_QUEUES] == "4"
 
-    env = {k: v for k, v in _env().items() if k != config.CUDA_QUEUES}
-    # before CuPy's import (which makes no context), whether or not CuPy is there
-    assert _probe("import os; from pipeline import backend; backend._cupy(); print(os.environ['CUDA_DEVICE_MAX_CONNECTIONS'])",
-                  env=env) == ["32"]
-    # by the early context, whatever pipeline.gpu.early-context says (CuPy may make the context)
-    code = "import os; from pipeline.gpu import context; context.start(); context.wait(); print(os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS'))"
-    assert _probe(code, env={**env, "DASK_PIPELINE__GPU__EARLY_CONTEXT": "false"}) == ["32"]
-    assert _probe(code, env={**env, "DASK_PIPELINE__GPU__HARDWARE_QUEUES": "null"}) == ["None"]
+    env = {k: v for k, v in _env().items() if k not in (config.CUDA_QUEUES, "DASK_PIPELINE__GPU__HARDWARE_QUEUES")}
+    library = "import os; from pipeline import backend; backend._cupy(); print(os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS'))"
+    assert _probe(library, env=env) == ["None"]  # a script or notebook: CUDA's default
+    assert _probe(library, env={**env, "DASK_PIPELINE__GPU__HARDWARE_QUEUES": "16"}) == ["16"]  # before CuPy's import
+    # a command: set by its early context, whatever pipeline.gpu.early-context says (CuPy may make it)
+    command = ("import os; from pipeline import cli; from pipeline.gpu import context; cli._command_queues(); "
+               "context.start(); context.wait(); print(os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS'))")
+    assert _probe(command, env={**env, "DASK_PIPELINE__GPU__EARLY_CONTEXT": "false"}) == ["32"]
+    assert _probe(command, env={**env, "DASK_PIPELINE__GPU__HARDWARE_QUEUES": "null"}) == ["None"]
+
+
+def test_a_context_that_cannot_be_made_is_explained():
+    """A CUDA context that fails for lack of the GPU's resources (as when many processes share it)
+    names the setting that takes fewer of them."""
+    from pipeline import cli
+
+    error = type("CUDARuntimeError", (RuntimeError,), {})("cudaErrorMemoryAllocation: out of memory")
+    assert "pipeline.gpu.hardware-queues: null" in cli._hint(error)
+    assert cli._hint(type("CUDARuntimeError", (RuntimeError,), {})("cudaErrorInvalidValue")) == ""
 
 
 # Kernels that each count themselves in, then wait until all have (or a bound of clock cycles
@@ -196,12 +214,13 @@ extern "C" __global__ void meet(int* count, int n, long long limit, int* met, in
 @requires_gpu
 @pytest.mark.gpu
 def test_the_work_of_twenty_streams_runs_at_once_under_pipelines_queues():
-    """In a fresh process whose context pipeline's import path makes, the work of 20 streams runs
-    at the same time: each stream's first kernel sees all 20 counted in. Each stream then has a
+    """In a fresh process whose context is made as ``pipeline run`` makes it, the work of 20 streams
+    runs at the same time: each stream's first kernel sees all 20 counted in. Each stream then has a
     second kernel, as a block's decode queues several: under CUDA's default of 8 queues, a stream
     beyond 8 shares a queue with an earlier one, and its first kernel waits behind that stream's
     second, which waits for the first to give up (after about a second of clock cycles)."""
-    code = ("import os, sys; from pipeline import backend; backend.gpu_count(); import cupy as cp\n"
+    code = ("import os, sys; from pipeline import cli; from pipeline.gpu import context\n"
+            "cli._command_queues(); context.start(); context.wait(); import cupy as cp\n"
             f"kernel = cp.RawKernel({_MEET!r}, 'meet')\n"
             "n = 20; count = cp.zeros(2, cp.int32); met = cp.zeros((2, n), cp.int32)\n"
             "streams = [cp.cuda.Stream(non_blocking=True) for _ in range(n)]\n"
@@ -212,7 +231,7 @@ def test_the_work_of_twenty_streams_runs_at_once_under_pipelines_queues():
             "        kernel((1,), (1,), (count[:1], cp.int32(n), cp.int64(2 * 10**9), met[0], cp.int32(k)))\n"
             "        kernel((1,), (1,), (count[1:], cp.int32(1), cp.int64(0), met[1], cp.int32(k)))\n"
             "cp.cuda.Device().synchronize(); print(os.environ['CUDA_DEVICE_MAX_CONNECTIONS'], int(met[0].sum()))\n")
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_DEVICE_MAX_CONNECTIONS", "DASK_PIPELINE__GPU__HARDWARE_QUEUES")}
     assert _probe(code, env=env) == ["32", "20"]
     queues, met = _probe(code, env={**env, "CUDA_DEVICE_MAX_CONNECTIONS": "8"})
     assert queues == "8" and int(met) < 20

@@ -73,7 +73,7 @@ def test_an_unknown_setting_is_refused_naming_it_and_the_nearest_one(key, named,
     ("gpu.host-spill", -1), ("gpu.pinned-files", "lots"), ("gpu.pin-min-file", -1),
     ("gpu.decode-rates.gpu-frame", 0), ("cache-dir", ""), ("log.format", "xml"), ("log.level", "loud"),
     ("gpu", 4), ("gpu.decode-rates", "fast"), ("gpu.hardware-queues", 0), ("gpu.hardware-queues", 33),
-    ("gpu.hardware-queues", "32"), ("gpu.hardware-queues", True),
+    ("gpu.hardware-queues", "32"), ("gpu.hardware-queues", True), ("gpu.hardware-queues", "AUTO"),
 ])
 def test_an_invalid_value_is_refused_naming_the_key_the_value_and_what_is_expected(key, value):
     with dask.config.set({f"pipeline.{key}": value}), pytest.raises(InputError) as e:
@@ -90,7 +90,7 @@ def test_an_invalid_value_is_refused_naming_the_key_the_value_and_what_is_expect
     ("gpu.io_threads", None), ("gpu.io-threads", 4), ("backend", "cpu"), ("gpu.nvcomp", False),
     ("cluster.connect-timeout", 5), ("cluster.connect-timeout", "2m"), ("cache-dir", "~/kernels"),
     ("log.level", "WARNING"), ("gpu.decode-rates.cpu_frame", "1GB"), ("gpu.hardware-queues", None),
-    ("gpu.hardware_queues", 1), ("gpu.hardware-queues", 32),
+    ("gpu.hardware_queues", 1), ("gpu.hardware-queues", 32), ("gpu.hardware-queues", "auto"),
 ])
 def test_valid_values_in_either_spelling_of_their_key_are_accepted(key, value):
     with dask.config.set({f"pipeline.{key}": value}):
