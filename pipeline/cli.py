@@ -43,16 +43,21 @@ def _may_use_gpu(args, flow_path: str | None = None) -> bool:
     return args.backend is not None or flow_path is None or _flow_backend(flow_path) != "cpu"
 
 
-def _flow_backend(path: str):
-    """The ``backend`` key of a flow file, if it reads as a mapping; the flow is validated later."""
+def _flow_doc(path: str) -> dict:
+    """A flow file as read, where it reads as a mapping (else empty); the flow is validated later."""
     import yaml  # dask's config has imported it
 
     try:
         with open(path) as f:
             doc = yaml.safe_load(f)
     except Exception:
-        return None
-    return doc.get("backend") if isinstance(doc, dict) else None
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _flow_backend(path: str):
+    """The ``backend`` key of a flow file."""
+    return _flow_doc(path).get("backend")
 
 
 def cmd_run(args) -> int:
@@ -63,10 +68,10 @@ def cmd_run(args) -> int:
     from .exec import prefork
 
     prefork.start_for(args.cluster)  # a local cluster's fork server first: its imports are the longest path
-    _command_queues()  # before the context and the cluster's workers
     if _may_use_gpu(args, args.flow):
         from .gpu import context
 
+        _gpu_settings(args)  # before the context and the cluster's workers are made
         context.start()  # made while the libraries below are imported
     from .exec.cluster import open_cluster, profile_from_args, start_early
 
@@ -125,16 +130,33 @@ def _one_shot_pinning() -> None:
         dask.config.set({"pipeline.gpu.pin-files": "reread"})
 
 
-def _command_queues() -> None:
-    """A command's process, and its local cluster's workers, make their CUDA contexts with 32
-    hardware work queues (``pipeline.gpu.hardware-queues: auto`` becomes 32): each has its GPU to
-    itself, and its task and I/O threads' streams then run at once. Before the context and the
-    cluster, whose workers take this process's settings. On the H200 machine, zarr's default store
-    (18.2 GB) took 2.01-2.27 s with these queues and 16 threads, against 2.75-3.63 s with 8 of each."""
+def _gpu_settings(args) -> None:
+    """``pipeline.gpu.hardware-queues: auto`` for a run: 32 hardware work queues, and 16 task
+    threads where ``pipeline.gpu.threads`` is at its default (8), over a Zarr store whose chunks
+    are large single zstd frames (:func:`pipeline.gpu.context.large_frames`: zarr's default codec,
+    as xarray writes it); CUDA's default of 8 queues elsewhere. Set before the context and the
+    cluster, whose workers take this process's settings.
+
+    Measured on the H200 machine (fresh processes, 18.2 GB): over zarr's default store the run took
+    2.01-2.27 s with both, against 2.75-3.63 s with neither, and 32 queues with 8 threads gained
+    nothing measurable. But each process with 32 queues took 0.3 s longer outside its run (its
+    exit), over Blosc and NetCDF4 stores the run was no faster, and a GPU shared by many processes
+    of 32 queues made new contexts fail."""
     import dask.config
 
-    if dask.config.get("pipeline.gpu.hardware-queues", "auto") == "auto":
-        dask.config.set({"pipeline.gpu.hardware-queues": 32})
+    from . import config
+    from .gpu import context
+
+    if dask.config.get("pipeline.gpu.hardware-queues", "auto") != "auto":
+        return
+    source = _flow_doc(args.flow).get("source")
+    source = source if isinstance(source, dict) else {}
+    if not context.large_frames(args.input or source.get("path"), source.get("variable")):
+        return
+    settings = {"pipeline.gpu.hardware-queues": 32}
+    if dask.config.get("pipeline.gpu.threads", None) == config.defaults["pipeline"]["gpu"]["threads"]:
+        settings["pipeline.gpu.threads"] = 16
+    dask.config.set(settings)
 
 
 def cmd_validate(args) -> int:
@@ -284,7 +306,6 @@ def cmd_import_vcf(args) -> int:
 def cmd_convert(args) -> int:
     import time
 
-    _command_queues()
     if _may_use_gpu(args):
         from .gpu import context
 

@@ -13,9 +13,9 @@ if not B.gpu_available():
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 # The suite's processes (pytest-xdist's workers and the commands they start) share one GPU: each
-# CUDA context takes its hardware work queues from the GPU's, and with 32 a context (what
-# `pipeline run` takes by itself) some 28 such processes made new contexts fail. Commands started
-# here keep CUDA's default; the tests of the queues set them explicitly.
+# CUDA context takes its hardware work queues from the GPU's, and with 32 a context (what a run
+# over zarr's default store takes) some 28 such processes made new contexts fail. Commands
+# started here keep CUDA's default; the tests of the queues set them explicitly.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("DASK_PIPELINE__GPU__HARDWARE_QUEUES", "null")
 

@@ -152,39 +152,87 @@ def test_the_cuda_context_is_started_early_only_where_the_gpu_may_be_used(tmp_pa
     assert state.context.thread is not None and not state.context.thread.is_alive()
 
 
-def test_the_gpu_work_queues_are_set_before_any_cuda_context(monkeypatch):
-    """``pipeline.gpu.hardware-queues`` becomes CUDA_DEVICE_MAX_CONNECTIONS before a context is
-    made: by the command's early context, before CuPy is imported, and in a local GPU cluster's
-    workers. ``auto`` is 32 in pipeline's commands (and so their clusters' workers) and CUDA's
-    default elsewhere; a value in the environment is the user's and is kept; null: CUDA's default."""
+def _stores(tmp_path):
+    """The same small variable as xarray writes it (Zarr v3, zarr's default zstd; Zarr v2, Blosc),
+    in large chunks, and sharded by zarr (small zstd frames)."""
+    import numpy as np
+    import xarray as xr
+    import zarr
+
+    ds = xr.Dataset({"tas": (("time", "lat", "lon"), np.zeros((20, 721, 1440), "f4"))}).chunk({"time": 17})
+    ds.to_zarr(tmp_path / "v3.zarr")
+    ds.to_zarr(tmp_path / "v2.zarr", zarr_format=2)
+    ds.chunk({"time": 5}).to_zarr(tmp_path / "v3_small.zarr")
+    zarr.create_group(tmp_path / "sharded.zarr").create_array("tas", shape=(20, 721, 1440), chunks=(17, 721, 1440),
+                                                              shards=(17, 721, 1440), dtype="f4")
+    return {name: str(tmp_path / f"{name}.zarr") for name in ("v3", "v2", "v3_small", "sharded")}
+
+
+def test_large_zstd_frames_are_found_from_the_metadata_alone(tmp_path):
+    """:func:`pipeline.gpu.context.large_frames` reads a variable's JSON metadata: True for zarr's
+    default codec on chunks of 64 MiB or more (here 17 x 721 x 1440 float32, 71 MB), False for
+    smaller ones, Blosc, shards, a missing variable or store, a NetCDF file."""
+    from pipeline.gpu import context
+
+    stores = _stores(tmp_path)
+    (tmp_path / "x.nc").write_bytes(b"\x89HDF\r\n\x1a\n")
+    assert context.large_frames(stores["v3"], "tas")
+    assert not any(context.large_frames(stores[k], "tas") for k in ("v2", "v3_small", "sharded"))
+    assert not context.large_frames(stores["v3"], "pr") and not context.large_frames(stores["v3"], None)
+    assert not context.large_frames(str(tmp_path / "none.zarr"), "tas")
+    assert not context.large_frames(str(tmp_path / "x.nc"), "tas")
+    import numcodecs
+    import zarr
+
+    # a Zarr v2 Zstd compressor: one frame a chunk too
+    zarr.create_array(tmp_path / "zstd2.zarr" / "tas", shape=(20, 721, 1440), chunks=(17, 721, 1440), dtype="<f4",
+                      zarr_format=2, compressors=numcodecs.Zstd())
+    assert context.large_frames(str(tmp_path / "zstd2.zarr"), "tas")
+
+
+def test_a_run_over_large_zstd_frames_takes_more_queues_and_threads(tmp_path, monkeypatch):
+    """``pipeline.gpu.hardware-queues: auto``: a run over a store of large zstd frames takes 32
+    hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, before its context and for its local
+    cluster's GPU workers) and 16 task threads where ``pipeline.gpu.threads`` is at its default;
+    over other stores CUDA's default and the configured threads. A number applies everywhere, a
+    value in the environment is the user's and is kept, and null is CUDA's default."""
+    import argparse
+
     from pipeline import cli, config
     from pipeline.exec import cluster
 
-    monkeypatch.delenv(config.CUDA_QUEUES, raising=False)
-    with dask.config.set({"pipeline.gpu.hardware-queues": "auto"}):
-        assert config.cuda_env() == {}
-        assert config.CUDA_QUEUES not in cluster._worker_env(gpu=True)
-        cli._command_queues()  # a command: 32 for itself and its cluster's workers
-        assert config.cuda_env() == {config.CUDA_QUEUES: "32"}
-        assert cluster._worker_env(gpu=True)[config.CUDA_QUEUES] == "32"
-        assert config.CUDA_QUEUES not in cluster._worker_env(gpu=False)
-    with dask.config.set({"pipeline.gpu.hardware-queues": None}):
-        cli._command_queues()
-        assert config.cuda_env() == {}
-    with dask.config.set({"pipeline.gpu.hardware-queues": 16}):
-        cli._command_queues()
-        assert config.cuda_env() == {config.CUDA_QUEUES: "16"}
-        monkeypatch.setenv(config.CUDA_QUEUES, "4")
-        assert config.cuda_env() == {config.CUDA_QUEUES: "4"}
-        assert cluster._worker_env(gpu=True)[config.CUDA_QUEUES] == "4"
+    stores = _stores(tmp_path)
+    flow = tmp_path / "flow.yaml"
+    flow.write_text(f"name: x\nsource: {{path: {stores['v2']}, variable: tas}}\nsteps: []\n")
 
+    def settings(given=None, **cfg):  # both keys set here, so that both are restored after
+        cfg = {"hardware_queues": "auto", "threads": 8, **cfg}
+        with dask.config.set({f"pipeline.gpu.{k.replace('_', '-')}": v for k, v in cfg.items()}):
+            cli._gpu_settings(argparse.Namespace(flow=str(flow), input=given))
+            return config.cuda_env(), dask.config.get("pipeline.gpu.threads"), cluster._worker_env(gpu=True)
+
+    monkeypatch.delenv(config.CUDA_QUEUES, raising=False)
+    env, threads, workers = settings()  # the flow's own store: Blosc
+    assert env == {} and threads == 8 and config.CUDA_QUEUES not in workers
+    env, threads, workers = settings(stores["v3"])  # --input: zarr's default codec
+    assert env == {config.CUDA_QUEUES: "32"} and threads == 16 and workers[config.CUDA_QUEUES] == "32"
+    assert config.CUDA_QUEUES not in cluster._worker_env(gpu=False)
+    assert settings(stores["v3"], threads=4)[:2] == ({config.CUDA_QUEUES: "32"}, 4)  # the user's threads
+    assert settings(stores["v3_small"])[:2] == ({}, 8)
+    assert settings(stores["v3"], hardware_queues=None)[:2] == ({}, 8)
+    assert settings(stores["v2"], hardware_queues=16)[:2] == ({config.CUDA_QUEUES: "16"}, 8)
+    monkeypatch.setenv(config.CUDA_QUEUES, "4")
+    assert settings(stores["v3"])[0] == {config.CUDA_QUEUES: "4"}
+
+    # in fresh processes: a script or notebook keeps CUDA's default unless a number is set (before
+    # CuPy's import); a run's early context takes its queues, whatever early-context says
     env = {k: v for k, v in _env().items() if k not in (config.CUDA_QUEUES, "DASK_PIPELINE__GPU__HARDWARE_QUEUES")}
     library = "import os; from pipeline import backend; backend._cupy(); print(os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS'))"
-    assert _probe(library, env=env) == ["None"]  # a script or notebook: CUDA's default
-    assert _probe(library, env={**env, "DASK_PIPELINE__GPU__HARDWARE_QUEUES": "16"}) == ["16"]  # before CuPy's import
-    # a command: set by its early context, whatever pipeline.gpu.early-context says (CuPy may make it)
-    command = ("import os; from pipeline import cli; from pipeline.gpu import context; cli._command_queues(); "
-               "context.start(); context.wait(); print(os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS'))")
+    assert _probe(library, env=env) == ["None"]
+    assert _probe(library, env={**env, "DASK_PIPELINE__GPU__HARDWARE_QUEUES": "16"}) == ["16"]
+    command = ("import argparse, os; from pipeline import cli; from pipeline.gpu import context\n"
+               f"cli._gpu_settings(argparse.Namespace(flow={str(flow)!r}, input={stores['v3']!r})); context.start(); context.wait()\n"
+               "print(os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS'))")
     assert _probe(command, env={**env, "DASK_PIPELINE__GPU__EARLY_CONTEXT": "false"}) == ["32"]
     assert _probe(command, env={**env, "DASK_PIPELINE__GPU__HARDWARE_QUEUES": "null"}) == ["None"]
 
@@ -214,13 +262,13 @@ extern "C" __global__ void meet(int* count, int n, long long limit, int* met, in
 @requires_gpu
 @pytest.mark.gpu
 def test_the_work_of_twenty_streams_runs_at_once_under_pipelines_queues():
-    """In a fresh process whose context is made as ``pipeline run`` makes it, the work of 20 streams
-    runs at the same time: each stream's first kernel sees all 20 counted in. Each stream then has a
+    """In a fresh process whose context is made as ``pipeline run`` makes it over zarr's default
+    store (32 queues: ``pipeline.gpu.hardware-queues``), the work of 20 streams runs at the same time: each stream's first kernel sees all 20 counted in. Each stream then has a
     second kernel, as a block's decode queues several: under CUDA's default of 8 queues, a stream
     beyond 8 shares a queue with an earlier one, and its first kernel waits behind that stream's
     second, which waits for the first to give up (after about a second of clock cycles)."""
-    code = ("import os, sys; from pipeline import cli; from pipeline.gpu import context\n"
-            "cli._command_queues(); context.start(); context.wait(); import cupy as cp\n"
+    code = ("import os, sys; from pipeline.gpu import context\n"
+            "context.start(); context.wait(); import cupy as cp\n"
             f"kernel = cp.RawKernel({_MEET!r}, 'meet')\n"
             "n = 20; count = cp.zeros(2, cp.int32); met = cp.zeros((2, n), cp.int32)\n"
             "streams = [cp.cuda.Stream(non_blocking=True) for _ in range(n)]\n"
@@ -232,7 +280,7 @@ def test_the_work_of_twenty_streams_runs_at_once_under_pipelines_queues():
             "        kernel((1,), (1,), (count[1:], cp.int32(1), cp.int64(0), met[1], cp.int32(k)))\n"
             "cp.cuda.Device().synchronize(); print(os.environ['CUDA_DEVICE_MAX_CONNECTIONS'], int(met[0].sum()))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_DEVICE_MAX_CONNECTIONS", "DASK_PIPELINE__GPU__HARDWARE_QUEUES")}
-    assert _probe(code, env=env) == ["32", "20"]
+    assert _probe(code, env={**env, "DASK_PIPELINE__GPU__HARDWARE_QUEUES": "32"}) == ["32", "20"]
     queues, met = _probe(code, env={**env, "CUDA_DEVICE_MAX_CONNECTIONS": "8"})
     assert queues == "8" and int(met) < 20
 

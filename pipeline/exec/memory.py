@@ -115,7 +115,7 @@ def block_limits(backend: str) -> tuple[int, int, int]:
     size = config.get("gpu.block-size", None)
     if not size:
         return 0, 0, 0
-    threads = max(1, int(config.get("gpu.threads", 16)))
+    threads = max(1, int(config.get("gpu.threads", 8)))
     # before any op is known: as many blocks a thread as the ops that hold the most
     hold = int(B.memory_budget("gpu") // (BLOCKS_PER_THREAD + HALO_BLOCKS))
     # under a small budget, fewer threads of blocks of MIN_GPU_BLOCK rather than more of smaller ones
@@ -514,7 +514,7 @@ def threads_for(backend: str, block_bytes: int = 0, partial_bytes: int = 0, bloc
     from dask.system import CPU_COUNT
 
     if backend == "gpu":
-        threads = int(config.get("gpu.threads", 16))
+        threads = int(config.get("gpu.threads", 8))
     else:
         threads = int(dask.config.get("num_workers", None) or CPU_COUNT)
     fit = threads_that_fit(backend, block_bytes, partial_bytes, blocks, held_bytes, merges=merges, most=threads)

@@ -11,6 +11,8 @@ library, so that the thread starts before NumPy is imported.
 from __future__ import annotations
 
 import ctypes
+import json
+import math
 import os
 import threading
 
@@ -33,6 +35,45 @@ def start() -> None:
             return
         state.context.thread = threading.Thread(target=_retain_primary_context, name="pipeline-cuda-context", daemon=True)
         state.context.thread.start()
+
+
+# Chunks of at least this many decoded bytes, each one zstd frame, decode faster with more blocks
+# in flight on more streams (:func:`large_frames`). Measured on frames of 303 MB.
+LARGE_FRAME = 64 << 20
+
+_ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2, "int32": 4, "uint32": 4,
+             "float32": 4, "int64": 8, "uint64": 8, "float64": 8, "complex64": 8, "complex128": 16}
+
+
+def large_frames(store: str, variable) -> bool:
+    """Whether ``variable`` of the Zarr store at ``store`` keeps each chunk as one zstd frame of
+    at least :data:`LARGE_FRAME` bytes decoded: zarr's default codec, unsharded, as
+    ``xarray.Dataset.to_zarr`` writes it (Zarr v3), or a Zarr v2 Zstd compressor. Read from the
+    array's metadata alone (JSON, before any library is imported); False for anything else or
+    anything unreadable. nvCOMP decodes such a frame on few of the GPU's units (0.65 s for 303 MB,
+    however many decode beside it), so a run over them is faster with more blocks in flight, each
+    batch on its own stream (:func:`pipeline.cli._gpu_settings`)."""
+    if not isinstance(variable, str) or not isinstance(store, str):
+        return False
+    folder = os.path.join(store, variable)
+    try:
+        if os.path.exists(os.path.join(folder, "zarr.json")):
+            with open(os.path.join(folder, "zarr.json")) as f:
+                meta = json.load(f)
+            names = [c.get("name") for c in meta.get("codecs", [])]
+            if "zstd" not in names or "sharding_indexed" in names:
+                return False
+            shape = meta["chunk_grid"]["configuration"]["chunk_shape"]
+            itemsize = _ITEMSIZE.get(meta["data_type"], 0)
+        else:
+            with open(os.path.join(folder, ".zarray")) as f:
+                meta = json.load(f)
+            if (meta.get("compressor") or {}).get("id") != "zstd" or meta.get("filters"):
+                return False
+            shape, itemsize = meta["chunks"], int(meta["dtype"][2:]) if meta["dtype"][1:2] in "fiuc" else 0
+        return math.prod(shape) * itemsize >= LARGE_FRAME
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def _retain_primary_context() -> None:
