@@ -263,10 +263,11 @@ extern "C" __global__ void meet(int* count, int n, long long limit, int* met, in
 @pytest.mark.gpu
 def test_the_work_of_twenty_streams_runs_at_once_under_pipelines_queues():
     """In a fresh process whose context is made as ``pipeline run`` makes it over zarr's default
-    store (32 queues: ``pipeline.gpu.hardware-queues``), the work of 20 streams runs at the same time: each stream's first kernel sees all 20 counted in. Each stream then has a
-    second kernel, as a block's decode queues several: under CUDA's default of 8 queues, a stream
-    beyond 8 shares a queue with an earlier one, and its first kernel waits behind that stream's
-    second, which waits for the first to give up (after about a second of clock cycles)."""
+    store (32 queues: ``pipeline.gpu.hardware-queues``), the work of 20 streams runs at the same
+    time: each stream's first kernel sees all 20 counted in. Each stream then has a second kernel,
+    as a block's decode queues several: under CUDA's default of 8 queues, a stream beyond 8 shares
+    a queue with an earlier one, and its first kernel waits behind that stream's second, which
+    waits for the first to give up (after about a second of clock cycles)."""
     code = ("import os, sys; from pipeline.gpu import context\n"
             "context.start(); context.wait(); import cupy as cp\n"
             f"kernel = cp.RawKernel({_MEET!r}, 'meet')\n"

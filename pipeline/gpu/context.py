@@ -41,6 +41,8 @@ def start() -> None:
 # in flight on more streams (:func:`large_frames`). Measured on frames of 303 MB.
 LARGE_FRAME = 64 << 20
 
+# Bytes a value of each Zarr v3 data type, spelled here because this module runs before NumPy is
+# imported (the context's thread starts first).
 _ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2, "int32": 4, "uint32": 4,
              "float32": 4, "int64": 8, "uint64": 8, "float64": 8, "complex64": 8, "complex128": 16}
 
